@@ -1,0 +1,249 @@
+"""apply_ac: names, exact gradients, the exact FLOP recompute ladder, torchtitan's per-op policy op by op, validation."""
+
+import pytest
+import torch
+from conftest import grads
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.utils.checkpoint import CheckpointPolicy
+from torch.utils.flop_counter import FlopCounterMode
+
+import toolkit as tk
+from toolkit import ACConfig, ConfigError
+
+aten = torch.ops.aten
+
+EAGER_MODES = [
+    ACConfig(mode="none"),
+    ACConfig(mode="full"),
+    ACConfig(mode="selective_op"),
+    ACConfig(mode="selective_layer", layer_every=2),
+    ACConfig(mode="per_submodule", submodule_ac="selective"),
+    ACConfig(mode="per_submodule", submodule_ac="full"),
+    ACConfig(mode="custom", save_ops=(aten.mm.default,)),
+    ACConfig(mode="custom", policy=lambda ctx, func, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE),
+    ACConfig(mode="full", preserve_rng_state=False, early_stop=True, determinism_check="none"),
+]
+
+
+def _ids(cfg):
+    return f"{cfg.mode}-{cfg.submodule_ac if cfg.mode == 'per_submodule' else ''}{'-policy' if cfg.policy else ''}"
+
+
+@pytest.mark.parametrize("ac", EAGER_MODES, ids=[_ids(c) for c in EAGER_MODES])
+def test_every_ac_mode_keeps_names_and_exact_gradients(moe_cfg, ac):
+    cfg = moe_cfg.replace(n_layers=3, moe_layers=2)  # dense and MoE blocks
+    batch = tk.make_batch(cfg)
+    ref = tk.build_model(cfg)
+    ref_loss = tk.train_step(ref, batch)
+    model = tk.apply_ac(tk.build_model(cfg), ac)
+    assert [n for n, _ in tk.named_modules(model)] == [n for n, _ in tk.named_modules(ref)]
+    loss = tk.train_step(model, batch)
+    assert loss.item() == ref_loss.item()
+    g, gr = grads(model), grads(ref)
+    assert g.keys() == gr.keys()
+    for k in gr:
+        torch.testing.assert_close(g[k], gr[k], rtol=0, atol=0, msg=lambda m: f"{k}: {m}")
+
+
+def _wrapped(model):
+    names = tk.naming.module_names(model)
+    return sorted(names[id(m)] for m in model.modules() if isinstance(m, CheckpointWrapper))
+
+
+def test_where_each_mode_wraps(moe_cfg):
+    cfg = moe_cfg.replace(n_layers=4, moe_layers=2)
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="full"))) == [f"layers.{i}" for i in range(4)]
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))) == [
+        "layers.1", "layers.3"]
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=3))) == ["layers.2"]
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="per_submodule"))) == [
+        "layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.moe",
+        "layers.2.attention", "layers.2.feed_forward", "layers.3.attention", "layers.3.moe"]
+    model = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="memory_budget", memory_budget=0.3))
+    assert _wrapped(model) == []
+    assert tk.applied(model).functorch_config == {"activation_memory_budget": 0.3}
+    # The same model twice gives the same pattern: no counter leaks across models (N14).
+    again = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))
+    assert _wrapped(again) == ["layers.1", "layers.3"]
+
+
+def _dense_flops(dense_cfg, ac):
+    model = tk.apply_ac(tk.build_model(dense_cfg), ac)
+    batch = tk.make_batch(dense_cfg)
+    with FlopCounterMode(display=False) as counter:
+        tk.loss_fn(model(batch.tokens), batch.labels).backward()
+    return counter.get_total_flops()
+
+
+def test_flop_recompute_ladder_is_exact(dense_cfg):
+    c = dense_cfg
+    L, D, F, V, T = c.n_layers, c.dim, c.ffn_hidden, c.vocab_size, c.batch * c.seq_len
+    # FlopCounterMode counts matmuls (the CPU flash-attention kernel has no FLOP formula registered).
+    block_fwd = 4 * 2 * T * D * D + 3 * 2 * T * D * F
+    fwd = L * block_fwd + 2 * T * D * V
+    base = 3 * fwd  # forward + backward (two matmuls per forward matmul)
+    # Per block the matmuls run wq, wk, wv, wo, w1, w3, w2: the policy saves the odd ones, recomputes wk, wo, w3.
+    sac = base + L * (2 * 2 * T * D * D + 2 * T * D * F)
+    # Forcing wq's shape (D, D) recomputes all four attention matmuls (same shape); w3 is then the 2nd matmul.
+    forced = base + L * (4 * 2 * T * D * D + 2 * T * D * F)
+    full = base + L * block_fwd
+    got = {
+        "none": _dense_flops(c, ACConfig()),
+        "selective_op": _dense_flops(c, ACConfig(mode="selective_op")),
+        "forced": _dense_flops(c, ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("attention.wq",))),
+        "full": _dense_flops(c, ACConfig(mode="full")),
+    }
+    assert got == {"none": base, "selective_op": sac, "forced": forced, "full": full}
+    assert got["none"] < got["selective_op"] < got["forced"] < got["full"]
+    assert (base, sac, forced, full) == (4325376, 4849664, 5111808, 5636096)
+
+
+def _decisions(cfg, ac, layer="0"):
+    model = tk.apply_ac(tk.build_model(cfg), ac)
+    batch = tk.make_batch(cfg)
+    h = model.tok_embeddings(batch.tokens)
+    with tk.record_policy_decisions() as log:
+        out = model.layers[layer](h, model.rope)
+    out.sum().backward()
+    return log
+
+
+def test_every_other_matmul_rule_op_by_op(dense_cfg):
+    log = _decisions(dense_cfg, ACConfig(mode="selective_op"))
+    D, F = dense_cfg.dim, dense_cfg.ffn_hidden
+    mms = [(d.rhs_shape, d.decision) for d in log if d.op == "aten.mm.default"]
+    assert mms == [((D, D), "MUST_SAVE"), ((D, D), "PREFER_RECOMPUTE"), ((D, D), "MUST_SAVE"),
+                   ((D, D), "PREFER_RECOMPUTE"), ((D, F), "MUST_SAVE"), ((D, F), "PREFER_RECOMPUTE"),
+                   ((F, D), "MUST_SAVE")]
+    sdpa = [d for d in log if "scaled_dot_product" in d.op]
+    assert len(sdpa) == 1 and sdpa[0].decision == "MUST_SAVE"
+    others = {d.decision for d in log if d.op != "aten.mm.default" and "scaled_dot_product" not in d.op}
+    assert others == {"PREFER_RECOMPUTE"}
+
+
+def test_router_gate_is_force_recomputed_and_not_counted(moe_cfg):
+    cfg = moe_cfg.replace(n_shared_experts=1)
+    log = _decisions(cfg, ACConfig(mode="selective_op"))
+    D, E, Fe = cfg.dim, cfg.n_experts, cfg.moe_hidden
+    mms = [(d.rhs_shape, d.decision, d.reason) for d in log if d.op == "aten.mm.default"]
+    # Attention: 4 matmuls (#1-#4); then the router gate (forced, not counted); then the experts' loop matmuls
+    # continue the count at #5; topk is saved; _grouped_mm would not be (see test below).
+    assert mms[:4] == [((D, D), "MUST_SAVE", "matmul #1 (odd)"), ((D, D), "PREFER_RECOMPUTE", "matmul #2 (even)"),
+                       ((D, D), "MUST_SAVE", "matmul #3 (odd)"), ((D, D), "PREFER_RECOMPUTE", "matmul #4 (even)")]
+    assert mms[4] == ((D, E), "PREFER_RECOMPUTE", "force-recompute shape")
+    assert mms[5] == ((D, Fe), "MUST_SAVE", "matmul #5 (odd)")
+    assert [d.decision for d in log if d.op == "aten.topk.default"] == ["MUST_SAVE"]
+    # Without the force rule the gate is counted like any other matmul.
+    log = _decisions(cfg, ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=()))
+    gate = [d for d in log if d.op == "aten.mm.default" and d.rhs_shape == (D, E)]
+    assert [(d.decision, d.reason) for d in gate] == [("MUST_SAVE", "matmul #5 (odd)")]
+
+
+def test_grouped_mm_is_never_saved_by_the_default_policy(moe_cfg):
+    log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"), ACConfig(mode="selective_op"))
+    gmm = [d.decision for d in log if d.op == "aten._grouped_mm.default"]
+    assert gmm == ["PREFER_RECOMPUTE"] * 3  # C15
+    log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"),
+                     ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,)))
+    assert [d.decision for d in log if d.op == "aten._grouped_mm.default"] == ["MUST_SAVE"] * 3
+
+
+def test_default_save_ops_contents():
+    ops = tk.default_save_ops()
+    for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.topk.default, aten.linear.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default, aten.max.default):
+        assert op in ops
+    assert aten._grouped_mm.default not in ops
+    if hasattr(torch.ops.higher_order, "inductor_compiled_code"):
+        assert torch.ops.higher_order.inductor_compiled_code in ops
+
+
+def test_policy_is_fresh_per_checkpoint_call(dense_cfg):
+    """Each block's forward starts counting at 1, so both blocks save the same matmuls."""
+    model = tk.apply_ac(tk.build_model(dense_cfg), ACConfig(mode="selective_op"))
+    batch = tk.make_batch(dense_cfg)
+    with tk.record_policy_decisions() as log:
+        model(batch.tokens)
+    reasons = [d.reason for d in log if d.op == "aten.mm.default"]
+    assert reasons[:7] == reasons[7:14] and reasons[0] == "matmul #1 (odd)"
+
+
+def test_apply_twice_is_refused_and_remove_restores(moe_cfg):
+    model = tk.build_model(moe_cfg)
+    before = [n for n, _ in model.named_modules()]
+    tk.apply_ac(model, ACConfig(mode="full"))
+    with pytest.raises(RuntimeError, match="already applied"):
+        tk.apply_ac(model, ACConfig(mode="selective_op"))
+    tk.remove_ac(model)
+    assert [n for n, _ in model.named_modules()] == before
+    assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
+    tk.apply_ac(model, ACConfig(mode="selective_op"))  # allowed again after removal
+    # A wrapper a user put on by hand is detected too.
+    other = tk.build_model(moe_cfg)
+    other.layers.register_module("0", torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper(
+        other.layers["0"]))
+    with pytest.raises(RuntimeError, match="CheckpointWrapper found"):
+        tk.apply_ac(other, ACConfig(mode="full"))
+
+
+def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
+    from toolkit.state import dynamo_lru_cache_enabled
+
+    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="full"))
+    assert dynamo_lru_cache_enabled()
+    with tk.torch_settings(model):
+        assert not dynamo_lru_cache_enabled()
+    assert dynamo_lru_cache_enabled()
+
+
+def test_memory_budget_without_compile_is_refused(moe_cfg):
+    with pytest.raises(ConfigError, match="ACConfig.mode") as e:
+        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="memory_budget"))
+    assert "compile" in str(e.value)
+    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="memory_budget"))
+    with pytest.raises(ConfigError, match="nothing is compiled"):
+        tk.apply_compile(model, tk.CompileConfig())
+    with pytest.raises(ConfigError, match="nothing is compiled"):
+        tk.train_step(model, tk.make_batch(moe_cfg))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        (dict(mode="sometimes"), "mode", "not one of"),
+        (dict(mode="selective_layer", layer_every=0), "layer_every", "below 1"),
+        (dict(mode="memory_budget", memory_budget=1.5), "memory_budget", "between 0 and 1"),
+        (dict(mode="custom"), "policy", "exactly one"),
+        (dict(mode="custom", policy=print, save_ops=(aten.mm.default,)), "policy", "exactly one"),
+        (dict(mode="full", save_ops=(aten.mm.default,)), "mode", "only used by mode='custom'"),
+        (dict(mode="selective_op", debug=True), "debug", "C24"),
+        (dict(mode="per_submodule", debug=True), "debug", "C24"),
+        (dict(force_recompute_mm_shapes_by_fqns="moe.router.gate"), "force_recompute_mm_shapes_by_fqns", "tuple"),
+        (dict(determinism_check="strict"), "determinism_check", "not one of"),
+        (dict(preserve_rng_state="yes"), "preserve_rng_state", "not a bool"),
+    ],
+)
+def test_ac_config_validation_names_the_field(kwargs, field, words):
+    with pytest.raises(ConfigError) as e:
+        ACConfig(**kwargs)
+    assert e.value.field == field and f"ACConfig.{field}" in str(e.value) and words in str(e.value)
+
+
+def test_full_ac_with_debug_is_allowed():
+    ACConfig(mode="full", debug=True)
+
+
+def test_force_recompute_must_name_linear_modules(moe_cfg):
+    with pytest.raises(ConfigError, match="not nn.Linear"):
+        tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("moe.router",)))
+
+
+def test_ac_config_json_round_trip():
+    cfg = ACConfig(mode="custom", save_ops=(aten.mm.default, aten.topk.default))
+    data = cfg.to_dict()
+    assert data["save_ops"] == ["aten.mm.default", "aten.topk.default"]
+    assert ACConfig.from_dict(data) == cfg
+    cfg2 = ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,))
+    assert ACConfig.from_dict(cfg2.to_dict()) == cfg2
+    with pytest.raises(ConfigError, match="callable"):
+        ACConfig.from_dict(ACConfig(mode="custom", policy=print).to_dict())

@@ -1,0 +1,263 @@
+"""apply_compile: scopes, names, order relative to AC, silent fallback (C2), grouped_mm, idempotence, global state."""
+
+import pytest
+import torch
+from conftest import break_count, grads, graph_count
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+import toolkit as tk
+from toolkit import ACConfig, CompileConfig, ConfigError
+
+SCOPES = ["model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward",
+          ("layers.1.moe.router", "layers.0.attention")]
+
+
+@pytest.mark.parametrize("method", ["module_compile", "torch_compile"])
+@pytest.mark.parametrize("ac_mode", ["none", "full", "per_submodule"])
+def test_names_stay_canonical_under_every_scope(moe_cfg, ac_mode, method):
+    cfg = moe_cfg.replace(n_layers=2, moe_layers=2)  # layer 0 dense, layer 1 MoE
+    ref = [n for n, _ in tk.named_modules(tk.build_model(cfg))]
+    for scope in SCOPES:
+        if method == "torch_compile" and scope == "model":
+            continue
+        model = tk.build_model(cfg)
+        tk.prepare(model, ac=ACConfig(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
+        assert [n for n, _ in tk.named_modules(model)] == ref, scope
+        assert tk.get_module(model, "layers.1.moe.router.gate") is tk.unwrap(model).layers["1"].moe.router.gate \
+            or isinstance(tk.get_module(model, "layers.1.moe.router.gate"), torch.nn.Linear)
+        tk.reset(model, dynamo=False)
+        assert [n for n, _ in model.named_modules()] == [n for n, _ in tk.build_model(cfg).named_modules()]
+
+
+def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
+    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="per_submodule"),
+                       compile=CompileConfig(scope="moe", method="torch_compile", order="compile_outside"))
+    block = model.layers["0"]
+    assert not isinstance(block.moe, tk.models.MoE)  # what torchtitan's #1895 check saw
+    assert isinstance(tk.unwrap(block.moe), tk.models.MoE)
+    assert tk.naming.wrapper_chain(block.moe) == ["OptimizedModule", "CheckpointWrapper"]
+
+
+@pytest.mark.parametrize(
+    "ac, compile",
+    [
+        (ACConfig(mode="none"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig(mode="full"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig(mode="selective_op"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig(mode="full"), CompileConfig(scope="attention")),
+        (ACConfig(mode="full"), CompileConfig(scope="blocks", order="ac_outside", capture_scalar_outputs=True)),
+        (ACConfig(mode="memory_budget", memory_budget=0.0), CompileConfig(scope="blocks", fullgraph=True)),
+    ],
+    ids=["none-blocks", "full-blocks", "sac-blocks", "full-attention", "full-ac_outside", "budget0-blocks"],
+)
+def test_compiled_gradients_match_eager(moe_cfg, ac, compile):
+    batch = tk.make_batch(moe_cfg)
+    ref = tk.build_model(moe_cfg)
+    ref_loss = tk.train_step(ref, batch)
+    model = tk.prepare(tk.build_model(moe_cfg), ac=ac, compile=compile)
+    loss = tk.train_step(model, batch)
+    assert graph_count() >= 1
+    torch.testing.assert_close(loss, ref_loss)
+    g, gr = grads(model), grads(ref)
+    for k in gr:
+        torch.testing.assert_close(g[k], gr[k], rtol=1e-4, atol=1e-6)
+
+
+def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg):
+    """C2 / pytorch#139989: for_loop experts call `.tolist()`; compile(AC(block)) with fullgraph=False runs eagerly."""
+    batch = tk.make_batch(moe_cfg)
+    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
+    tk.train_step(model, batch)
+    assert graph_count() == 0 and break_count() >= 1
+    assert tk.applied(model).compile_orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    no_ac = tk.prepare(tk.build_model(moe_cfg), compile=CompileConfig(scope="blocks"))
+    tk.train_step(no_ac, batch)
+    assert graph_count() >= 2 and break_count() >= 1  # without AC the break only splits the graph
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    full = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True))
+    tk.train_step(full, batch)
+    assert graph_count() >= 1 and break_count() == 0  # fullgraph=True captures .tolist() in torch 2.13
+
+
+def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
+    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
+                       compile=CompileConfig(scope="blocks", capture_scalar_outputs=True))
+    assert torch._dynamo.config.capture_scalar_outputs is False
+    tk.train_step(model, tk.make_batch(moe_cfg))
+    assert graph_count() >= 1 and torch._dynamo.config.capture_scalar_outputs is False
+
+
+def test_order_is_explicit(moe_cfg):
+    # A scope inside a checkpointed block can only be AC(compile(x)).
+    with pytest.raises(ConfigError, match="CompileConfig.order") as e:
+        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
+                   compile=CompileConfig(scope="attention", order="compile_outside"))
+    assert "ac_outside" in str(e.value)
+    # The model contains the checkpointed blocks: only compile(AC(x)).
+    with pytest.raises(ConfigError, match="CompileConfig.order"):
+        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="model", order="ac_outside"))
+    inside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="attention"))
+    assert set(tk.applied(inside).compile_orders.values()) == {"AC(compile(x))"}
+    # Where the target is the checkpointed module itself, `order` picks which of the two is compiled.
+    outside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
+    assert outside.layers["0"]._compiled_call_impl is not None
+    ac_out = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside"))
+    assert isinstance(ac_out.layers["0"], CheckpointWrapper) and ac_out.layers["0"]._compiled_call_impl is None
+    assert ac_out.layers["0"]._checkpoint_wrapped_module._compiled_call_impl is not None
+    assert set(tk.applied(ac_out).compile_orders.values()) == {"AC(compile(x))"}
+    with pytest.raises(RuntimeError, match="apply_ac must run before apply_compile"):
+        tk.apply_ac(tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks")), ACConfig(mode="full"))
+
+
+def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
+    calls = {"fw": 0}
+
+    def counting_backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        def fw(g, _):
+            def run(*args):
+                calls["fw"] += 1
+                return g(*args)
+            return run
+        return aot_autograd(fw_compiler=fw, bw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="full"),
+                       compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True))
+    tk.train_step(model, tk.make_batch(dense_cfg))
+    assert calls["fw"] == 2 * dense_cfg.n_layers  # forward + recompute for each block
+    calls["fw"] = 0
+    torch._dynamo.reset()
+    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="full"),
+                       compile=CompileConfig(scope="blocks", backend=counting_backend, order="compile_outside", fullgraph=True))
+    tk.train_step(model, tk.make_batch(dense_cfg))
+    assert calls["fw"] == dense_cfg.n_layers  # the checkpoint is inside the graph: no second compiled forward
+
+
+def test_grouped_mm_fp32_under_compile_on_cpu_is_refused_bf16_works():
+    cfg = tk.ModelConfig(experts_impl="grouped_mm")
+    with pytest.raises(ConfigError, match="CompileConfig.scope") as e:
+        tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="blocks"))
+    assert "bfloat16" in str(e.value) and "layers.0.moe.experts" in str(e.value)
+    # A scope that leaves the experts eager is fine.
+    tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="attention"))
+    bf16 = cfg.replace(dtype="bfloat16")
+    ref = tk.build_model(bf16)
+    batch = tk.make_batch(bf16)
+    ref_loss = tk.train_step(ref, batch)
+    model = tk.apply_compile(tk.build_model(bf16), CompileConfig(scope="experts", fullgraph=True))
+    loss = tk.train_step(model, batch)
+    assert graph_count() >= 1
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-2, atol=1e-2)
+
+
+def test_memory_budget_is_live_while_compiling(moe_cfg):
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(torch._functorch.config.activation_memory_budget)
+        return gm.forward
+
+    model = tk.prepare(tk.build_model(moe_cfg.replace(experts_impl="masked")),
+                       ac=ACConfig(mode="memory_budget", memory_budget=0.25),
+                       compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True))
+    tk.train_step(model, tk.make_batch(moe_cfg))
+    assert seen and set(seen) == {0.25}
+    assert torch._functorch.config.activation_memory_budget == 1.0
+
+
+def test_compile_twice_is_refused_and_remove_restores(moe_cfg):
+    model = tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks"))
+    with pytest.raises(RuntimeError, match="already compiled"):
+        tk.apply_compile(model, CompileConfig(scope="attention"))
+    tk.remove_compile(model)
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in model.modules())
+    tk.apply_compile(model, CompileConfig(scope="attention", method="torch_compile"))
+    tk.remove_compile(model)
+    assert [n for n, _ in model.named_modules()] == [n for n, _ in tk.build_model(moe_cfg).named_modules()]
+    user = tk.build_model(moe_cfg)
+    user.layers["0"].compile()
+    with pytest.raises(RuntimeError, match="already compiled"):
+        tk.apply_compile(user, CompileConfig(scope="blocks"))
+
+
+def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
+    before = tk.global_state()
+    model = tk.build_model(moe_cfg)
+    tk.prepare(model, ac=ACConfig(mode="memory_budget", memory_budget=0.5),
+               compile=CompileConfig(scope="blocks", fullgraph=True, capture_scalar_outputs=True,
+                                     capture_dynamic_output_shape_ops=True,
+                                     skip_fwd_side_effects_in_bwd_under_checkpoint=True))
+    tk.train_step(model, tk.make_batch(moe_cfg))
+    assert graph_count() >= 1
+    tk.reset(model)
+    after = tk.global_state()
+    assert after == before
+
+
+def test_torch_settings_restores_on_error(moe_cfg):
+    before = tk.global_state()
+    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
+                       compile=CompileConfig(scope="blocks", capture_scalar_outputs=True))
+    with pytest.raises(ZeroDivisionError):
+        with tk.torch_settings(model):
+            assert torch._dynamo.config.capture_scalar_outputs is True
+            1 / 0
+    assert tk.global_state() == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        (dict(scope="everything"), "scope", "not one of"),
+        (dict(scope=()), "scope", "non-empty"),
+        (dict(backend="tensorrt"), "backend", "not one of"),
+        (dict(inductor_options={"max_autotune": True}), "inductor_options", "only apply to the inductor"),
+        (dict(order="inside"), "order", "not one of"),
+        (dict(dynamic="yes"), "dynamic", "None/True/False"),
+        (dict(fullgraph=1), "fullgraph", "not a bool"),
+    ],
+)
+def test_compile_config_validation_names_the_field(kwargs, field, words):
+    with pytest.raises(ConfigError) as e:
+        CompileConfig(**kwargs)
+    assert e.value.field == field and f"CompileConfig.{field}" in str(e.value) and words in str(e.value)
+
+
+def test_scope_errors_name_the_field(moe_cfg, dense_cfg):
+    with pytest.raises(ConfigError, match="CompileConfig.scope.*matches no module"):
+        tk.apply_compile(tk.build_model(dense_cfg), CompileConfig(scope="moe"))
+    with pytest.raises(ConfigError, match="CompileConfig.scope.*matches no module"):
+        tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="feed_forward"))
+    with pytest.raises(ConfigError, match="no module named 'layers.0.moe.routr'"):
+        tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope=("layers.0.moe.routr",)))
+    with pytest.raises(ConfigError, match="CompileConfig.method"):
+        tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="model", method="torch_compile"))
+    with pytest.raises(ConfigError, match="ACConfig.wrap_inductor_compiled_regions"):
+        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="selective_op", wrap_inductor_compiled_regions=True),
+                   compile=CompileConfig(scope="attention", backend="aot_eager"))
+
+
+def test_compile_config_json_round_trip():
+    cfg = CompileConfig(scope=("layers.0.moe",), backend="inductor", fullgraph=True, order="ac_outside",
+                        inductor_options={"wrap_inductor_compiled_regions": True})
+    assert CompileConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_a_checkpointed_dense_block(dense_cfg):
+    batch = tk.make_batch(dense_cfg)
+    ref = tk.build_model(dense_cfg)
+    tk.train_step(ref, batch)
+    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="selective_op"),
+                       compile=CompileConfig(scope="blocks", backend="inductor", fullgraph=True))
+    tk.train_step(model, batch)
+    assert graph_count() == 1  # both blocks share one graph
+    g, gr = grads(model), grads(ref)
+    for k in gr:
+        torch.testing.assert_close(g[k], gr[k], rtol=1e-4, atol=1e-5)

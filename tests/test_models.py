@@ -1,0 +1,185 @@
+"""The model zoo: torchtitan names, determinism, the four experts implementations, MoE details, config validation."""
+
+import pytest
+import torch
+from conftest import grads
+
+import toolkit as tk
+from toolkit import ConfigError, ModelConfig
+
+
+def test_default_model_has_torchtitan_names(moe_cfg):
+    names = {n for n, _ in tk.named_modules(tk.build_model(moe_cfg))}
+    for i in range(moe_cfg.n_layers):
+        for leaf in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "attention_norm", "ffn_norm",
+                     "moe.router.gate", "moe.experts", "moe.shared_experts.w1", "moe.shared_experts.w2",
+                     "moe.shared_experts.w3"):
+            assert f"layers.{i}.{leaf}" in names
+    assert {"tok_embeddings", "norm", "output"} <= names
+
+
+def test_dense_and_interleaved_layers():
+    m = tk.build_model(ModelConfig(n_layers=4, moe_layers=2))
+    kinds = ["moe" if b.moe_enabled else "ffn" for b in m.layers.values()]
+    assert kinds == ["ffn", "moe", "ffn", "moe"]  # torchtitan llama4: (i + 1) % k == 0
+    names = {n for n, _ in tk.named_modules(m)}
+    assert {"layers.0.feed_forward.w1", "layers.0.feed_forward.w2", "layers.0.feed_forward.w3"} <= names
+    assert ModelConfig(n_layers=3, moe_layers=(0, 2)).moe_layer_ids == (0, 2)
+
+
+def test_same_seed_same_model_and_global_rng_untouched(moe_cfg):
+    before = torch.random.get_rng_state()
+    a, b = tk.build_model(moe_cfg), tk.build_model(moe_cfg)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert na == nb and torch.equal(pa, pb)
+    c = tk.build_model(moe_cfg.replace(seed=1))
+    assert not torch.equal(a.output.weight, c.output.weight)
+    assert torch.equal(tk.make_batch(moe_cfg).tokens, tk.make_batch(moe_cfg).tokens)
+
+
+def test_training_step_is_one_call_and_deterministic(moe_cfg):
+    batch = tk.make_batch(moe_cfg)
+    m1, m2 = tk.build_model(moe_cfg), tk.build_model(moe_cfg)
+    l1, l2 = tk.train_step(m1, batch), tk.train_step(m2, batch)
+    assert l1.item() == l2.item()
+    assert l1.item() == pytest.approx(torch.log(torch.tensor(float(moe_cfg.vocab_size))).item(), rel=0.1)
+    g1, g2 = grads(m1), grads(m2)
+    assert set(g1) == {tk.canonical_name(n) for n, p in m1.named_parameters()}
+    for k in g1:
+        torch.testing.assert_close(g1[k], g2[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "masked", "nonzero"])
+def test_experts_implementations_agree_with_for_loop(moe_cfg, impl):
+    batch = tk.make_batch(moe_cfg)
+    ref = tk.build_model(moe_cfg)
+    ref_loss = tk.train_step(ref, batch)
+    m = tk.build_model(moe_cfg.replace(experts_impl=impl))
+    loss = tk.train_step(m, batch)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    g, gr = grads(m), grads(ref)
+    for k in gr:
+        torch.testing.assert_close(g[k], gr[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("count", ["histc", "bincount"])
+def test_token_count_methods_agree(moe_cfg, count):
+    batch = tk.make_batch(moe_cfg)
+    ref, m = tk.build_model(moe_cfg), tk.build_model(moe_cfg.replace(token_count=count))
+    tk.train_step(ref, batch)
+    tk.train_step(m, batch)
+    for i in ("0", "1"):
+        assert torch.equal(m.layers[i].moe.tokens_per_expert, ref.layers[i].moe.tokens_per_expert)
+
+
+def test_tokens_per_expert_counts_every_routed_copy(moe_cfg):
+    m = tk.build_model(moe_cfg)
+    tk.train_step(m, tk.make_batch(moe_cfg))
+    T = moe_cfg.batch * moe_cfg.seq_len
+    for block in m.layers.values():
+        counts = block.moe.tokens_per_expert
+        assert counts.dtype == torch.float32 and counts.sum().item() == T * moe_cfg.top_k
+    m.eval()
+    with torch.no_grad():
+        m(tk.make_batch(moe_cfg).tokens)
+    assert m.layers["0"].moe.tokens_per_expert.sum().item() == T * moe_cfg.top_k  # no counting in eval
+
+
+def test_expert_bias_steers_selection_not_weights(moe_cfg):
+    m = tk.build_model(moe_cfg)
+    router = m.layers["0"].moe.router
+    x = torch.randn(8, moe_cfg.dim)
+    w0, ids0, _ = router(x, torch.zeros(moe_cfg.n_experts))
+    bias = torch.tensor([10.0, 10.0, 0.0, 0.0])
+    w1, ids1, counts = router(x, bias)
+    assert set(ids1.flatten().tolist()) == {0, 1}  # the bias forces experts 0 and 1
+    scores = torch.sigmoid(router.gate(x).float())
+    torch.testing.assert_close(w1, scores.gather(-1, ids1))  # weights come from unbiased scores
+    assert counts.tolist() == [8, 8, 0, 0]
+
+
+def test_router_options():
+    cfg = ModelConfig(score_func="softmax", route_norm=True, route_scale=2.0)
+    router = tk.build_model(cfg).layers["0"].moe.router
+    w, ids, _ = router(torch.randn(5, cfg.dim))
+    torch.testing.assert_close(w.sum(-1), torch.full((5,), 2.0))
+
+
+def test_router_noise_uses_rng_only_in_training():
+    cfg = ModelConfig(router_noise=0.5)
+    m = tk.build_model(cfg)
+    x = torch.randn(64, cfg.dim)
+    router = m.layers["0"].moe.router
+    torch.manual_seed(0)
+    _, a, _ = router(x)
+    torch.manual_seed(1)
+    _, b, _ = router(x)
+    assert not torch.equal(a, b)
+    router.eval()
+    assert torch.equal(router(x)[1], router(x)[1])
+
+
+def test_shared_experts_optional():
+    m = tk.build_model(ModelConfig(n_shared_experts=0, load_balance=False))
+    assert m.layers["0"].moe.shared_experts is None and m.layers["0"].moe.tokens_per_expert is None
+    tk.train_step(m, tk.make_batch(ModelConfig()))
+
+
+def test_bfloat16_model_with_grouped_mm():
+    cfg = ModelConfig(dtype="bfloat16", experts_impl="grouped_mm")
+    m = tk.build_model(cfg)
+    assert m.output.weight.dtype == torch.bfloat16 and m.rope.dtype == torch.float32
+    assert m.layers["0"].moe.tokens_per_expert.dtype == torch.float32
+    loss = tk.train_step(m, tk.make_batch(cfg))
+    assert torch.isfinite(loss) and m.layers["0"].moe.experts.w1.grad.dtype == torch.bfloat16
+
+
+def test_experts_graph_break_hook_is_compile_disabled():
+    m = tk.build_model(ModelConfig(experts_graph_break=True))
+    hooks = list(m.layers["0"].moe.experts._forward_pre_hooks.values())
+    assert len(hooks) == 1 and getattr(hooks[0], "_torchdynamo_disable", False)
+
+
+def test_meta_model_builds_without_memory():
+    m = tk.build_model(ModelConfig(device="meta", dim=4096, n_heads=32, moe_hidden=4096, n_experts=64))
+    assert m.output.weight.is_meta
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        (dict(top_k=5, n_experts=4), "top_k", "exceeds n_experts"),
+        (dict(dim=30, n_heads=4), "dim", "not divisible by n_heads"),
+        (dict(dim=6, n_heads=2), "n_heads", "odd"),
+        (dict(attention="flex"), "attention", "no backward on CPU"),
+        (dict(experts_impl="grouped_mm", dim=36, n_heads=2), "dim", "multiple of 8"),
+        (dict(experts_impl="bogus"), "experts_impl", "not one of"),
+        (dict(dtype="float16"), "dtype", "not one of"),
+        (dict(moe_layers=(0, 7)), "moe_layers", "not in range"),
+        (dict(moe_layers=0), "moe_layers", "below 1"),
+        (dict(n_layers=0), "n_layers", "below 1"),
+        (dict(device="cuda"), "device", "CUDA"),
+        (dict(device="potato"), "device", "not a device"),
+        (dict(router_noise=-1.0), "router_noise", ">= 0"),
+    ],
+)
+def test_model_config_validation_names_the_field(kwargs, field, words):
+    if field == "device" and "CUDA" in words and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ConfigError) as e:
+        ModelConfig(**kwargs)
+    assert e.value.field == field and f"ModelConfig.{field}" in str(e.value) and words in str(e.value)
+    assert "Fix:" in str(e.value)
+
+
+def test_model_config_json_round_trip():
+    cfg = ModelConfig(moe_layers=(0, 1), experts_impl="masked", router_noise=0.25)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="ModelConfig.nlayers"):
+        ModelConfig.from_dict({"nlayers": 3})
+
+
+def test_config_is_keyword_only():
+    with pytest.raises(TypeError):
+        ModelConfig(2)  # type: ignore[misc]

@@ -1,0 +1,75 @@
+"""Shared plumbing for the toolkit's keyword-only config dataclasses: errors that name the field, JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+    def __init__(self, owner: str, field: str, problem: str, fix: str):
+        self.owner, self.field, self.problem, self.fix = owner, field, problem, fix
+        super().__init__(f"{owner}.{field}: {problem} Fix: {fix}")
+
+
+def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[Any]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ConfigError(owner, field, f"{value!r} is not one of {', '.join(map(repr, choices))}.",
+                          f"pass one of {', '.join(map(repr, choices))}.")
+
+
+def check_int(owner: str, field: str, value: Any, minimum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(owner, field, f"{value!r} is not an int.", "pass a whole number.")
+    if minimum is not None and value < minimum:
+        raise ConfigError(owner, field, f"{value} is below {minimum}.", f"pass a value >= {minimum}.")
+
+
+def literal_choices(cls: type, field: str) -> tuple[Any, ...]:
+    """The allowed values of a `Literal[...]`-annotated dataclass field (used by validation and widgets)."""
+    hints = typing.get_type_hints(cls)
+    return typing.get_args(hints[field])
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-safe dict of a config dataclass; callables become their qualified name (not restorable)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif callable(v):
+            v = f"<callable {getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', repr(v))}>"
+        elif isinstance(v, (tuple, frozenset, set)):
+            v = sorted(map(str, v)) if isinstance(v, (frozenset, set)) else [str(x) if not isinstance(x, (int, float, str, bool)) else x for x in v]
+        out[f.name] = v
+    return out
+
+
+def from_dict(cls: type, data: dict[str, Any]):
+    """Rebuild a config from `to_dict` output; unknown keys are an error naming the key."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise ConfigError(cls.__name__, bad, "is not a field of this config.",
+                          f"use one of {', '.join(sorted(names))}.")
+    kwargs = {}
+    hints = typing.get_type_hints(cls)
+    for k, v in data.items():
+        if isinstance(v, str) and v.startswith("<callable "):
+            raise ConfigError(cls.__name__, k, "holds a callable, which JSON cannot carry.",
+                              "set the callable again in Python after loading.")
+        if isinstance(v, list):
+            origin = typing.get_origin(hints[k])
+            args = typing.get_args(hints[k])
+            if origin is frozenset or frozenset in [typing.get_origin(a) for a in args]:
+                v = frozenset(v)
+            else:
+                v = tuple(v)
+        kwargs[k] = v
+    return cls(**kwargs)

@@ -1,0 +1,190 @@
+"""`ModelConfig`: the shape and MoE options of the toolkit's dense / MoE transformer, validated up front."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from .._config import ConfigError, check_choice, check_int, from_dict, literal_choices, to_dict
+
+ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
+TokenCount = Literal["scatter", "histc", "bincount"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A small transformer laid out like torchtitan's (llama3 dense blocks, DeepSeek/llama4-style MoE).
+
+    The default is a 2-layer all-MoE model whose eager training step takes a few milliseconds on a CPU.
+    """
+
+    n_layers: int = 2
+    """Number of transformer blocks, registered as `layers.0` … `layers.{n-1}`."""
+    dim: int = 64
+    """Model width D."""
+    n_heads: int = 4
+    """Attention heads H; `dim` must be divisible by it and the head dim `dim // n_heads` must be even (RoPE)."""
+    ffn_hidden: int = 128
+    """Hidden width F of the dense SwiGLU `feed_forward` (dense blocks)."""
+    vocab_size: int = 128
+    """Vocabulary of the token embedding and output projection."""
+    seq_len: int = 32
+    """Sequence length S of a batch."""
+    batch: int = 2
+    """Batch size B of a batch (T = B·S tokens go through each MoE)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter and activation dtype. Router scores are always computed in float32."""
+    moe_layers: Literal["all", "none"] | int | tuple[int, ...] = "all"
+    """Which blocks get an MoE instead of a dense FFN: "all", "none", an int k (every k-th block, i.e. block i
+    is MoE when (i + 1) % k == 0, torchtitan's llama4 interleave rule) or a tuple of block indices."""
+    n_experts: int = 4
+    """Routed experts E."""
+    top_k: int = 2
+    """Experts K each token is routed to."""
+    moe_hidden: int = 64
+    """Hidden width of each routed expert (and, times `n_shared_experts`, of the shared expert)."""
+    score_func: Literal["softmax", "sigmoid"] = "sigmoid"
+    """Router score function (torchtitan's default is sigmoid), computed in float32."""
+    route_norm: bool = False
+    """Renormalise each token's top-k weights to sum to 1."""
+    route_scale: float = 1.0
+    """Multiply the routing weights by this constant."""
+    n_shared_experts: int = 1
+    """Shared experts always applied to every token (0 disables `moe.shared_experts`)."""
+    load_balance: bool = True
+    """Aux-loss-free balancing as torchtitan keeps it: an `expert_bias` buffer added to the selection scores and
+    a `tokens_per_expert` buffer incremented in the forward (the in-place side effect AC recompute repeats)."""
+    router_noise: float = 0.0
+    """Uniform noise scale added to the selection scores in training (RNG-driven routing, for the
+    non-deterministic-routing-under-recompute case C11). 0 disables it."""
+    experts_impl: ExpertsImpl = "for_loop"
+    """How routed experts run: "for_loop" (torchtitan's counts `.tolist()` + split: data-dependent),
+    "grouped_mm" (`torch._grouped_mm`, bfloat16 needed under compile on CPU), "masked" (every expert on every
+    row with a mask: static shapes, E× the FLOPs) or "nonzero" (per-expert `nonzero` gather: dynamic shapes)."""
+    token_count: TokenCount = "scatter"
+    """How tokens per expert are counted: "scatter" (routing map + sum, static; torchtitan today), "histc"
+    (static) or "bincount" (dynamic output shape: a graph break unless captured)."""
+    experts_graph_break: bool = False
+    """Give `moe.experts` a `torch.compiler.disable`d forward pre-hook, standing in for the FSDP2 all-gather
+    hook that made tracing the experts fail in torchtitan PR #2052's era."""
+    attention: Literal["sdpa", "flex"] = "sdpa"
+    """Attention kernel: causal `scaled_dot_product_attention`, or FlexAttention (no CPU backward in torch
+    2.13, so only on CUDA)."""
+    device: str = "cpu"
+    """Device the model and batches live on: "cpu", "cuda", "cuda:N" or "meta"."""
+    seed: int = 0
+    """Seed for the weights and for `make_batch`; the same seed gives bit-identical models."""
+
+    def __post_init__(self) -> None:
+        own = "ModelConfig"
+        for name, minimum in [("n_layers", 1), ("dim", 2), ("n_heads", 1), ("ffn_hidden", 1), ("vocab_size", 2),
+                              ("seq_len", 1), ("batch", 1), ("n_experts", 1), ("top_k", 1), ("moe_hidden", 1),
+                              ("n_shared_experts", 0), ("seed", 0)]:
+            check_int(own, name, getattr(self, name), minimum)
+        for name in ["dtype", "score_func", "experts_impl", "token_count", "attention"]:
+            check_choice(own, name, getattr(self, name), literal_choices(ModelConfig, name))
+        if self.dim % self.n_heads:
+            raise ConfigError(own, "dim", f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
+                              f"pick dim as a multiple of n_heads (e.g. dim={self.n_heads * max(1, self.dim // self.n_heads)}) "
+                              "or change n_heads.")
+        if (self.dim // self.n_heads) % 2:
+            raise ConfigError(own, "n_heads", f"head dim {self.dim // self.n_heads} is odd; RoPE rotates pairs.",
+                              "choose dim and n_heads so that dim // n_heads is even.")
+        if self.top_k > self.n_experts:
+            raise ConfigError(own, "top_k", f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
+                              f"use top_k <= {self.n_experts} or raise n_experts.")
+        if not isinstance(self.route_scale, (int, float)) or isinstance(self.route_scale, bool) or self.route_scale <= 0:
+            raise ConfigError(own, "route_scale", f"{self.route_scale!r} is not a positive number.", "pass e.g. 1.0.")
+        if not isinstance(self.router_noise, (int, float)) or isinstance(self.router_noise, bool) or self.router_noise < 0:
+            raise ConfigError(own, "router_noise", f"{self.router_noise!r} is not a number >= 0.", "pass 0.0 to disable it.")
+        self._check_moe_layers()
+        self._check_device()
+        if self.experts_impl == "grouped_mm" and self.has_moe:
+            # The CPU grouped-mm kernel needs 16-byte aligned strides (C14); multiples of 8 cover fp32 and bf16.
+            for name in ("dim", "moe_hidden"):
+                if getattr(self, name) % 8:
+                    raise ConfigError(own, name, f"{name}={getattr(self, name)} is not a multiple of 8, which "
+                                      "torch._grouped_mm needs for 16-byte aligned strides.",
+                                      "use a multiple of 8 or another experts_impl.")
+        if self.attention == "flex" and self.device_type == "cpu":
+            raise ConfigError(own, "attention", "FlexAttention has no backward on CPU in torch 2.13 "
+                              "(NotImplementedError in the first training step).",
+                              "use attention='sdpa' on CPU, or device='cuda'.")
+
+    def _check_moe_layers(self) -> None:
+        v = self.moe_layers
+        own = "ModelConfig"
+        if isinstance(v, str):
+            check_choice(own, "moe_layers", v, ("all", "none"))
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ConfigError(own, "moe_layers", f"every-k value {v} is below 1.",
+                                  "pass k >= 1, 'all' or 'none'.")
+        elif isinstance(v, tuple):
+            bad = [i for i in v if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(own, "moe_layers", f"block indices {bad} are not in range(n_layers={self.n_layers}).",
+                                  "list indices between 0 and n_layers - 1.")
+        else:
+            raise ConfigError(own, "moe_layers", f"{v!r} has the wrong type.",
+                              "pass 'all', 'none', an int k or a tuple of block indices.")
+
+    def _check_device(self) -> None:
+        import torch
+
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError("ModelConfig", "device", f"{self.device!r} is not a device ({e}).",
+                              "pass 'cpu', 'cuda', 'cuda:0' or 'meta'.") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("ModelConfig", "device", "CUDA was asked for but torch.cuda.is_available() is False.",
+                              "use device='cpu' on this machine.")
+        if dev.type not in ("cpu", "cuda", "meta"):
+            raise ConfigError("ModelConfig", "device", f"device type {dev.type!r} is not supported.",
+                              "use 'cpu', 'cuda' or 'meta'.")
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def is_moe_layer(self, i: int) -> bool:
+        v = self.moe_layers
+        if v == "all":
+            return True
+        if v == "none":
+            return False
+        if isinstance(v, int):
+            return (i + 1) % v == 0
+        return i in v
+
+    @property
+    def moe_layer_ids(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    @property
+    def has_moe(self) -> bool:
+        return bool(self.moe_layer_ids)
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        if isinstance(data.get("moe_layers"), list):
+            data = {**data, "moe_layers": tuple(data["moe_layers"])}
+        return from_dict(cls, data)

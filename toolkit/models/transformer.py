@@ -1,0 +1,179 @@
+"""The toolkit's transformer with torchtitan's module names, plus `build_model`, `make_batch`, `loss_fn`, `train_step`.
+
+Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .moe import FeedForward, MoE
+
+
+def rope_cache(seq_len: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """cos and sin of RoPE angles stacked as [2, S, Dh/2] (real-valued, so every backend handles it)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles_SF = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return torch.stack([angles_SF.cos(), angles_SF.sin()])
+
+
+def apply_rope(x_BSHD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    cos, sin = rope[0][None, :, None, :].to(x_BSHD.dtype), rope[1][None, :, None, :].to(x_BSHD.dtype)
+    x1, x2 = x_BSHD.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with RoPE; `wq`, `wk`, `wv`, `wo` as in torchtitan."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D = cfg.dim
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.wq = nn.Linear(D, D, bias=False)
+        self.wk = nn.Linear(D, D, bias=False)
+        self.wv = nn.Linear(D, D, bias=False)
+        self.wo = nn.Linear(D, D, bias=False)
+        self.kind = cfg.attention
+        self._block_mask = None
+
+    def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        B, S, D = x_BSD.shape
+        q = apply_rope(self.wq(x_BSD).view(B, S, self.n_heads, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(self.wk(x_BSD).view(B, S, self.n_heads, self.head_dim), rope).transpose(1, 2)
+        v = self.wv(x_BSD).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
+        if self.kind == "flex":
+            o_BHSD = self._flex(q, k, v)
+        else:
+            o_BHSD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(o_BHSD.transpose(1, 2).reshape(B, S, D))
+
+    def _flex(self, q, k, v):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        S = q.shape[-2]
+        if self._block_mask is None or self._block_mask.shape[-2] != S:
+            self._block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device=q.device)
+        return flex_attention(q, k, v, block_mask=self._block_mask)
+
+
+class TransformerBlock(nn.Module):
+    """`x + attention(attention_norm(x))`, then `+ moe(ffn_norm(h))` or `+ feed_forward(ffn_norm(h))`."""
+
+    def __init__(self, layer_id: int, cfg: ModelConfig):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = nn.RMSNorm(cfg.dim, eps=1e-6)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.dim, eps=1e-6)
+        self.moe_enabled = cfg.is_moe_layer(layer_id)
+        if self.moe_enabled:
+            self.moe = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden)
+
+    def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h_BSD = x_BSD + self.attention(self.attention_norm(x_BSD), rope)
+        ffn = self.moe if self.moe_enabled else self.feed_forward
+        return h_BSD + ffn(self.ffn_norm(h_BSD))
+
+
+class Transformer(nn.Module):
+    """`tok_embeddings` → `layers.{i}` (a ModuleDict keyed "0", "1", …) → `norm` → `output`."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.n_layers)})
+        self.norm = nn.RMSNorm(cfg.dim, eps=1e-6)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("rope", rope_cache(cfg.seq_len, cfg.head_dim), persistent=False)
+
+    def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
+        h_BSD = self.tok_embeddings(tokens_BS)
+        rope = self.rope[:, : tokens_BS.shape[1]]
+        for layer in self.layers.values():
+            h_BSD = layer(h_BSD, rope)
+        return self.output(self.norm(h_BSD))
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        nn.init.normal_(self.tok_embeddings.weight)
+        for block in self.layers.values():
+            block = _unwrapped(block)
+            for name in ("wq", "wk", "wv", "wo"):
+                nn.init.trunc_normal_(getattr(_unwrapped(block.attention), name).weight, std=std)
+            for norm in (block.attention_norm, block.ffn_norm):
+                nn.init.ones_(_unwrapped(norm).weight)
+            if block.moe_enabled:
+                _unwrapped(block.moe).init_weights(std)
+            else:
+                for lin in ("w1", "w2", "w3"):
+                    nn.init.trunc_normal_(getattr(_unwrapped(block.feed_forward), lin).weight, std=std)
+        nn.init.ones_(self.norm.weight)
+        nn.init.trunc_normal_(self.output.weight, std=self.config.dim ** -0.5)
+
+
+def _unwrapped(m: nn.Module) -> nn.Module:
+    from ..naming import unwrap
+
+    return unwrap(m)
+
+
+class Batch(NamedTuple):
+    """Token ids and next-token labels, both [B, S] int64."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+
+
+def build_model(cfg: ModelConfig | None = None) -> Transformer:
+    """A deterministic model for `cfg` (same seed → bit-identical weights); the global RNG is left untouched."""
+    cfg = cfg or ModelConfig()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        with torch.device("cpu" if cfg.device_type == "cuda" else cfg.device):
+            model = Transformer(cfg)
+            if cfg.device_type != "meta":
+                model.init_weights()
+    model = model.to(device=cfg.device, dtype=cfg.torch_dtype)
+    # Buffers that must stay float32 whatever the model dtype: RoPE angles and the balancing statistics.
+    model.rope = model.rope.float()
+    for block in model.layers.values():
+        if block.moe_enabled and block.moe.load_balance:
+            block.moe.expert_bias = block.moe.expert_bias.float()
+            block.moe.tokens_per_expert = block.moe.tokens_per_expert.float()
+    model.train()
+    return model
+
+
+def make_batch(cfg: ModelConfig | None = None, *, seed: int | None = None) -> Batch:
+    """A deterministic random batch for `cfg` (seeded by `cfg.seed + 1` unless `seed` is given)."""
+    cfg = cfg or ModelConfig()
+    g = torch.Generator().manual_seed(cfg.seed + 1 if seed is None else seed)
+    ids = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.seq_len + 1), generator=g)
+    ids = ids.to(cfg.device)
+    return Batch(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
+
+
+def loss_fn(logits_BSV: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy in float32 (its gradient is dense, which `torch._grouped_mm`'s CPU backward needs)."""
+    return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten())
+
+
+def train_step(model: nn.Module, batch: Batch, *, zero_grad: bool = True) -> torch.Tensor:
+    """Forward, loss and backward under the torch settings the applied transforms need; returns the detached loss."""
+    from ..state import torch_settings
+
+    if zero_grad:
+        model.zero_grad(set_to_none=True)
+    with torch_settings(model):
+        loss = loss_fn(model(batch.tokens), batch.labels)
+        loss.backward()
+    return loss.detach()

@@ -1,0 +1,219 @@
+"""`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time (our code, from its documented behaviour)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+from ._config import ConfigError
+from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
+from .compile import CompileConfig, apply_compile, remove_compile
+from .naming import unwrap
+from .state import applied, reset_compiler
+
+
+def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileConfig | None = None) -> nn.Module:
+    """AC first, then compile (torchtitan's order; `compile.order` picks compile(AC) or AC(compile) where they meet).
+
+    Both configs are checked against each other before the model is touched.
+    """
+    ac = ac or ACConfig()
+    compile = compile or CompileConfig()
+    if ac.mode == "memory_budget" and not compile.enabled:
+        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and compile.scope is 'none'.",
+                          "pass compile=CompileConfig(scope='blocks', ...) or another AC mode.")
+    if ac.wrap_inductor_compiled_regions and compile.enabled and compile.backend != "inductor":
+        raise ConfigError("ACConfig", "wrap_inductor_compiled_regions",
+                          f"only inductor makes compiled regions, not backend={compile.backend_name!r}.",
+                          "use CompileConfig(backend='inductor') or leave it False.")
+    apply_ac(model, ac)
+    try:
+        apply_compile(model, compile)
+    except Exception:
+        remove_ac(model)
+        raise
+    return model
+
+
+def reset(model: nn.Module, *, dynamo: bool = True) -> nn.Module:
+    """Undo every toolkit transform on `model` (compile, then AC) and, by default, `torch._dynamo.reset()`."""
+    remove_compile(model)
+    remove_ac(model)
+    applied(model).recipe = None
+    if dynamo:
+        reset_compiler()
+    return model
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named way of applying AC and compile together, as a project did it at some point."""
+
+    name: str
+    summary: str
+    apply: Callable[..., nn.Module]
+
+    def __call__(self, model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
+        return self.apply(model, backend=backend)
+
+    def __repr__(self) -> str:
+        return f"Recipe({self.name!r}: {self.summary})"
+
+
+def _sac(mode: str = "selective_op") -> ACConfig:
+    return ACConfig(mode=mode, preserve_rng_state=False)
+
+
+def _start(model: nn.Module, name: str) -> None:
+    rec = applied(model)
+    if rec.ac is not None or rec.compile is not None or any(isinstance(m, CheckpointWrapper) for m in model.modules()):
+        raise RuntimeError(f"recipe {name!r} needs a model without AC or compile; call toolkit.reset(model) first.")
+
+
+def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = False) -> tuple[list[str], list]:
+    """torchtitan PR #1895's `apply_compile` rule, including its `isinstance(child, MoE)` test
+    (`see_through=True` applies the fix: test the module under any wrapper)."""
+    from .models.moe import MoE
+
+    targets, undo = [], []
+    layers = unwrap(model).layers
+    for key, transformer_block in list(layers.named_children()):
+        block = unwrap(transformer_block)
+        if block.moe_enabled:
+            # #1895 unwraps a block-level CheckpointWrapper but not submodule-level ones.
+            inner = transformer_block._checkpoint_wrapped_module if isinstance(transformer_block, CheckpointWrapper) else transformer_block
+            for attr, child in list(inner.named_children()):
+                moe = unwrap(child) if see_through else child
+                if isinstance(moe, MoE):
+                    for moe_attr, moe_child in list(moe.named_children()):
+                        if moe_attr == "experts":
+                            continue  # the experts stay eager: FSDP's hooks must not be traced
+                        moe.register_module(moe_attr, torch.compile(moe_child, backend=backend, fullgraph=True))
+                        undo.append(("wrapper", (moe, moe_attr, moe_child)))
+                        targets.append(f"layers.{key}.{attr}.{moe_attr}")
+                else:
+                    # A CheckpointWrapper(MoE) lands here: the whole MoE is compiled with fullgraph=True (C4).
+                    inner.register_module(attr, torch.compile(child, backend=backend, fullgraph=True))
+                    undo.append(("wrapper", (inner, attr, child)))
+                    targets.append(f"layers.{key}.{attr}")
+        else:
+            layers.register_module(key, torch.compile(transformer_block, backend=backend, fullgraph=True))
+            undo.append(("wrapper", (layers, key, transformer_block)))
+            targets.append(f"layers.{key}")
+    return targets, undo
+
+
+def _record(model, name, ac_cfg, wrapped, compile_cfg, targets, undo, orders, lru_off):
+    rec = applied(model)
+    rec.ac, rec.ac_wrapped = ac_cfg, wrapped
+    rec.compile, rec.compiled, rec.compile_orders = compile_cfg, targets, orders
+    rec.dynamo_config.update(capture_scalar_outputs=compile_cfg.capture_scalar_outputs,
+                             capture_dynamic_output_shape_ops=False)
+    if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        rec.dynamo_config["skip_fwd_side_effects_in_bwd_under_checkpoint"] = compile_cfg.skip_fwd_side_effects_in_bwd_under_checkpoint
+    rec.disable_lru_cache = lru_off
+    rec.recipe = name
+    model.__dict__["_toolkit_compile_undo"] = undo
+
+
+def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_through: bool = False) -> nn.Module:
+    """torchtitan between PR #1895 (2025-10-29) and PR #2118 (2025-12-08), with the SAC + FlexAttention
+    workaround of PR #1683 (2025-09-24) active — the configuration of PR #2052.
+
+    AC (`_apply_op_sac_to_transformer_block_with_flex`, model compile on): in an MoE block `moe` and `attention`
+    are each wrapped in SAC and the block stays unwrapped; a dense block gets SAC as a whole. Compile (#1895):
+    for an MoE block, unwrap a block-level CheckpointWrapper, then for each child: an `MoE` gets every child
+    but `experts` compiled with fullgraph=True; any other child is compiled with fullgraph=True. Because
+    `block.moe` is now a CheckpointWrapper, `isinstance(child, MoE)` is False and the whole MoE — experts and
+    their FSDP hook included — is compiled with fullgraph=True: with experts that graph-break
+    (`ModelConfig(experts_graph_break=True)`) the first forward raises `torch._dynamo.exc.Unsupported`
+    (case C4). The workaround applied only with FlexAttention; here its structure is applied whatever
+    `attention` is, since that structure is the bug. #2052 (warn and disable compile) was never merged.
+    `see_through=True` is the fix that tests `isinstance` on the module under the wrapper: the MoE's router and
+    shared experts are then compiled inside its SAC region and the experts stay eager.
+    """
+    name = "torchtitan_2025_09_see_through" if see_through else "torchtitan_2025_09"
+    _start(model, name)
+    ac_cfg = _sac("per_submodule")
+    wrapped = []
+    layers = unwrap(model).layers
+    for key, block in blocks(model):
+        if block.moe_enabled:
+            for child in ("moe", "attention"):
+                block.register_module(child, _wrap(getattr(block, child), ac_cfg, True, model))
+                wrapped.append(f"layers.{key}.{child}")
+        else:
+            layers.register_module(key, _wrap(block, ac_cfg, True, model))
+            wrapped.append(f"layers.{key}")
+    targets, undo = _compile_children_1895(model, backend, see_through)
+    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
+                        method="torch_compile")
+    orders = {t: ("compile(AC(x))" if t in wrapped else "AC(compile(x))" if any(t.startswith(w + ".") for w in wrapped) else "")
+              for t in targets}
+    _record(model, name, ac_cfg, wrapped, cfg, targets, undo,
+            {k: v for k, v in orders.items() if v}, lru_off=False)
+    return model
+
+
+def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
+    """torchtitan after PR #2118 (2025-12-08) removed the FlexAttention workaround, before PR #2741 (2026-04-14).
+
+    AC: every block wrapped whole with the per-op SAC policy. Compile: PR #1895's rule, which now sees the MoE
+    (the block-level wrapper is unwrapped): router and shared experts compiled with fullgraph=True, experts
+    eager, attention and norms compiled — all inside the SAC region, i.e. SAC(compile(child)), whose policy can
+    only save or recompute each compiled child whole (C7). LRU cache off (PR #1991) and
+    `capture_scalar_outputs=True` (PR #1895).
+    """
+    _start(model, "torchtitan_2025_12")
+    ac_cfg = _sac("selective_op")
+    apply_ac(model, ac_cfg)
+    rec = applied(model)
+    wrapped = list(rec.ac_wrapped)
+    rec.ac, rec.ac_wrapped = None, []
+    targets, undo = _compile_children_1895(model, backend)
+    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
+                        method="torch_compile")
+    orders = {t: "AC(compile(x))" for t in targets if any(t.startswith(w + ".") for w in wrapped)}
+    _record(model, "torchtitan_2025_12", ac_cfg, wrapped, cfg, targets, undo, orders, lru_off=True)
+    return model
+
+
+def torchtitan_today(model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
+    """torchtitan main as of 2026-08 (PRs #2741, #2688, #2557, #2204, #2380, #3146): every block, dense or MoE,
+    wrapped whole with the per-op SAC policy (`preserve_rng_state=True`), then compiled whole in place with
+    `fullgraph=True` — compile(AC(block)); `capture_scalar_outputs=True`,
+    `skip_fwd_side_effects_in_bwd_under_checkpoint=True`, Dynamo LRU cache off. (Today FSDP2 no longer hooks the
+    experts, PR #2281, so a graph-breaking experts hook would fail here too: build without one.)
+    """
+    _start(model, "torchtitan_today")
+    prepare(model, ac=ACConfig(mode="selective_op", preserve_rng_state=True),
+            compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True, capture_scalar_outputs=True,
+                                  skip_fwd_side_effects_in_bwd_under_checkpoint=True, order="compile_outside"))
+    applied(model).recipe = "torchtitan_today"
+    return model
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("torchtitan_2025_09", "per-submodule SAC (flex workaround) + #1895 MoE-aware compile: PR #2052's failure",
+               torchtitan_2025_09),
+        Recipe("torchtitan_2025_09_see_through", "the 2025-09 recipe with the isinstance test fixed to look under "
+               "the wrapper", lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True)),
+        Recipe("torchtitan_2025_12", "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
+               torchtitan_2025_12),
+        Recipe("torchtitan_today", "per-block SAC, each block compiled whole with fullgraph=True: compile(SAC(block))",
+               torchtitan_today),
+    )
+}
+
+
+def apply_recipe(model: nn.Module, name: str, *, backend: str = "aot_eager") -> nn.Module:
+    """Apply the recipe called `name` (see `RECIPES`)."""
+    if name not in RECIPES:
+        raise ConfigError("recipe", "name", f"{name!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
+    return RECIPES[name](model, backend=backend)
