@@ -1,0 +1,269 @@
+"""`Report`: everything one measured training step showed, as frozen dataclasses with a JSON contract and a plain-text twin."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+KINDS = ("autograd", "compiled", "sac_cache", "checkpoint_input", "other")
+STAGES = ("build", "ac", "compile", "forward", "backward", "measure")
+OUTCOMES = ("ok", "error", "crashed", "timeout")
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One storage held for backward at the end of the forward."""
+
+    module: str
+    """Canonical name of the module whose op produced it ("" = the model itself, outside any submodule)."""
+    op: str
+    """The producing op (e.g. "aten.mm.default"), or "unknown" when no probe saw it being made."""
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    """Bytes of the whole storage (views of one storage count once)."""
+    kind: str
+    """"autograd" (saved by an eager op outside checkpoints), "compiled" (saved by a compiled graph),
+    "sac_cache" (cached by a selective-checkpoint policy), "checkpoint_input" (held by a checkpoint region
+    to re-run it), "other" (alive and reachable from the graph, reason unknown)."""
+    is_input: bool = False
+    """True when the storage is one of the step's inputs (e.g. the token ids)."""
+
+
+@dataclass(frozen=True)
+class Saved:
+    tensors: tuple[SavedTensor, ...] = ()
+    total_bytes: int = 0
+    by_module: dict[str, int] = field(default_factory=dict)
+    by_op: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(default_factory=dict)
+    params_bytes: int = 0
+    """Bytes of parameters and buffers that backward also holds on to (not counted in total_bytes)."""
+
+
+@dataclass(frozen=True)
+class Recompute:
+    ops: int = 0
+    """Forward ops re-executed during backward that the probes could see."""
+    by_op: dict[str, int] = field(default_factory=dict)
+    by_module: dict[str, int] = field(default_factory=dict)
+    compiled_reruns: dict[str, int] = field(default_factory=dict)
+    """Compiled regions whose forward ran again during backward (AC(compile(x))), with how often."""
+    in_compiled_backward: int = 0
+    """Forward ops the partitioner placed in compiled backward graphs (compile(AC(x)) recompute), per step."""
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    reason: str
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class CompileInfo:
+    requested: bool = False
+    graphs: int = 0
+    graph_breaks: int = 0
+    breaks: tuple[GraphBreak, ...] = ()
+    recompiles: tuple[str, ...] = ()
+    fell_back_to_eager: bool = False
+    """Compile was requested but some compiled region ran without any graph (e.g. a graph break inside a
+    checkpointed block with fullgraph=False: C2)."""
+    regions_without_graphs: tuple[str, ...] = ()
+    orders: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory:
+    device: str = "cpu"
+    peak_bytes: int = 0
+    """Peak allocated bytes above the level at the start of the step, over forward + backward."""
+    held_after_forward_bytes: int = 0
+    """Allocated bytes above the start level right after the forward (activations held for backward)."""
+    method: str = ""
+    snapshot_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Numerics:
+    loss: float = float("nan")
+    reference_loss: float = float("nan")
+    loss_diff: float = float("nan")
+    max_grad_diff: float = float("nan")
+    worst_param: str = ""
+    grads_match: bool = False
+    """Every gradient matches the eager no-AC run of the same seed within the dtype's tolerance."""
+    missing_grads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Timing:
+    build_s: float = 0.0
+    apply_s: float = 0.0
+    first_step_s: float = 0.0
+    steady_step_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    type: str
+    message: str
+    stage: str
+
+
+@dataclass(frozen=True)
+class Report:
+    outcome: str = "ok"
+    error: ErrorInfo | None = None
+    warnings: tuple[str, ...] = ()
+    scenario: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    saved: Saved = field(default_factory=Saved)
+    recompute: Recompute = field(default_factory=Recompute)
+    compile: CompileInfo = field(default_factory=CompileInfo)
+    memory: Memory = field(default_factory=Memory)
+    numerics: Numerics = field(default_factory=Numerics)
+    timing: Timing = field(default_factory=Timing)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **({"indent": 2} | kwargs))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Report":
+        return _build(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        return cls.from_dict(json.loads(text))
+
+    def __str__(self) -> str:
+        return format_report(self)
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, float) and obj != obj:
+        return None  # NaN is not JSON
+    return obj
+
+
+def _build(cls: type, data: Any) -> Any:
+    import typing
+
+    if data is None:
+        return None
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if value is None:
+        return float("nan") if tp is float else None
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        for a in args:
+            if a is type(None):
+                continue
+            return _convert(a, value)
+    if origin is tuple:
+        inner = args[0] if args else Any
+        return tuple(_convert(inner, v) for v in value)
+    if origin is dict:
+        return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
+    return value
+
+
+# --- plain text -----------------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: int | float) -> str:
+    """Rounded, deterministic byte counts: `0 B`, `512 B`, `12.3 KiB`, `4.56 MiB`, `1.23 GiB`."""
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{int(n)} B"
+
+
+def _top(d: dict[str, int], n: int = 6) -> str:
+    items = sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    more = len(d) - len(items)
+    return ", ".join(f"{k or '<model>'} {fmt_bytes(v)}" for k, v in items) + (f", +{more} more" if more > 0 else "")
+
+
+def format_report(r: Report) -> str:
+    """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
+    lines = []
+    title = r.scenario.get("name") or "scenario"
+    lines.append(f"{title}: {r.outcome}")
+    if r.error is not None:
+        lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
+    if r.outcome in ("crashed", "timeout") and r.error is None:
+        return "\n".join(lines)
+    s = r.saved
+    lines.append(f"  saved for backward: {fmt_bytes(s.total_bytes)} in {len(s.tensors)} tensors "
+                 f"(+{fmt_bytes(s.params_bytes)} params/buffers)")
+    if s.by_kind:
+        lines.append("    by kind: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(s.by_kind.items())))
+    if s.by_module:
+        lines.append("    by module: " + _top(s.by_module))
+    if s.by_op:
+        lines.append("    by op: " + _top(s.by_op))
+    rc = r.recompute
+    rerun = ", ".join(f"{k} x{v}" for k, v in sorted(rc.compiled_reruns.items()))
+    lines.append(f"  recomputed in backward: {rc.ops} ops" + (f"; compiled regions re-run: {rerun}" if rerun else "")
+                 + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else ""))
+    c = r.compile
+    if c.requested:
+        lines.append(f"  compile: {c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
+                     + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else ""))
+        for b in c.breaks[:5]:
+            lines.append(f"    break at {_short(b.file)}:{b.line}: {b.reason.splitlines()[0][:120]}")
+    else:
+        lines.append("  compile: not requested")
+    m = r.memory
+    if m.method:
+        lines.append(f"  memory ({m.device}, {m.method}): peak {fmt_bytes(m.peak_bytes)}, "
+                     f"held after forward {fmt_bytes(m.held_after_forward_bytes)}")
+    n = r.numerics
+    if n.loss == n.loss:
+        lines.append(f"  numerics: loss {n.loss:.4f}; vs eager without AC: |dloss| {n.loss_diff:.1e}, "
+                     f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}")
+    for w in r.warnings[:3]:
+        lines.append(f"  warning: {w.splitlines()[0][:140]}")
+    return "\n".join(lines)
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    for anchor in ("toolkit", "torch"):
+        if anchor in parts:
+            return "/".join(parts[parts.index(anchor):])
+    return "/".join(parts[-2:])
