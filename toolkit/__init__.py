@@ -8,6 +8,8 @@ from .naming import canonical_name, get_module, named_modules, unwrap
 from .recipes import RECIPES, apply_recipe, prepare, reset
 from .report import Report
 from .runner import Scenario, measure, run
+from .presets import PRESETS, preset
+from . import presets
 from .state import applied, global_state, torch_settings
 
 __version__ = "0.1.0"
@@ -17,5 +19,5 @@ __all__ = [
     "record_policy_decisions", "remove_ac", "CompileConfig", "apply_compile", "remove_compile", "Batch",
     "ModelConfig", "build_model", "loss_fn", "make_batch", "train_step", "canonical_name", "get_module",
     "named_modules", "unwrap", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
-    "torch_settings", "Report", "Scenario", "measure", "run", "__version__",
+    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "__version__",
 ]

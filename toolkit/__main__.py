@@ -88,6 +88,29 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _run_command(args) -> int:
+    from ._config import ConfigError
+    from .presets import PRESETS, preset
+    from .runner import Scenario, run
+
+    if args.list:
+        for name, sc in PRESETS.items():
+            print(f"{name:28} {sc.replace(name='').label}")
+        return 0
+    try:
+        if args.preset:
+            scenario = preset(args.preset)
+        else:
+            with open(args.config) as f:
+                scenario = Scenario.from_json(f.read())
+    except (ConfigError, OSError, ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report = run(scenario, isolate=args.isolate, timeout_s=args.timeout_s)
+    print(report.to_json() if args.json else str(report))
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--backend", default="aot_eager", choices=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"])
     d.add_argument("--layers", type=int, default=2)
     d.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    r = sub.add_parser("run", help="measure one scenario and print its report")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="a named scenario (see --list)")
+    src.add_argument("--config", help="a Scenario JSON file (Scenario.to_json())")
+    src.add_argument("--list", action="store_true", help="list the presets")
+    r.add_argument("--json", action="store_true", help="print the Report as JSON")
+    r.add_argument("--isolate", action="store_true", help="run in a subprocess (crashes/hangs become results)")
+    r.add_argument("--timeout-s", type=float, default=None, help="with --isolate: give up after this many seconds")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run_command(args)
     if args.command == "demo":
         rows = demo_rows(args.backend, args.layers)
         print(json.dumps(rows, indent=2) if args.json else format_rows(rows))

@@ -182,6 +182,27 @@ class PolicyDecision(NamedTuple):
     rhs_shape: tuple[int, ...] | None
     decision: str
     reason: str
+    out_bytes: int | None = None
+    """Bytes of the op's output storages, where torch shows the policy the output (2.13: `ctx.op_output`)."""
+
+
+def _out_bytes(ctx) -> int | None:
+    from torch.utils._pytree import tree_leaves
+
+    out = getattr(ctx, "op_output", None)
+    if out is None:
+        return None
+    seen, total = set(), 0
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor):
+            try:
+                st = t.untyped_storage()
+            except Exception:  # fake tensors at trace time
+                return None
+            if st._cdata not in seen:
+                seen.add(st._cdata)
+                total += st.nbytes()
+    return total
 
 
 _recorders: list[list[PolicyDecision]] = []
@@ -218,7 +239,7 @@ class SelectiveOpPolicy:
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         decision, rhs, reason = self._decide(ctx, func, *args, **kwargs)
         if _recorders:
-            entry = PolicyDecision(str(func), rhs, decision.name, reason)
+            entry = PolicyDecision(str(func), rhs, decision.name, reason, _out_bytes(ctx))
             for log in _recorders:
                 log.append(entry)
         return decision
@@ -255,7 +276,8 @@ class SaveOpsPolicy:
         decision = CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
         if _recorders:
             for log in _recorders:
-                log.append(PolicyDecision(str(func), None, decision.name, "in save_ops" if keep else "not in save_ops"))
+                log.append(PolicyDecision(str(func), None, decision.name, "in save_ops" if keep else "not in save_ops",
+                                          _out_bytes(ctx)))
         return decision
 
 

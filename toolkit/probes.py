@@ -161,6 +161,7 @@ class Probes:
         self.sac_storages: list[dict] = []
         self.ckpt_inputs: set[int] = set()
         self.compiled_saved: dict[int, tuple[StorageWeakRef, str, str, str, tuple, str, int]] = {}
+        self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
         self.records: dict[int, GraphRecord] = {}
         self.recompute_by_op: Counter = Counter()
         self.recompute_by_module: Counter = Counter()
@@ -367,11 +368,20 @@ class Probes:
             self.compiled_saved.setdefault(key, (ref, module, op, str(t.dtype).replace("torch.", ""),
                                                  tuple(t.shape), region, nbytes))
 
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
+        if self.phase == "forward" and _is_real(t):
+            key, ref, nbytes = _storage_key(t)
+            if key not in self.packed or self.packed[key][0].expired():
+                self.packed[key] = (ref, self.current_module(), tuple(t.shape), str(t.dtype).replace("torch.", ""), nbytes)
+        return t
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._patches())
             stack.enter_context(self._module_hooks())
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
             stack.enter_context(_Tracker(self))
             yield
 
@@ -410,7 +420,10 @@ class Probes:
                 op, module = prod.op, prod.module  # a graph input: attribute it to whoever made it
             elif module == region and prod is not None and prod.module.startswith(region):
                 module = prod.module
-            out[key] = dict(module=module, op=op, shape=shape, dtype=dtype, bytes=nbytes, kind="compiled")
+            # Inside an eager SAC region the compiled graph's own saves are swallowed by the checkpoint; what
+            # stays alive is what the SAC policy cached from the ops the compiled code dispatched.
+            kind = "sac_cache" if key in sac_keys else "compiled"
+            out[key] = dict(module=module, op=op, shape=shape, dtype=dtype, bytes=nbytes, kind=kind)
         for key, prod in self.produced.items():
             if key in out or prod.ref.expired():
                 continue
@@ -421,9 +434,16 @@ class Probes:
                 continue
             if key in excluded and key not in sac_keys:
                 continue
-            kind = "sac_cache" if key in sac_keys else "checkpoint_input" if key in self.ckpt_inputs else "autograd"
+            kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in self.ckpt_inputs
+                    else "autograd" if key in self.packed else "other")
             out[key] = dict(module=prod.module, op=prod.op, shape=prod.shape, dtype=prod.dtype, bytes=prod.nbytes,
                             kind=kind)
+        for key, (ref, module, shape, dtype, nbytes) in self.packed.items():
+            # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
+            if key in out or ref.expired() or key in param_keys:
+                continue
+            out[key] = dict(module=module, op="input" if key in input_keys else "unknown", shape=shape, dtype=dtype,
+                            bytes=nbytes, kind="autograd")
         for key, entry in out.items():
             entry["is_input"] = key in input_keys
         rows = sorted(out.values(), key=lambda e: (e["module"], e["op"], -e["bytes"], e["shape"]))
@@ -441,6 +461,10 @@ class Probes:
         ran = {name for (name, phase) in self.region_runs if phase == "forward"}
         r.regions_without_graphs = sorted(n for n in ran if self.region_compiled_runs[n] == 0)
         return r
+
+
+def _identity(t):
+    return t
 
 
 def _join(region: str, rel: str) -> str:

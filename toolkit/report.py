@@ -227,6 +227,13 @@ def format_report(r: Report) -> str:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
     if r.outcome in ("crashed", "timeout") and r.error is None:
         return "\n".join(lines)
+    measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss == r.numerics.loss
+    if not measured:
+        if r.compile.requested and r.compile.orders:
+            lines.append("  compile orders: " + ", ".join(sorted(set(r.compile.orders.values()))))
+        for w in r.warnings[:3]:
+            lines.append(f"  warning: {w.splitlines()[0][:140]}")
+        return "\n".join(lines)
     s = r.saved
     lines.append(f"  saved for backward: {fmt_bytes(s.total_bytes)} in {len(s.tensors)} tensors "
                  f"(+{fmt_bytes(s.params_bytes)} params/buffers)")

@@ -238,27 +238,48 @@ def _saved(rows: list[dict], params_bytes: int) -> Saved:
 
 
 def _cpu_memory_step(step: Callable[[Callable[[], None]], None]) -> tuple[int, int]:
-    """Peak and held-after-forward bytes above the start, from the profiler's allocation events replayed."""
+    """Peak and held-after-forward bytes above the start, from the profiler's allocation events replayed.
+
+    Frees of blocks allocated before the window (garbage of an earlier step collected now) are ignored by
+    matching each free to an allocation of the same pointer inside the window.
+    """
+    import gc
+
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def mark():
         with record_function("toolkit::forward_end"):
             pass
 
+    gc.collect()
     with quiet_fd2(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step(mark)
-    events = prof.profiler.kineto_results.events()
-    marks = [e.start_ns() for e in events if e.name() == "toolkit::forward_end"]
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events
-                 if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    allocs, marks = [], []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            f = node.extra_fields
+            if f.device.type == "cpu":
+                allocs.append((node.start_time_ns, f.ptr, f.alloc_size))
+        elif node.name == "toolkit::forward_end":
+            marks.append(node.start_time_ns)
+        stack.extend(node.children)
+    allocs.sort()
+    live: dict[int, int] = {}
     cum = peak = 0
     held = None
-    for t, nbytes in mem:
+    for t, ptr, size in allocs:
         if held is None and marks and t >= marks[0]:
             held = cum
-        cum += nbytes
+        if size > 0:
+            live[ptr] = size
+            cum += size
+        elif ptr in live:
+            cum -= live.pop(ptr)
         peak = max(peak, cum)
     return peak, held if held is not None else cum
 
@@ -311,7 +332,7 @@ class _Stage:
 
 
 def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: Callable, device: torch.device,
-                   stage: _Stage, scenario: Scenario | None, warn: list[str]) -> dict[str, Any]:
+                   stage: _Stage, scenario: Scenario | None, warn: list[str], seed: int | None = None) -> dict[str, Any]:
     """Step 1 with probes (compile happens here), then a memory step and bare steady steps."""
     from torch._dynamo.utils import counters
 
@@ -320,6 +341,8 @@ def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: 
     t0 = time.perf_counter()
     with torch_settings(model), probes.active():
         stage("forward")
+        if seed is not None:
+            torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
         probes.phase = "forward"
         result = forward(*inputs)
         probes.phase = "idle"
@@ -449,7 +472,7 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
     err = None
     orders: dict[str, str] = {}
     numerics = None
-    sdict = {"name": scenario.label, **scenario.to_dict()}
+    sdict = {**scenario.to_dict(), "name": scenario.label}
     requested = scenario.recipe is not None or scenario.compile.enabled
     model = None
     with _restoring_global_state(), capture_warnings(warn):
@@ -466,6 +489,7 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
             if scenario.check_numerics:
                 ref = build_model(cfg)
                 ref.zero_grad(set_to_none=True)
+                torch.manual_seed(cfg.seed + 2)
                 l = model_loss_fn(ref(batch.tokens), batch.labels)
                 l.backward()
                 ref_loss, ref_grads = float(l.detach().float()), _grads(ref)
@@ -483,7 +507,7 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
             orders = dict(applied(model).compile_orders)
             steps = {}
             steps = _measure_steps(model, (batch.tokens,), model, lambda logits: model_loss_fn(logits, batch.labels),
-                                   torch.device(cfg.device), stage, scenario, warn)
+                                   torch.device(cfg.device), stage, scenario, warn, seed=cfg.seed + 2)
             numerics = _numerics(steps["loss"], steps["grads"], ref_loss, ref_grads, cfg.torch_dtype)
         except Exception as e:  # the scenario failing is a result
             err = e
@@ -533,7 +557,7 @@ def measure(module_or_fn: nn.Module | Callable, *example_inputs: Any, loss_fn: C
 
 
 def _run_isolated(scenario: Scenario, timeout_s: float | None, on_stage) -> Report:
-    sdict = {"name": scenario.label, **scenario.to_dict()}
+    sdict = {**scenario.to_dict(), "name": scenario.label}
     with tempfile.TemporaryDirectory(prefix="toolkit-run-") as tmp:
         spec, out, stage_file = (os.path.join(tmp, n) for n in ("scenario.json", "report.json", "stage"))
         with open(spec, "w") as f:

@@ -1,0 +1,36 @@
+"""Named scenarios for `python -m toolkit run --preset NAME`, the notebooks and the tests."""
+
+from __future__ import annotations
+
+from .ac import ACConfig
+from .compile import CompileConfig
+from .models import ModelConfig
+from .runner import Scenario
+
+_MOE = ModelConfig()
+
+PRESETS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(name="moe_eager", model=_MOE),
+        Scenario(name="moe_full_ac", model=_MOE, ac=ACConfig(mode="full")),
+        Scenario(name="moe_selective_ac", model=_MOE, ac=ACConfig(mode="selective_op")),
+        Scenario(name="moe_compile_blocks", model=_MOE, compile=CompileConfig(scope="blocks", fullgraph=True)),
+        Scenario(name="graph_break_in_checkpoint", model=_MOE, ac=ACConfig(mode="full"),
+                 compile=CompileConfig(scope="blocks")),
+        Scenario(name="memory_budget", model=_MOE, ac=ACConfig(mode="memory_budget", memory_budget=0.3),
+                 compile=CompileConfig(scope="blocks", fullgraph=True)),
+        Scenario(name="dense_selective_ac", model=_MOE.replace(moe_layers="none"), ac=ACConfig(mode="selective_op")),
+        Scenario(name="torchtitan_today", model=_MOE, recipe="torchtitan_today"),
+        Scenario(name="pr2052", model=_MOE.replace(experts_graph_break=True), recipe="torchtitan_2025_09"),
+    )
+}
+
+
+def preset(name: str) -> Scenario:
+    """The preset scenario called `name`."""
+    from ._config import ConfigError
+
+    if name not in PRESETS:
+        raise ConfigError("preset", "name", f"{name!r} is not a preset.", f"use one of {', '.join(PRESETS)}.")
+    return PRESETS[name]
