@@ -120,12 +120,14 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
     def counting_backend(gm, example_inputs):
         from torch._dynamo.backends.common import aot_autograd
 
+        from functorch.compile import make_boxed_func
+
         def fw(g, _):
             def run(*args):
                 calls["fw"] += 1
                 return g(*args)
-            return run
-        return aot_autograd(fw_compiler=fw, bw_compiler=lambda g, _: g)(gm, example_inputs)
+            return make_boxed_func(run)
+        return aot_autograd(fw_compiler=fw, bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
 
     model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="full"),
                        compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True))

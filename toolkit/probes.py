@@ -32,13 +32,37 @@ _VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "sli
              "split_with_sizes", "chunk", "unbind", "narrow"}
 
 
+_NOT_REAL: tuple[type, ...] | None = None
+
+
 def _is_real(t: Any) -> bool:
+    global _NOT_REAL
     if not isinstance(t, torch.Tensor):
         return False
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
+    if _NOT_REAL is None:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor
 
-    return not isinstance(t, (FakeTensor, FunctionalTensor)) and t.device.type != "meta"
+        _NOT_REAL = (FakeTensor, FunctionalTensor)
+    return not isinstance(t, _NOT_REAL) and not t.is_meta
+
+
+def _tensors(out: Any) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(x, torch.Tensor) or x is None for x in out):
+        return [x for x in out if x is not None]
+    return [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+_op_names: dict[Any, str] = {}
+
+
+def _op_name(func) -> str:
+    name = _op_names.get(func)
+    if name is None:
+        name = _op_names[func] = str(func)
+    return name
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, StorageWeakRef, int]:
@@ -103,16 +127,21 @@ class _Tracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         p = self.p
         if p.phase == "forward":
-            module = p.current_module()
-            name = str(func)
-            for t in tree_leaves(out):
-                if _is_real(t):
-                    key, ref, nbytes = _storage_key(t)
-                    old = p.produced.get(key)
-                    if old is None or old.ref.expired():
-                        p.produced[key] = Produced(ref, module, name, tuple(t.shape), str(t.dtype).replace("torch.", ""), nbytes)
+            produced = p.produced
+            module = None
+            for t in _tensors(out):
+                if not _is_real(t):
+                    continue
+                st = t.untyped_storage()
+                key = st._cdata
+                old = produced.get(key)
+                if old is None or old.ref.expired():
+                    if module is None:
+                        module = p.current_module()
+                    produced[key] = Produced(StorageWeakRef(st), module, _op_name(func), tuple(t.shape),
+                                             str(t.dtype)[6:], st.nbytes())
         elif p.phase == "backward" and p.stack:
-            p.recompute_by_op[str(func)] += 1
+            p.recompute_by_op[_op_name(func)] += 1
             p.recompute_by_module[p.current_module()] += 1
         return out
 
@@ -162,6 +191,7 @@ class Probes:
         self.ckpt_inputs: set[int] = set()
         self.compiled_saved: dict[int, tuple[StorageWeakRef, str, str, str, tuple, str, int]] = {}
         self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
+        self.packed_keys: set[int] = set()
         self.records: dict[int, GraphRecord] = {}
         self.recompute_by_op: Counter = Counter()
         self.recompute_by_module: Counter = Counter()
@@ -370,20 +400,41 @@ class Probes:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
-        if self.phase == "forward" and _is_real(t):
-            key, ref, nbytes = _storage_key(t)
-            if key not in self.packed or self.packed[key][0].expired():
-                self.packed[key] = (ref, self.current_module(), tuple(t.shape), str(t.dtype).replace("torch.", ""), nbytes)
+        if self.phase == "forward":
+            st = t.untyped_storage()
+            key = st._cdata
+            if key not in self.packed_keys:
+                self.packed_keys.add(key)
+                if key not in self.produced and _is_real(t):  # inputs and tensors made before the step
+                    self.packed[key] = (StorageWeakRef(st), self.current_module(), tuple(t.shape), str(t.dtype)[6:],
+                                        st.nbytes())
         return t
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
+        """Patches, hooks and saved-tensor hooks; the dispatch tracker runs only inside `phase_scope`."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._patches())
             stack.enter_context(self._module_hooks())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
-            stack.enter_context(_Tracker(self))
             yield
+
+    @contextlib.contextmanager
+    def phase_scope(self, phase: str) -> Iterator[None]:
+        """Run the forward or the backward under the probes. The tracker watches the backward only where
+        something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+        track = phase == "forward" or any(isinstance(m, CheckpointWrapper) for m in self.model.modules())
+        self.phase = phase
+        try:
+            if track:
+                with _Tracker(self):
+                    yield
+            else:
+                yield
+        finally:
+            self.phase = "idle"
 
     # --- results --------------------------------------------------------------------------------------
 
@@ -435,7 +486,7 @@ class Probes:
             if key in excluded and key not in sac_keys:
                 continue
             kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in self.ckpt_inputs
-                    else "autograd" if key in self.packed else "other")
+                    else "autograd" if key in self.packed_keys else "other")
             out[key] = dict(module=prod.module, op=prod.op, shape=prod.shape, dtype=prod.dtype, bytes=prod.nbytes,
                             kind=kind)
         for key, (ref, module, shape, dtype, nbytes) in self.packed.items():

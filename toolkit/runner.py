@@ -343,16 +343,14 @@ def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: 
         stage("forward")
         if seed is not None:
             torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
-        probes.phase = "forward"
-        result = forward(*inputs)
-        probes.phase = "idle"
+        with probes.phase_scope("forward"):
+            result = forward(*inputs)
         rows, params_bytes = probes.census(exclude=(result,))
         loss = loss_of(result)
         del result
         stage("backward")
-        probes.phase = "backward"
-        loss.backward()
-        probes.phase = "idle"
+        with probes.phase_scope("backward"):
+            loss.backward()
     out["first_step_s"] = time.perf_counter() - t0
     out["loss"] = float(loss.detach().float())
     out["grads"] = _grads(model)

@@ -1,0 +1,110 @@
+"""Steady-state cost of the measurement probes on an eager 4-layer tiny MoE step, as ratios to the bare step.
+
+    python benchmarks/overhead.py [--iters 30]
+
+Prints the bare forward+backward time, the fully instrumented step (all probes + the end-of-forward census)
+as a ratio, and each probe alone. Target: full <= 2.0x (aim 1.5x). Ratios come from one run on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+
+import toolkit as tk
+from toolkit.probes import Probes
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def ratio(fn, base, iters: int) -> tuple[float, float]:
+    """Median time of `fn` and of `base`, measured interleaved so that machine noise hits both alike."""
+    for _ in range(3):
+        fn()
+        base()
+    a, b = [], []
+    for _ in range(iters):
+        t = time.perf_counter()
+        base()
+        b.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fn()
+        a.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+class _EmptyMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # steadier ratios on a shared 2-core machine
+    # Default: the feasibility study's block size (dim 128, E=8, batch 2 x seq 128), four layers.
+    cfg = tk.ModelConfig(n_layers=4, dim=args.dim, n_experts=args.experts, seq_len=args.seq, moe_hidden=args.dim,
+                         ffn_hidden=2 * args.dim)
+    model = tk.build_model(cfg)
+    batch = tk.make_batch(cfg)
+
+    def step(probes: Probes | None = None, census: bool = False, tracker: bool = False):
+        model.zero_grad(set_to_none=True)
+        scope = probes.phase_scope if tracker else (lambda phase: contextlib.nullcontext())
+        if probes is not None and not tracker:
+            probes.phase = "forward"
+        with scope("forward"):
+            out = model(batch.tokens)
+        if census:
+            probes.census(exclude=(out,))
+        loss = tk.loss_fn(out, batch.labels)
+        del out
+        with scope("backward"):
+            loss.backward()
+        if probes is not None:
+            probes.phase = "idle"
+
+    def with_parts(*parts: str, census: bool = False):
+        def run():
+            p = Probes(model, (batch.tokens,))
+            with contextlib.ExitStack() as stack:
+                if "patches" in parts:
+                    stack.enter_context(p._patches())
+                if "module hooks" in parts:
+                    stack.enter_context(p._module_hooks())
+                if "saved-tensor hooks" in parts:
+                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(p._pack, lambda t: t))
+                step(p, census, tracker="dispatch tracker" in parts)
+        return run
+
+    full, bare = ratio(with_parts("patches", "module hooks", "saved-tensor hooks", "dispatch tracker", census=True),
+                       step, args.iters)
+    print(f"bare eager step (4-layer MoE, dim {cfg.dim}, {cfg.batch}x{cfg.seq_len} tokens, "
+          f"{torch.get_num_threads()} threads): {bare * 1e3:.2f} ms")
+    print(f"fully instrumented step: {full * 1e3:.2f} ms = {full / bare:.2f}x  (target <= 2.0x)")
+    for part in ("dispatch tracker", "module hooks", "saved-tensor hooks", "patches"):
+        t, b = ratio(with_parts(part), step, args.iters)
+        print(f"  {part:20} alone: {t / b:.2f}x")
+    t, b = ratio(with_parts(census=True), step, args.iters)
+    print(f"  {'census':20} alone: {t / b:.2f}x")
+
+    def empty():
+        with _EmptyMode():
+            step()
+
+    t, b = ratio(empty, step, args.iters)
+    print(f"  for scale, an empty dispatch mode: {t / b:.2f}x")
+
+if __name__ == "__main__":
+    main()
