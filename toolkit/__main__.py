@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", action="store_true", help="print the Report as JSON")
     r.add_argument("--isolate", action="store_true", help="run in a subprocess (crashes/hangs become results)")
     r.add_argument("--timeout-s", type=float, default=None, help="with --isolate: give up after this many seconds")
+    sub.add_parser("matrix", help="sweep AC x compile x MoE and write the composability matrix", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "matrix":
+        from .matrix import main as matrix_main
+
+        return matrix_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run_command(args)

@@ -23,6 +23,10 @@ def main(spec: str, out: str, stage_file: str) -> int:
             if fault == "hang":
                 time.sleep(3600)
 
+    if os.environ.get("TOOLKIT_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["TOOLKIT_THREADS"]))
     with open(spec) as f:
         scenario = Scenario.from_json(f.read())
     report = run(scenario, on_stage=on_stage)

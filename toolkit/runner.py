@@ -453,14 +453,15 @@ def _restoring_global_state() -> Iterator[None]:
 
 
 def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = None,
-        on_stage: Callable[[str], None] | None = None) -> Report:
+        on_stage: Callable[[str], None] | None = None, threads: int | None = None) -> Report:
     """Build, transform and measure one training step. Errors come back as a Report, never as an exception
     (except an invalid Scenario, which fails when it is constructed). `isolate=True` runs it in a subprocess
-    so a segfault, abort or hang comes back as `crashed` / `timeout`."""
+    so a segfault, abort or hang comes back as `crashed` / `timeout`; `threads` caps its intra-op threads
+    (several isolated runs side by side must share the cores, or OpenMP oversubscription slows each 10x)."""
     if not isinstance(scenario, Scenario):
         raise TypeError(f"run() needs a Scenario, got {type(scenario).__name__}")
     if isolate:
-        return _run_isolated(scenario, timeout_s, on_stage)
+        return _run_isolated(scenario, timeout_s, on_stage, threads)
     from .recipes import apply_recipe, reset
 
     stage = _Stage(on_stage)
@@ -554,7 +555,7 @@ def measure(module_or_fn: nn.Module | Callable, *example_inputs: Any, loss_fn: C
 # --- isolation ------------------------------------------------------------------------------------------
 
 
-def _run_isolated(scenario: Scenario, timeout_s: float | None, on_stage) -> Report:
+def _run_isolated(scenario: Scenario, timeout_s: float | None, on_stage, threads: int | None = None) -> Report:
     sdict = {**scenario.to_dict(), "name": scenario.label}
     with tempfile.TemporaryDirectory(prefix="toolkit-run-") as tmp:
         spec, out, stage_file = (os.path.join(tmp, n) for n in ("scenario.json", "report.json", "stage"))
@@ -562,7 +563,11 @@ def _run_isolated(scenario: Scenario, timeout_s: float | None, on_stage) -> Repo
             f.write(scenario.to_json())
         cmd = [sys.executable, "-m", "toolkit._worker", spec, out, stage_file]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOOLKIT_THREADS=str(threads),
+                       TORCHINDUCTOR_COMPILE_THREADS=str(threads))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

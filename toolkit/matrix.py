@@ -1,0 +1,575 @@
+"""The composability matrix: sweep block kind × AC mode × compile scope × order × backend (and recipes), classify each cell, write JSON/markdown/HTML.
+
+Every cell runs isolated (a subprocess with a timeout), results are appended to `results.jsonl` as each cell
+finishes, and a re-run only measures the cells whose key (scenario + torch version + device) is missing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from . import catalogue
+from ._config import ConfigError
+from .ac import ACConfig
+from .compile import CompileConfig
+from .models import ModelConfig
+from .report import Report, fmt_bytes
+from .runner import Scenario, run
+
+# Most severe first.
+SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
+            "ac_saves_nothing", "recompiles", "graph_breaks", "works")
+EXPLAIN = {
+    "grads_differ": "gradients differ from the eager no-AC run: silently wrong training",
+    "crashed": "the worker process died",
+    "timeout": "no result within the time limit",
+    "error": "raised an error",
+    "fell_back_to_eager": "compile was requested but the region ran eagerly (no graph)",
+    "sac_not_applied": "the selective policy had no effect: saved the same as full AC or as no AC",
+    "ac_saves_nothing": "activation checkpointing saved no memory: saved >= the same setup without AC",
+    "recompiles": "compiled code was recompiled",
+    "graph_breaks": "the compiled region was split by graph breaks",
+    "works": "ran, compiled as requested, gradients match eager",
+}
+
+BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix; `scenario()` turns it into something `run` measures."""
+
+    block: str = "moe:for_loop"
+    ac: str = "none"
+    scope: str = "none"
+    fullgraph: bool = False
+    order: str | None = None
+    backend: str = "aot_eager"
+    recipe: str | None = None
+
+    def model_config(self) -> ModelConfig:
+        if self.block == "dense":
+            return ModelConfig(moe_layers="none")
+        impl = self.block.split(":", 1)[1]
+        # torch._grouped_mm compiles only in bfloat16 on CPU (C14); the recipe for PR #2052 needs the
+        # FSDP-like graph-breaking hook on the experts.
+        return ModelConfig(experts_impl=impl, dtype="bfloat16" if impl == "grouped_mm" else "float32",
+                           experts_graph_break=self.recipe == "torchtitan_2025_09")
+
+    def scenario(self) -> Scenario:
+        common = dict(name=self.label, steady_steps=1)
+        if self.recipe:
+            return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
+        ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else ACConfig(mode=self.ac)
+        comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order) \
+            if self.scope != "none" else CompileConfig()
+        return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
+
+    @property
+    def compile_label(self) -> str:
+        if self.recipe:
+            return f"recipe {self.recipe}"
+        if self.scope == "none":
+            return "eager"
+        extra = [x for x in ("fullgraph" if self.fullgraph else "", "AC outside" if self.order == "ac_outside" else "") if x]
+        return self.scope + (f" ({', '.join(extra)})" if extra else "")
+
+    @property
+    def label(self) -> str:
+        if self.recipe:
+            return f"{self.block} | recipe {self.recipe} | {self.backend}"
+        return f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _scopes(block: str) -> tuple[str, ...]:
+    return ("none", "model", "blocks", "attention", "feed_forward") if block == "dense" else \
+        ("none", "model", "blocks", "attention", "moe", "experts")
+
+
+def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """The default sweep: 3 block kinds × 3 AC modes × 4 compile setups, per backend, plus the recipes."""
+    cells = []
+    for backend in backends:
+        for block in ("dense", "moe:for_loop", "moe:masked"):
+            for ac in ("none", "full", "selective_op"):
+                cells.append(Cell(block, ac))
+                for scope, fullgraph in (("blocks", False), ("blocks", True), ("attention", False)):
+                    cells.append(Cell(block, ac, scope, fullgraph, backend=backend))
+        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_today"):
+            cells.append(Cell("moe:for_loop", recipe=recipe, backend=backend))
+    return _dedupe(cells)
+
+
+def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """Every combination the toolkit can build: block kinds × AC modes × scopes × fullgraph × order × backends."""
+    cells = []
+    for backend in backends:
+        for block in BLOCKS:
+            for ac in ("none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget"):
+                for scope in _scopes(block):
+                    if scope == "none":
+                        if ac != "memory_budget":
+                            cells.append(Cell(block, ac))
+                        continue
+                    for fullgraph in (False, True):
+                        for order in ((None,) if ac in ("none", "memory_budget") else (None, "ac_outside")):
+                            cells.append(Cell(block, ac, scope, fullgraph, order, backend))
+        from .recipes import RECIPES
+
+        for recipe in RECIPES:
+            for block in BLOCKS[1:]:
+                cells.append(Cell(block, recipe=recipe, backend=backend))
+    return _dedupe(cells)
+
+
+def _dedupe(cells: list[Cell]) -> list[Cell]:
+    seen, out = set(), []
+    for c in cells:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def valid(cell: Cell) -> str | None:
+    """Why a cell cannot be built (an invalid combination), or None. Cheap: builds and transforms, runs nothing."""
+    from .recipes import prepare, reset
+
+    try:
+        scenario = cell.scenario()
+        if scenario.recipe:
+            return None
+        model = __import__("toolkit").build_model(scenario.model_config.replace(n_layers=2))
+        prepare(model, ac=scenario.ac, compile=scenario.compile)
+        reset(model, dynamo=False)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def cell_key(scenario: Scenario, device: str = "cpu") -> str:
+    """Cache key: the scenario, the torch version and the device."""
+    blob = json.dumps({"scenario": scenario.to_dict(), "torch": torch.__version__, "device": device}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --- classification ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    explanation: str
+    flags: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY.index(self.label)
+
+
+def classify(report: Report, refs: dict[str, Report] | None = None) -> Classification:
+    """Sort a cell's report into works / error / the silent failures; `refs` holds the same block and compile
+    setup with AC "none" and "full" (keys "none", "full"), for the checks that compare against them."""
+    refs = refs or {}
+    flags: list[str] = []
+    why: dict[str, str] = {}
+    if report.outcome in ("crashed", "timeout"):
+        flags.append(report.outcome)
+        why[report.outcome] = report.error.message if report.error else EXPLAIN[report.outcome]
+    elif report.outcome == "error":
+        flags.append("error")
+        e = report.error
+        why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
+    else:
+        n = report.numerics
+        if n.reference_loss == n.reference_loss and not n.grads_match:
+            flags.append("grads_differ")
+            why["grads_differ"] = f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs the eager no-AC run"
+        c = report.compile
+        if c.fell_back_to_eager:
+            flags.append("fell_back_to_eager")
+            where = ", ".join(c.regions_without_graphs) or "every region"
+            why["fell_back_to_eager"] = f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"
+        ac = (report.scenario.get("ac") or {}).get("mode", "none")
+        saved = report.saved.total_bytes
+        none_ref, full_ref = refs.get("none"), refs.get("full")
+        selective = ac in ("selective_op", "custom") or (ac == "per_submodule")
+        if selective and none_ref is not None and full_ref is not None and none_ref.ok and full_ref.ok:
+            s_none, s_full = none_ref.saved.total_bytes, full_ref.saved.total_bytes
+            if s_none != s_full and (_close(saved, s_full) or _close(saved, s_none)):
+                flags.append("sac_not_applied")
+                like = "full AC" if _close(saved, s_full) else "no AC"
+                why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
+        if ac not in ("none",) and not report.scenario.get("recipe") and none_ref is not None and none_ref.ok \
+                and saved >= none_ref.saved.total_bytes and "fell_back_to_eager" not in flags:
+            flags.append("ac_saves_nothing")
+            why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"
+        if c.recompiles:
+            flags.append("recompiles")
+            first = " ".join(c.recompiles[0].splitlines()[0].split())
+            why["recompiles"] = f"{len(c.recompiles)} recompiles, guard failed: {first[:140]}"
+        if c.graph_breaks:
+            flags.append("graph_breaks")
+            b = c.breaks[0] if c.breaks else None
+            where = f" at {pathlib.Path(b.file).name}:{b.line}: {b.reason.splitlines()[0][:100]}" if b else ""
+            why["graph_breaks"] = f"{c.graph_breaks} graph breaks{where}"
+    if not flags:
+        flags.append("works")
+        why["works"] = EXPLAIN["works"]
+    flags.sort(key=SEVERITY.index)
+    label = flags[0]
+    matched = []
+    for flag in flags:
+        for case in catalogue.match(flag, report):
+            if case.id not in matched:
+                matched.append(case.id)
+    links = tuple(dict.fromkeys(link for cid in matched for link in catalogue.get(cid).links))
+    return Classification(label, why[label], tuple(flags), tuple(matched), links)
+
+
+def _close(a: int, b: int, rel: float = 0.01) -> bool:
+    return abs(a - b) <= rel * max(a, b, 1)
+
+
+# --- results --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    key: str
+    cell: Cell
+    report: Report
+    classification: Classification | None = None
+
+
+@dataclass
+class MatrixResult:
+    rows: list[Row]
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._classify()
+
+    def _classify(self) -> None:
+        by_setup: dict[tuple, dict[str, Report]] = {}
+        for r in self.rows:
+            c = r.cell
+            if not c.recipe:
+                by_setup.setdefault((c.block, c.scope, c.fullgraph, c.order if c.ac != "none" else None, c.backend), {})[c.ac] = r.report
+                if c.ac == "none":
+                    by_setup.setdefault((c.block, c.scope, c.fullgraph, "ac_outside", c.backend), {}).setdefault("none", r.report)
+        for r in self.rows:
+            c = r.cell
+            refs = by_setup.get((c.block, c.scope, c.fullgraph, c.order if c.ac != "none" else None, c.backend), {})
+            if c.ac != "none" and "none" not in refs:
+                refs = {**by_setup.get((c.block, c.scope, c.fullgraph, None, c.backend), {}), **refs}
+            r.classification = classify(r.report, refs)
+
+    def filter(self, *, label: str | None = None, block: str | None = None, ac: str | None = None,
+               case: str | None = None) -> "MatrixResult":
+        rows = [r for r in self.rows if (label is None or r.classification.label == label)
+                and (block is None or r.cell.block == block) and (ac is None or r.cell.ac == ac)
+                and (case is None or case in r.classification.cases)]
+        out = MatrixResult.__new__(MatrixResult)
+        out.rows, out.environment = rows, self.environment
+        return out
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.classification.label] = out.get(r.classification.label, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: SEVERITY.index(kv[0])))
+
+    def table(self) -> str:
+        """The central list as markdown: grouped by classification, most severe first."""
+        lines = []
+        for label in SEVERITY:
+            rows = [r for r in self.rows if r.classification.label == label]
+            if not rows:
+                continue
+            lines.append(f"### {label} ({len(rows)}): {EXPLAIN[label]}")
+            lines.append("")
+            lines.append("| block | AC | compile | backend | saved | peak | breaks | explanation | known case |")
+            lines.append("| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |")
+            for r in sorted(rows, key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label)):
+                rep, cl = r.report, r.classification
+                ok = rep.outcome == "ok"
+                cases = ", ".join(_case_link(cid) for cid in cl.cases)
+                lines.append(f"| {r.cell.block} | {'-' if r.cell.recipe else r.cell.ac} | {r.cell.compile_label} | "
+                             f"{r.cell.backend if r.cell.scope != 'none' or r.cell.recipe else 'eager'} | "
+                             f"{fmt_bytes(rep.saved.total_bytes) if ok else '-'} | "
+                             f"{fmt_bytes(rep.memory.peak_bytes) if ok else '-'} | "
+                             f"{rep.compile.graph_breaks if ok else '-'} | {_md(cl.explanation)} | {cases} |")
+            lines.append("")
+        return "\n".join(lines)
+
+    def heatmap(self):
+        """A plotly figure: per block kind, classification by AC mode × compile setup, with hover details."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        blocks = [b for b in dict.fromkeys(r.cell.block for r in self.rows)]
+        fig = make_subplots(rows=len(blocks) or 1, cols=1, subplot_titles=blocks or ["(no cells)"],
+                            vertical_spacing=0.25 / max(1, len(blocks)))
+        n = len(SEVERITY)
+        palette = ["#7f0000", "#b30000", "#d7301f", "#ef6548", "#fc8d59", "#fdbb84", "#fdd49e", "#fee8c8",
+                   "#c7e9c0", "#41ab5d"]
+        colorscale = []
+        for i, color in enumerate(palette):
+            colorscale += [[i / n, color], [(i + 1) / n, color]]
+        for bi, block in enumerate(blocks, start=1):
+            rows = [r for r in self.rows if r.cell.block == block]
+            xs = list(dict.fromkeys(r.cell.compile_label for r in rows))
+            ys = list(dict.fromkeys("recipe" if r.cell.recipe else r.cell.ac for r in rows))
+            z = [[None] * len(xs) for _ in ys]
+            text = [[""] * len(xs) for _ in ys]
+            for r in rows:
+                y = ys.index("recipe" if r.cell.recipe else r.cell.ac)
+                x = xs.index(r.cell.compile_label)
+                cl, rep = r.classification, r.report
+                z[y][x] = cl.severity + 0.5
+                text[y][x] = (f"{r.cell.label}<br><b>{cl.label}</b>: {_html(cl.explanation)}"
+                              f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_bytes(rep.memory.peak_bytes)}, "
+                              f"{rep.compile.graphs} graphs, {rep.compile.graph_breaks} breaks"
+                              + (f"<br>known case: {', '.join(cl.cases)}" if cl.cases else ""))
+            fig.add_trace(go.Heatmap(z=z, x=xs, y=ys, text=text, hoverinfo="text", zmin=0, zmax=n,
+                                     colorscale=colorscale, showscale=bi == 1, xgap=2, ygap=2,
+                                     colorbar=dict(tickvals=[i + 0.5 for i in range(n)], ticktext=list(SEVERITY),
+                                                   title="classification")),
+                          row=bi, col=1)
+        fig.update_layout(title=f"AC × compile × MoE composability (torch {self.environment.get('torch', '?')}, "
+                                f"{self.environment.get('device', 'cpu')})",
+                          height=320 * max(1, len(blocks)) + 80, margin=dict(l=120, r=40, t=80, b=40))
+        return fig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "counts": self.counts(), "cells": [
+            {"key": r.key, "cell": r.cell.to_dict(), "label": r.cell.label,
+             "classification": dataclasses.asdict(r.classification), "report": _compact(r.report)} for r in self.rows]}
+
+    def write(self, out: str | os.PathLike) -> dict[str, pathlib.Path]:
+        out = pathlib.Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"json": out / "matrix.json", "md": out / "matrix.md", "html": out / "matrix.html"}
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=1))
+        env = ", ".join(f"{k} {v}" for k, v in self.environment.items())
+        summary = ", ".join(f"{v} {k}" for k, v in self.counts().items())
+        paths["md"].write_text(f"# AC × compile × MoE: the central list\n\nGenerated by `python -m toolkit matrix` "
+                               f"({env}). {len(self.rows)} cells: {summary}.\n\n{self.table()}\n")
+        paths["html"].write_text(self.html())
+        return paths
+
+    def html(self) -> str:
+        """A self-contained page: plotly.js embedded (opens offline), the heatmap, then the central list."""
+        import html as _h
+
+        plot = self.heatmap().to_html(include_plotlyjs=True, full_html=False, div_id="matrix-heatmap")
+        parts = []
+        for label in SEVERITY:
+            rows = [r for r in self.rows if r.classification.label == label]
+            if not rows:
+                continue
+            parts.append(f"<h3>{label} ({len(rows)}): {_h.escape(EXPLAIN[label])}</h3><table><tr><th>block</th>"
+                         "<th>AC</th><th>compile</th><th>saved</th><th>peak</th><th>breaks</th><th>explanation</th>"
+                         "<th>known case</th></tr>")
+            for r in sorted(rows, key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label)):
+                rep, cl = r.report, r.classification
+                ok = rep.outcome == "ok"
+                cases = ", ".join(f'<a href="{_h.escape(catalogue.get(c).links[0])}">{c}</a>' if catalogue.get(c).links
+                                  else c for c in cl.cases)
+                parts.append(f"<tr><td>{_h.escape(r.cell.block)}</td><td>{'-' if r.cell.recipe else r.cell.ac}</td>"
+                             f"<td>{_h.escape(r.cell.compile_label)}</td>"
+                             f"<td>{fmt_bytes(rep.saved.total_bytes) if ok else '-'}</td>"
+                             f"<td>{fmt_bytes(rep.memory.peak_bytes) if ok else '-'}</td>"
+                             f"<td>{rep.compile.graph_breaks if ok else '-'}</td><td>{_h.escape(cl.explanation)}</td>"
+                             f"<td>{cases}</td></tr>")
+            parts.append("</table>")
+        env = _h.escape(", ".join(f"{k} {v}" for k, v in self.environment.items()))
+        return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>AC × compile × MoE composability</title>"
+                "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
+                "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;text-align:left}</style></head><body>"
+                f"<h1>AC × compile × MoE: the central list</h1><p>{len(self.rows)} cells; {env}.</p>"
+                f"{plot}{''.join(parts)}</body></html>")
+
+    def __str__(self) -> str:
+        return f"MatrixResult: {len(self.rows)} cells: " + ", ".join(f"{v} {k}" for k, v in self.counts().items())
+
+
+def _compact(report: Report) -> dict[str, Any]:
+    d = report.to_dict()
+    d["saved"]["tensors"] = len(report.saved.tensors)
+    return d
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def _case_link(case_id: str) -> str:
+    case = catalogue.get(case_id)
+    return f"[{case_id}]({case.links[0]})" if case.links else case_id
+
+
+# --- sweeping -------------------------------------------------------------------------------------------
+
+
+def load_results(path: str | os.PathLike) -> dict[str, tuple[Cell, Report]]:
+    """Finished cells from a results.jsonl (a torn last line, e.g. after `kill -9`, is ignored)."""
+    done: dict[str, tuple[Cell, Report]] = {}
+    p = pathlib.Path(path)
+    if not p.exists():
+        return done
+    for line in p.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            done[rec["key"]] = (Cell(**rec["cell"]), Report.from_dict(rec["report"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
+class Progress:
+    """Cells done / running / failed and time left, on one updating stderr line (a line per cell off a tty)."""
+
+    def __init__(self, total: int, workers: int, enabled: bool = True, stream=None):
+        self.total, self.workers, self.enabled = total, max(1, workers), enabled
+        self.stream = stream or sys.stderr
+        self.done = self.running = self.failed = 0
+        self.t0 = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            self.running += 1
+            self._render()
+
+    def finish(self, cell: Cell, label: str, seconds: float) -> None:
+        with self.lock:
+            self.running -= 1
+            self.done += 1
+            self.failed += label in ("crashed", "timeout", "error")
+            self._render(f"{label:8} {cell.label} ({seconds:.1f} s)")
+
+    def _render(self, last: str = "") -> None:
+        if not self.enabled or not self.total:
+            return
+        elapsed = time.perf_counter() - self.t0
+        left = (elapsed / self.done) * (self.total - self.done) if self.done else 0.0
+        width = 24
+        filled = int(width * self.done / self.total)
+        bar = "#" * filled + "." * (width - filled)
+        line = (f"[{bar}] {self.done}/{self.total} done, {self.running} running, {self.failed} failed, "
+                f"~{int(left // 60)}m{int(left % 60):02d}s left")
+        if self.tty:
+            self.stream.write("\r" + line[:150].ljust(150))
+            if self.done == self.total:
+                self.stream.write("\n")
+        elif last:
+            self.stream.write(f"{line} | {last}\n")
+        self.stream.flush()
+
+
+def environment() -> dict[str, Any]:
+    import platform
+
+    env = {"torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
+           "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,
+          backends: Iterable[str] = ("aot_eager",), workers: int = 1, timeout_s: float | None = 600,
+          progress: bool = True, runner: Callable[..., Report] | None = None) -> MatrixResult:
+    """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
+    there (same scenario, torch version and device) are not run again. Writes matrix.json/.md/.html to `out`."""
+    backends = tuple(backends)
+    cells = list(cells) if cells is not None else (quick_cells(backends) if quick else full_cells(backends))
+    runnable = [c for c in cells if valid(c) is None]
+    device = environment()["device"]
+    keys = {c: cell_key(c.scenario(), device) for c in runnable}
+    results_path = pathlib.Path(out) / "results.jsonl" if out is not None else None
+    if results_path is not None:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+    done = load_results(results_path) if results_path is not None else {}
+    pending = [c for c in runnable if keys[c] not in done]
+    bar = Progress(len(runnable), workers, enabled=progress)
+    bar.done = len(runnable) - len(pending)
+    write_lock = threading.Lock()
+    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    run_cell = runner or (lambda scenario: run(scenario, isolate=True, timeout_s=timeout_s, threads=threads))
+
+    def one(cell: Cell) -> None:
+        bar.start()
+        t = time.perf_counter()
+        report = run_cell(cell.scenario())
+        label = classify(report).label
+        with write_lock:
+            done[keys[cell]] = (cell, report)
+            if results_path is not None:
+                with open(results_path, "a") as f:
+                    f.write(json.dumps({"key": keys[cell], "cell": cell.to_dict(), "report": report.to_dict()}) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        bar.finish(cell, label, time.perf_counter() - t)
+
+    if pending:
+        with futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for fut in futures.as_completed([pool.submit(one, c) for c in pending]):
+                fut.result()
+    result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment())
+    if out is not None:
+        result.write(out)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from .compile import BACKENDS
+
+    parser = argparse.ArgumentParser(prog="python -m toolkit matrix", description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, minutes on a laptop)")
+    size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
+    parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeat for several (default aot_eager)")
+    parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per cell")
+    parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    result = sweep(out=args.out, quick=not args.full, backends=args.backend or ["aot_eager"], workers=args.workers,
+                   timeout_s=args.timeout_s, progress=not args.no_progress)
+    print(result)
+    for label, n in result.counts().items():
+        print(f"  {label:20} {n:4d}  {EXPLAIN[label]}")
+    print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/results.jsonl)")
+    return 0
