@@ -47,8 +47,10 @@ def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
         (ACConfig(mode="full"), CompileConfig(scope="attention")),
         (ACConfig(mode="full"), CompileConfig(scope="blocks", order="ac_outside", capture_scalar_outputs=True)),
         (ACConfig(mode="memory_budget", memory_budget=0.0), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig(mode="full"), CompileConfig(scope="blocks", fullgraph=True, backend="aot_eager_decomp_partition")),
     ],
-    ids=["none-blocks", "full-blocks", "sac-blocks", "full-attention", "full-ac_outside", "budget0-blocks"],
+    ids=["none-blocks", "full-blocks", "sac-blocks", "full-attention", "full-ac_outside", "budget0-blocks",
+         "full-decomp_partition"],
 )
 def test_compiled_gradients_match_eager(moe_cfg, ac, compile):
     batch = tk.make_batch(moe_cfg)

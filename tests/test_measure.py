@@ -269,3 +269,67 @@ def test_cli_run_preset_and_config(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "toolkit", "run", "--preset", "nope"], capture_output=True, text=True,
                          env=env, timeout=300)
     assert bad.returncode == 2 and "preset.name" in bad.stderr
+
+
+def test_peak_is_the_same_without_probes(moe_cfg):
+    """The memory step runs without probes; its peak equals a bare profiler replay of the same step."""
+    from toolkit.runner import _cpu_memory_step
+
+    ac = ACConfig(mode="selective_op")
+    report = tk.run(Scenario(model=moe_cfg, ac=ac, check_numerics=False, steady_steps=0))
+    model = tk.apply_ac(tk.build_model(moe_cfg), ac)
+    batch = tk.make_batch(moe_cfg)
+    tk.train_step(model, batch)  # like run(): the measured step is the second one
+
+    def step(mark):
+        model.zero_grad(set_to_none=True)
+        out = model(batch.tokens)
+        mark()
+        loss = tk.loss_fn(out, batch.labels)
+        del out
+        loss.backward()
+
+    peak, held = _cpu_memory_step(step)
+    assert report.memory.peak_bytes == peak
+    assert report.memory.held_after_forward_bytes == held - batch.tokens.shape[0] * batch.tokens.shape[1] * moe_cfg.vocab_size * 4
+
+
+def test_measure_a_users_own_checkpointed_and_compiled_module():
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(32, 64)
+            self.down = torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Block(), Block()
+
+        def forward(self, x):
+            return checkpoint(self.b, self.a(x), use_reentrant=False)
+
+    torch.manual_seed(0)
+    net = Net()
+    net.a.compile(backend="aot_eager")
+    x = torch.randn(8, 32, requires_grad=True)
+    report = tk.measure(net, x)
+    assert report.ok, report.error
+    assert report.compile.requested and report.compile.graphs >= 1 and not report.compile.fell_back_to_eager
+    held = [t for t in report.saved.tensors if t.kind == "checkpoint_input" and t.op != "torch.get_rng_state"]
+    assert report.saved.by_kind["compiled"] > 0 and [t.bytes for t in held] == [8 * 32 * 4]  # b's input
+    assert {t.module for t in report.saved.tensors if t.kind == "compiled"} <= {"a", "a.up", "a.down", ""}
+    assert report.recompute.by_module.get("b.up", 0) > 0  # block b is recomputed in backward
+    assert report.recompute.in_compiled_backward >= 0
+    assert report.numerics.loss == report.numerics.loss and report.numerics.grads_match is False  # nothing to compare
+
+
+def test_measure_a_plain_callable():
+    w = torch.randn(16, 16, requires_grad=True)
+    report = tk.measure(lambda x: torch.tanh(x @ w), torch.randn(4, 16))
+    assert report.ok and report.saved.total_bytes == 4 * 16 * 4 * 2  # x for the matmul, tanh's output

@@ -106,6 +106,7 @@ class ProbeResult:
     in_compiled_backward: int = 0
     breaks: list[tuple[str, str, int]] = field(default_factory=list)
     recompiles: list[str] = field(default_factory=list)
+    compile_s: float = 0.0
     regions: list[str] = field(default_factory=list)
     regions_without_graphs: list[str] = field(default_factory=list)
 
@@ -169,9 +170,12 @@ class _TraceCapture(logging.Handler):
             self.p.breaks.append((text, m.group(1) if m else "?", int(m.group(2)) if m else 0))
         elif "compilation_metrics" in md:
             cm = md["compilation_metrics"]
-            reason = cm.get("recompile_reason") if isinstance(cm, dict) else None
-            if reason:
-                self.p.recompiles.append(str(reason))
+            if isinstance(cm, dict):
+                if cm.get("recompile_reason"):
+                    self.p.recompiles.append(str(cm["recompile_reason"]))
+                t = cm.get("entire_frame_compile_time_s")
+                if isinstance(t, (int, float)):
+                    self.p.compile_s += float(t)
         elif "dynamo_output_graph" in md:
             self.p.region_graphs[self.p.current_region()] += 1
 
@@ -201,6 +205,8 @@ class Probes:
         self.region_compiled_runs: Counter = Counter()
         self.breaks: list[tuple[str, str, int]] = []
         self.recompiles: list[str] = []
+        self.compile_s = 0.0
+        self.saw_checkpoint = False
 
     # --- module bookkeeping ---------------------------------------------------------------------------
 
@@ -354,11 +360,26 @@ class Probes:
                 probes.ckpt_inputs.add(key)
             return state
 
+        orig_ckpt_gen = ckpt._checkpoint_without_reentrant_generator
+
+        def ckpt_gen(fn, preserve_rng_state=True, context_fn=ckpt.noop_context_fn, determinism_check="default",
+                     debug=False, early_stop=True, *args, **kwargs):
+            # Any checkpoint, the function form included: its inputs are held to re-run it, and the backward
+            # must be watched for recompute.
+            if probes.phase == "forward":
+                probes.saw_checkpoint = True
+                for t in tree_leaves((args, kwargs)):
+                    if _is_real(t):
+                        probes.ckpt_inputs.add(t.untyped_storage()._cdata)
+            return (yield from orig_ckpt_gen(fn, preserve_rng_state, context_fn, determinism_check, debug, early_stop,
+                                             *args, **kwargs))
+
         handler = _TraceCapture(self)
         old_level, old_propagate = trace_log.level, trace_log.propagate
         graph_compile._partition_joint_graph_into_fw_bw = partition
         runtime_wrappers._AutogradSavedState.save_from_forward = save_from_forward
         ckpt._CachingTorchDispatchMode.__init__ = sac_init
+        ckpt._checkpoint_without_reentrant_generator = ckpt_gen
         torch.get_rng_state = get_rng_state
         trace_log.addHandler(handler)
         trace_log.setLevel(logging.DEBUG)
@@ -371,6 +392,7 @@ class Probes:
             graph_compile._partition_joint_graph_into_fw_bw = orig_partition
             runtime_wrappers._AutogradSavedState.save_from_forward = orig_save
             ckpt._CachingTorchDispatchMode.__init__ = orig_sac_init
+            ckpt._checkpoint_without_reentrant_generator = orig_ckpt_gen
             torch.get_rng_state = orig_get_rng_state
             trace_log.removeHandler(handler)
             trace_log.setLevel(old_level)
@@ -425,7 +447,8 @@ class Probes:
         something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-        track = phase == "forward" or any(isinstance(m, CheckpointWrapper) for m in self.model.modules())
+        track = phase == "forward" or self.saw_checkpoint or any(isinstance(m, CheckpointWrapper)
+                                                                 for m in self.model.modules())
         self.phase = phase
         try:
             if track:
@@ -483,8 +506,8 @@ class Probes:
                     seen_params.add(key)
                     params_bytes += param_keys[key]
                 continue
-            if key in excluded and key not in sac_keys:
-                continue
+            if key in excluded and key not in sac_keys and key not in self.packed_keys:
+                continue  # the step's own output, held by the caller rather than for backward
             kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in self.ckpt_inputs
                     else "autograd" if key in self.packed_keys else "other")
             out[key] = dict(module=prod.module, op=prod.op, shape=prod.shape, dtype=prod.dtype, bytes=prod.nbytes,
@@ -497,6 +520,7 @@ class Probes:
                             bytes=nbytes, kind="autograd")
         for key, entry in out.items():
             entry["is_input"] = key in input_keys
+            entry["is_output"] = key in excluded
         rows = sorted(out.values(), key=lambda e: (e["module"], e["op"], -e["bytes"], e["shape"]))
         return rows, params_bytes
 
@@ -508,6 +532,7 @@ class Probes:
         r.in_compiled_backward = sum(sum(rec.recompute_ops.values()) * rec.runs for rec in self.records.values())
         r.breaks = list(self.breaks)
         r.recompiles = list(self.recompiles)
+        r.compile_s = self.compile_s
         r.regions = list(getattr(self, "region_names", []))
         ran = {name for (name, phase) in self.region_runs if phase == "forward"}
         r.regions_without_graphs = sorted(n for n in ran if self.region_compiled_runs[n] == 0)

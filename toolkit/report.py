@@ -104,8 +104,16 @@ class Numerics:
 class Timing:
     build_s: float = 0.0
     apply_s: float = 0.0
+    compile_s: float = 0.0
+    """Dynamo + backend compile time of the frames compiled in the first step (torch's compilation metrics)."""
     first_step_s: float = 0.0
+    """The instrumented first step (compiles; probes on)."""
+    first_forward_s: float = 0.0
+    first_backward_s: float = 0.0
     steady_step_s: float = 0.0
+    """Median of the un-instrumented steady steps."""
+    steady_forward_s: float = 0.0
+    steady_backward_s: float = 0.0
 
 
 @dataclass(frozen=True)

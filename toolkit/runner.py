@@ -345,13 +345,16 @@ def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: 
             torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
         with probes.phase_scope("forward"):
             result = forward(*inputs)
+        t_fwd = time.perf_counter()
         rows, params_bytes = probes.census(exclude=(result,))
         loss = loss_of(result)
         del result
         stage("backward")
+        t_bwd = time.perf_counter()
         with probes.phase_scope("backward"):
             loss.backward()
     out["first_step_s"] = time.perf_counter() - t0
+    out["first_forward_s"], out["first_backward_s"] = t_fwd - t0, time.perf_counter() - t_bwd
     out["loss"] = float(loss.detach().float())
     out["grads"] = _grads(model)
     out["rows"], out["params_bytes"] = rows, params_bytes
@@ -359,16 +362,29 @@ def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: 
     out["graphs"] = int(counters["stats"]["unique_graphs"])
     out["graph_breaks"] = int(sum(counters["graph_break"].values()))
 
-    def bare_step(mark=lambda: None):
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def bare_step(mark=lambda: None, times=None):
         model.zero_grad(set_to_none=True)
         with torch_settings(model):
+            t = time.perf_counter()
             res = forward(*inputs)
-            extra = res.untyped_storage().nbytes() if isinstance(res, torch.Tensor) else 0
+            sync()
+            t_f = time.perf_counter()
+            # The output is alive at the mark because we hold it; subtract it unless backward needs it too.
+            output_saved = any(r.get("is_output") for r in out.get("rows", ()))
+            extra = res.untyped_storage().nbytes() if isinstance(res, torch.Tensor) and not output_saved else 0
             mark()
             out.setdefault("output_bytes", extra)
             l = loss_of(res)
             del res
+            t_b = time.perf_counter()
             l.backward()
+            sync()
+            if times is not None:
+                times.append((t_f - t, time.perf_counter() - t_b, time.perf_counter() - t))
 
     if scenario is None or scenario.measure_memory:
         stage("measure")
@@ -383,14 +399,11 @@ def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: 
             out["memory"] = Memory(device=str(device), peak_bytes=int(peak),
                                    held_after_forward_bytes=int(held - out.get("output_bytes", 0)),
                                    method="profiler allocation events replayed")
-    steady = []
+    steady: list[tuple[float, float, float]] = []
     for _ in range(scenario.steady_steps if scenario is not None else 2):
-        t = time.perf_counter()
-        bare_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        steady.append(time.perf_counter() - t)
-    out["steady_step_s"] = statistics.median(steady) if steady else 0.0
+        bare_step(times=steady)
+    for i, name in enumerate(("steady_forward_s", "steady_backward_s", "steady_step_s")):
+        out[name] = statistics.median(t[i] for t in steady) if steady else 0.0
     out["graphs_after"] = int(counters["stats"]["unique_graphs"])
     return out
 
@@ -425,8 +438,10 @@ def _assemble(scenario_dict: dict, stage: _Stage, steps: dict | None, err: BaseE
         scenario=scenario_dict, environment=environment(), saved=saved, recompute=recompute, compile=comp,
         memory=memory, numerics=numerics or Numerics(),
         timing=Timing(build_s=round(timing.get("build_s", 0.0), 4), apply_s=round(timing.get("apply_s", 0.0), 4),
-                      first_step_s=round(steps.get("first_step_s", 0.0), 4) if steps else 0.0,
-                      steady_step_s=round(steps.get("steady_step_s", 0.0), 4) if steps else 0.0),
+                      compile_s=round(steps["probe"].compile_s, 4) if steps and "probe" in steps else 0.0,
+                      **{k: round((steps or {}).get(k, 0.0), 4) for k in (
+                          "first_step_s", "first_forward_s", "first_backward_s", "steady_step_s", "steady_forward_s",
+                          "steady_backward_s")}),
     )
 
 
