@@ -10,6 +10,8 @@ from .report import Report
 from .runner import Scenario, measure, run
 from .presets import PRESETS, preset
 from . import presets
+from . import display
+from .notebook import setup_notebook
 from .state import applied, global_state, torch_settings
 
 __version__ = "0.1.0"
@@ -19,5 +21,5 @@ __all__ = [
     "record_policy_decisions", "remove_ac", "CompileConfig", "apply_compile", "remove_compile", "Batch",
     "ModelConfig", "build_model", "loss_fn", "make_batch", "train_step", "canonical_name", "get_module",
     "named_modules", "unwrap", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
-    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "__version__",
+    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "setup_notebook", "display", "__version__",
 ]

@@ -376,11 +376,14 @@ class Probes:
 
         handler = _TraceCapture(self)
         old_level, old_propagate = trace_log.level, trace_log.propagate
-        graph_compile._partition_joint_graph_into_fw_bw = partition
-        runtime_wrappers._AutogradSavedState.save_from_forward = save_from_forward
-        ckpt._CachingTorchDispatchMode.__init__ = sac_init
-        ckpt._checkpoint_without_reentrant_generator = ckpt_gen
-        torch.get_rng_state = get_rng_state
+        replaced = [(graph_compile, "_partition_joint_graph_into_fw_bw", partition),
+                    (runtime_wrappers._AutogradSavedState, "save_from_forward", save_from_forward),
+                    (ckpt._CachingTorchDispatchMode, "__init__", sac_init),
+                    (ckpt, "_checkpoint_without_reentrant_generator", ckpt_gen),
+                    (torch, "get_rng_state", get_rng_state)]
+        originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
+        for owner, name, new in replaced:
+            setattr(owner, name, new)
         trace_log.addHandler(handler)
         trace_log.setLevel(logging.DEBUG)
         trace_log.propagate = False
@@ -389,11 +392,8 @@ class Probes:
             with torch._functorch.config.patch(enable_autograd_cache=False):
                 yield
         finally:
-            graph_compile._partition_joint_graph_into_fw_bw = orig_partition
-            runtime_wrappers._AutogradSavedState.save_from_forward = orig_save
-            ckpt._CachingTorchDispatchMode.__init__ = orig_sac_init
-            ckpt._checkpoint_without_reentrant_generator = orig_ckpt_gen
-            torch.get_rng_state = orig_get_rng_state
+            for owner, name, original in originals:
+                setattr(owner, name, original)
             trace_log.removeHandler(handler)
             trace_log.setLevel(old_level)
             trace_log.propagate = old_propagate

@@ -1,0 +1,66 @@
+"""Figure builders (checked on fig.data) and their plain-text twins; setup_notebook."""
+
+import pytest
+import torch
+
+import toolkit as tk
+from toolkit import display
+
+QUICK = dict(check_numerics=False, steady_steps=0)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    none = tk.run(tk.Scenario(**QUICK))
+    sac = tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), **QUICK))
+    brk = tk.run(tk.Scenario(compile=tk.CompileConfig(scope="moe"), measure_memory=False, **QUICK))
+    return none, sac, brk
+
+
+def test_saved_figure_stacks_kinds_per_module(reports):
+    _, sac, _ = reports
+    fig = display.saved_figure(sac, by="module", top=50)
+    assert {t.name for t in fig.data} == set(sac.saved.by_kind)
+    totals = {}
+    for trace in fig.data:
+        for x, y in zip(trace.x, trace.y):
+            totals[x] = totals.get(x, 0) + y * 2**10
+    for module, b in sac.saved.by_module.items():
+        assert totals[module or "<model>"] == pytest.approx(b)
+    assert fig.layout.barmode == "stack"
+    by_op = display.saved_figure(sac, by="op")
+    assert "aten.mm.default" in set(by_op.data[0].x) | {x for t in by_op.data for x in t.x}
+    with pytest.raises(ValueError, match="by="):
+        display.saved_figure(sac, by="shape")
+
+
+def test_text_twins_are_deterministic(reports):
+    none, sac, brk = reports
+    text = display.saved_text(sac)
+    assert text == display.saved_text(tk.Report.from_json(sac.to_json()))
+    assert "layers.0.moe.experts" in text and "sac_cache" in text
+    mem = display.memory_text({"no AC": none, "SAC": sac})
+    assert mem.splitlines()[0].split() == ["run", "saved", "held", "peak", "recomputed"]
+    assert "no AC" in mem and "SAC" in mem
+    diff = display.compare_text(none, sac, ("no AC", "SAC"))
+    assert "layers.0.moe.experts" in diff and "-" in diff
+    bt = display.breaks_text(brk)
+    assert "moe.py:" in bt and "Data dependent operator" in bt and "recompile" in bt
+    assert display.breaks_text(none) == "compile not requested"
+    assert "<table>" in display.breaks_html(brk)
+
+
+def test_memory_and_recompute_figures(reports):
+    none, sac, _ = reports
+    fig = display.memory_figure({"no AC": none, "SAC": sac})
+    assert [t.name for t in fig.data] == ["saved for backward", "held after forward", "peak"]
+    assert list(fig.data[2].x) == ["no AC", "SAC"] and fig.data[2].y[0] == none.memory.peak_bytes / 2**20
+    rfig = display.recompute_figure(sac)
+    assert sum(rfig.data[0].y) <= sac.recompute.ops and rfig.data[0].y[0] == max(sac.recompute.by_op.values())
+
+
+def test_setup_notebook_is_idempotent():
+    a = tk.setup_notebook(seed=3, autoreload=False)
+    x = torch.rand(1)
+    b = tk.setup_notebook(seed=3, autoreload=False)
+    assert a == b and torch.equal(torch.rand(1), x)

@@ -1,0 +1,126 @@
+"""Figure builders and plain-text twins for Reports (pure: they return `go.Figure`s and strings, never display)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .report import KINDS, Report, fmt_bytes
+
+KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "checkpoint_input": "#b279a2",
+               "other": "#9d9da0"}
+
+
+def _grouped(report: Report, by: str, top: int) -> tuple[list[str], dict[str, list[int]]]:
+    if by not in ("module", "op"):
+        raise ValueError(f"by={by!r}: use 'module' or 'op'")
+    totals: dict[str, int] = {}
+    per_kind: dict[tuple[str, str], int] = {}
+    for t in report.saved.tensors:
+        key = (t.module or "<model>") if by == "module" else t.op
+        totals[key] = totals.get(key, 0) + t.bytes
+        per_kind[(key, t.kind)] = per_kind.get((key, t.kind), 0) + t.bytes
+    keys = [k for k, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+    return keys, {kind: [per_kind.get((k, kind), 0) for k in keys] for kind in KINDS}
+
+
+def saved_figure(report: Report, by: str = "module", top: int = 20):
+    """Stacked bars of bytes held for backward per module (or op), coloured by kind."""
+    import plotly.graph_objects as go
+
+    keys, series = _grouped(report, by, top)
+    fig = go.Figure()
+    for kind in KINDS:
+        if any(series[kind]):
+            fig.add_bar(name=kind, x=keys, y=[v / 2**10 for v in series[kind]], marker_color=KIND_COLORS[kind],
+                        hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + kind + "</extra>")
+    fig.update_layout(barmode="stack", title=f"saved for backward by {by}: {fmt_bytes(report.saved.total_bytes)}",
+                      yaxis_title="KiB", xaxis_tickangle=-40, legend_title="kind", height=420)
+    return fig
+
+
+def saved_text(report: Report, by: str = "module", top: int = 20) -> str:
+    """The plain-text twin of `saved_figure` (rounded, deterministic)."""
+    keys, series = _grouped(report, by, top)
+    kinds = [k for k in KINDS if any(series[k])]
+    width = max([len(by)] + [len(k) for k in keys]) + 2
+    lines = [f"{by:<{width}}" + "".join(f"{k:>18}" for k in kinds) + f"{'total':>12}"]
+    for i, key in enumerate(keys):
+        row = [series[k][i] for k in kinds]
+        lines.append(f"{key:<{width}}" + "".join(f"{fmt_bytes(v) if v else '-':>18}" for v in row)
+                     + f"{fmt_bytes(sum(row)):>12}")
+    return "\n".join(lines)
+
+
+def memory_figure(reports: Mapping[str, Report]):
+    """Grouped bars per run: saved for backward, held after forward and peak."""
+    import plotly.graph_objects as go
+
+    labels = list(reports)
+    fig = go.Figure()
+    for name, get in (("saved for backward", lambda r: r.saved.total_bytes),
+                      ("held after forward", lambda r: r.memory.held_after_forward_bytes),
+                      ("peak", lambda r: r.memory.peak_bytes)):
+        fig.add_bar(name=name, x=labels, y=[get(reports[k]) / 2**20 for k in labels],
+                    hovertemplate="%{x}<br>%{y:.2f} MiB<extra>" + name + "</extra>")
+    fig.update_layout(barmode="group", yaxis_title="MiB", title="memory per run", height=380)
+    return fig
+
+
+def memory_text(reports: Mapping[str, Report]) -> str:
+    width = max([5] + [len(k) for k in reports]) + 2
+    lines = [f"{'run':<{width}}{'saved':>12}{'held':>12}{'peak':>12}{'recomputed':>12}"]
+    for k, r in reports.items():
+        lines.append(f"{k:<{width}}{fmt_bytes(r.saved.total_bytes):>12}{fmt_bytes(r.memory.held_after_forward_bytes):>12}"
+                     f"{fmt_bytes(r.memory.peak_bytes):>12}{r.recompute.ops:>12}")
+    return "\n".join(lines)
+
+
+def recompute_figure(report: Report, top: int = 15):
+    """Bars of the forward ops re-run in backward, per op."""
+    import plotly.graph_objects as go
+
+    items = sorted(report.recompute.by_op.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    fig = go.Figure(go.Bar(x=[k for k, _ in items], y=[v for _, v in items], marker_color="#e45756"))
+    fig.update_layout(title=f"recomputed in backward: {report.recompute.ops} ops", yaxis_title="ops",
+                      xaxis_tickangle=-40, height=380)
+    return fig
+
+
+def breaks_text(report: Report) -> str:
+    """Graph breaks (reason, file:line) and recompiles as plain text."""
+    c = report.compile
+    if not c.requested:
+        return "compile not requested"
+    lines = [f"{c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
+             + (" — fell back to eager in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")]
+    for b in c.breaks:
+        lines.append(f"  break  {b.file.rsplit('/', 1)[-1]}:{b.line}  {b.reason.splitlines()[0]}")
+    for r in c.recompiles:
+        lines.append(f"  recompile  {' '.join(r.splitlines()[0].split())[:140]}")
+    return "\n".join(lines)
+
+
+def breaks_html(report: Report) -> str:
+    import html
+
+    c = report.compile
+    rows = "".join(f"<tr><td>{html.escape(b.file.rsplit('/', 1)[-1])}:{b.line}</td>"
+                   f"<td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks)
+    rec = "".join(f"<tr><td>recompile</td><td>{html.escape(' '.join(r.splitlines()[0].split())[:200])}</td></tr>"
+                  for r in c.recompiles)
+    head = html.escape(breaks_text(report).splitlines()[0])
+    return f"<b>{head}</b><table><tr><th>where</th><th>reason</th></tr>{rows}{rec}</table>"
+
+
+def compare_text(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top: int = 12) -> str:
+    """Two runs side by side: memory, and the modules whose saved bytes differ most."""
+    lines = [memory_text({names[0]: a, names[1]: b}), "", f"{'module':<36}{names[0]:>12}{names[1]:>12}{'diff':>12}"]
+    mods = set(a.saved.by_module) | set(b.saved.by_module)
+    diffs = sorted(mods, key=lambda m: (-abs(b.saved.by_module.get(m, 0) - a.saved.by_module.get(m, 0)), m))[:top]
+    for m in diffs:
+        x, y = a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)
+        if x == y:
+            continue
+        sign = "+" if y > x else "-"
+        lines.append(f"{m or '<model>':<36}{fmt_bytes(x):>12}{fmt_bytes(y):>12}{sign + fmt_bytes(abs(y - x)):>12}")
+    return "\n".join(lines)

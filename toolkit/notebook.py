@@ -1,0 +1,44 @@
+"""`setup_notebook()`: the one setup call every notebook makes (plotly renderer, print options, seeds, quiet logs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+_done = False
+
+
+def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None) -> dict:
+    """Make a notebook's outputs stable and quiet; safe to call again (idempotent).
+
+    - plotly keeps its default renderer (in Jupyter and under nbval that is the plain plotly JSON mimetype,
+      deterministic and small; never the "notebook" renderer that embeds plotly.js with random div ids);
+    - torch prints 4 decimals; the global RNG is seeded;
+    - torch's compile warnings go to the toolkit's Reports, not the cell's stderr;
+    - `autoreload` (default: on outside CI) reloads edited toolkit modules in a running kernel.
+    Returns what it set, for display.
+    """
+    global _done
+    import torch
+
+    torch.manual_seed(seed)
+    torch.set_printoptions(precision=4, sci_mode=False)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"torch(\..*)?")
+    warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "toolkit-inductor"))
+    if autoreload is None:
+        autoreload = not os.environ.get("CI")
+    if autoreload and not _done:
+        try:
+            ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
+            ip.run_line_magic("load_ext", "autoreload")
+            ip.run_line_magic("autoreload", "2")
+        except Exception:  # not in IPython
+            pass
+    _done = True
+    return {"seed": seed, "torch_threads": torch.get_num_threads(), "autoreload": bool(autoreload)}
