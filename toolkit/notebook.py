@@ -9,7 +9,7 @@ import warnings
 _done = False
 
 
-def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None) -> dict:
+def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None) -> None:
     """Make a notebook's outputs stable and quiet; safe to call again (idempotent).
 
     - plotly keeps its default renderer (in Jupyter and under nbval that is the plain plotly JSON mimetype,
@@ -17,7 +17,7 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
     - torch prints 4 decimals; the global RNG is seeded;
     - torch's compile warnings go to the toolkit's Reports, not the cell's stderr;
     - `autoreload` (default: on outside CI) reloads edited toolkit modules in a running kernel.
-    Returns what it set, for display.
+    Returns nothing, so the cell has no output to compare.
     """
     global _done
     import torch
@@ -41,4 +41,3 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
         except Exception:  # not in IPython
             pass
     _done = True
-    return {"seed": seed, "torch_threads": torch.get_num_threads(), "autoreload": bool(autoreload)}

@@ -1,0 +1,20 @@
+"""Re-execute the notebooks in place (all, or those named) and strip widget state, ready to commit for nbval.
+
+    python notebooks/execute.py [notebooks/02_full_vs_selective_ac.ipynb ...]
+"""
+
+import pathlib
+import sys
+
+import nbformat
+from nbclient import NotebookClient
+
+here = pathlib.Path(__file__).parent
+paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted(here.glob("[0-9]*.ipynb"))
+for path in paths:
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    print("executed", path)

@@ -1,0 +1,252 @@
+"""`Explorer`: an ipywidgets app to build a scenario, run it on a button, pin and compare runs, and export a repro.
+
+Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `status.value`,
+`summary.value`; callbacks write into widgets and never print.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import textwrap
+from typing import Any
+
+import ipywidgets as W
+
+from . import display
+from ._config import ConfigError
+from .ac import ACConfig
+from .compile import BACKENDS, SCOPES, CompileConfig
+from .models import ModelConfig
+from .recipes import RECIPES
+from .report import Report
+from .runner import Scenario, run
+
+
+class Explorer:
+    """Controls → Scenario → Run → figures, graph-break table, pinned comparison, exported repro."""
+
+    def __init__(self, scenario: Scenario | None = None):
+        s = scenario or Scenario(model=ModelConfig(n_layers=4))
+        m, ac, c = s.model, s.ac, s.compile
+        style = {"description_width": "110px"}
+        self.controls: dict[str, W.ValueWidget] = {
+            "block": W.ToggleButtons(options=["moe", "dense"], value="moe" if m.has_moe else "dense", description="block"),
+            "n_layers": W.IntSlider(value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style),
+            "dim": W.Dropdown(options=[32, 64, 128, 256], value=m.dim if m.dim in (32, 64, 128, 256) else 64,
+                              description="dim", style=style),
+            "n_experts": W.IntSlider(value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style),
+            "top_k": W.IntSlider(value=m.top_k, min=1, max=8, description="top-k", continuous_update=False, style=style),
+            "experts_impl": W.Dropdown(options=["for_loop", "grouped_mm", "masked", "nonzero"], value=m.experts_impl,
+                                       description="experts impl", style=style),
+            "ac_mode": W.Dropdown(options=["none", "full", "selective_op", "selective_layer", "per_submodule",
+                                           "memory_budget"],
+                                  value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
+            "layer_every": W.IntSlider(value=ac.layer_every, min=1, max=4, description="every N-th", style=style),
+            "submodule_ac": W.Dropdown(options=["selective", "full"], value=ac.submodule_ac, description="submodule AC",
+                                       style=style),
+            "memory_budget": W.FloatSlider(value=ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
+                                           continuous_update=False, style=style),
+            "scope": W.Dropdown(options=list(SCOPES), value=c.scope if isinstance(c.scope, str) else "none",
+                                description="compile scope", style=style),
+            "backend": W.Dropdown(options=list(BACKENDS), value=c.backend if isinstance(c.backend, str) else "aot_eager",
+                                  description="backend", style=style),
+            "fullgraph": W.Checkbox(value=c.fullgraph, description="fullgraph"),
+            "order": W.Dropdown(options=[("as the scope implies", None), ("compile(AC(x))", "compile_outside"),
+                                         ("AC(compile(x))", "ac_outside")], value=c.order, description="order", style=style),
+            "capture_scalar_outputs": W.Checkbox(value=c.capture_scalar_outputs, description="capture scalars"),
+            "capture_dynamic_output_shape_ops": W.Checkbox(value=c.capture_dynamic_output_shape_ops,
+                                                           description="capture dynamic shapes"),
+            "recipe": W.Dropdown(options=[("(none: use the controls)", None)] + [(k, k) for k in RECIPES],
+                                 value=s.recipe, description="recipe", style=style),
+        }
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.pin_button = W.Button(description="Pin", icon="thumb-tack")
+        self.compare_button = W.Button(description="Compare pinned", icon="columns")
+        self.export_path = W.Text(value="repro", description="export to", style=style)
+        self.export_button = W.Button(description="Export repro", icon="download")
+        self.status = W.HTML()
+        self.stage = W.HTML()
+        self.summary = W.HTML()
+        self.breaks = W.HTML()
+        self.figures = W.Output()
+        self.comparison = W.HTML()
+        self.report: Report | None = None
+        self.pinned: list[tuple[str, Report]] = []
+        self.scenario: Scenario | None = None
+        for w in self.controls.values():
+            w.observe(self._validate, names="value")
+        self.run_button.on_click(lambda _: self.run())
+        self.pin_button.on_click(lambda _: self.pin())
+        self.compare_button.on_click(lambda _: self.compare())
+        self.export_button.on_click(lambda _: self.export(self.export_path.value))
+        self._validate()
+        ctl = self.controls
+        self.widget = W.VBox([
+            W.HTML("<b>model</b>"), W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
+            W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
+            W.HTML("<b>activation checkpointing</b>"),
+            W.HBox([ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]]),
+            W.HTML("<b>compile</b>"), W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
+            W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
+            ctl["recipe"], self.status, W.HBox([self.run_button, self.pin_button, self.compare_button]),
+            W.HBox([self.export_path, self.export_button]), self.stage, self.summary, self.breaks, self.figures,
+            self.comparison,
+        ])
+
+    # --- state --------------------------------------------------------------------------------------------
+
+    def build_scenario(self) -> Scenario:
+        """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
+        v = {k: w.value for k, w in self.controls.items()}
+        model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
+                            n_experts=v["n_experts"], top_k=v["top_k"], experts_impl=v["experts_impl"],
+                            moe_hidden=v["dim"], ffn_hidden=2 * v["dim"],
+                            dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and v["scope"] != "none" else "float32",
+                            experts_graph_break=v["recipe"] == "torchtitan_2025_09")
+        if v["recipe"]:
+            return Scenario(model=model, recipe=v["recipe"], recipe_backend=v["backend"])
+        ac = ACConfig(mode=v["ac_mode"], layer_every=v["layer_every"], submodule_ac=v["submodule_ac"],
+                      memory_budget=v["memory_budget"])
+        comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"], order=v["order"],
+                             capture_scalar_outputs=v["capture_scalar_outputs"],
+                             capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"])
+        return Scenario(model=model, ac=ac, compile=comp)
+
+    def _validate(self, *_: Any) -> None:
+        ctl = self.controls
+        recipe = ctl["recipe"].value is not None
+        for name in ("ac_mode", "layer_every", "submodule_ac", "memory_budget", "scope", "fullgraph", "order",
+                     "capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
+            ctl[name].disabled = recipe
+        mode = ctl["ac_mode"].value
+        ctl["layer_every"].disabled = recipe or mode != "selective_layer"
+        ctl["submodule_ac"].disabled = recipe or mode != "per_submodule"
+        ctl["memory_budget"].disabled = recipe or mode != "memory_budget"
+        moe = ctl["block"].value == "moe"
+        for name in ("n_experts", "top_k", "experts_impl"):
+            ctl[name].disabled = not moe
+        try:
+            self.scenario = self.build_scenario()
+            self._check_structure(self.scenario)
+        except ConfigError as e:
+            self.scenario = None
+            self.status.value = f"<span style='color:#b30000'>not runnable: {_esc(str(e))}</span>"
+            self.run_button.disabled = True
+            return
+        self.status.value = f"ready: {_esc(self.scenario.label)}"
+        self.run_button.disabled = False
+
+    @staticmethod
+    def _check_structure(s: Scenario) -> None:
+        """Catch what only the model's structure can tell (scope exists, order possible) without running."""
+        if s.recipe:
+            return
+        from .models import build_model
+        from .recipes import prepare, reset
+
+        model = build_model(s.model_config.replace(n_layers=min(2, s.model.n_layers), device="cpu"))
+        prepare(model, ac=s.ac, compile=s.compile)
+        reset(model, dynamo=False)
+
+    # --- actions ------------------------------------------------------------------------------------------
+
+    def run(self) -> Report | None:
+        """Run the scenario the controls describe; results go into the widgets (and `self.report`)."""
+        self._validate()
+        if self.scenario is None:
+            return None
+        isolate = self.scenario.recipe_backend == "inductor" if self.scenario.recipe else self.scenario.compile.backend == "inductor"
+        self.run_button.disabled = True
+        self.stage.value = "running…" + (" (isolated: inductor)" if isolate else "")
+        try:
+            report = run(self.scenario, isolate=isolate, timeout_s=900 if isolate else None,
+                         on_stage=None if isolate else self._on_stage)
+        finally:
+            self.run_button.disabled = False
+        self.report = report
+        self.stage.value = f"done: {report.outcome}"
+        self.summary.value = f"<pre>{_esc(str(report))}</pre>"
+        self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
+        self.figures.outputs = ()
+        if report.ok:
+            # append_display_data writes into the widget directly: no print, works headless and in any frontend.
+            figs = [display.saved_figure(report, by="module"), display.saved_figure(report, by="op"),
+                    display.memory_figure({"this run": report})]
+            if report.recompute.ops:
+                figs.append(display.recompute_figure(report))
+            for fig in figs:
+                self.figures.append_display_data(fig)
+        return report
+
+    def _on_stage(self, stage: str) -> None:
+        self.stage.value = f"running: {stage}…"
+
+    def pin(self) -> None:
+        if self.report is not None:
+            self.pinned.append((f"#{len(self.pinned) + 1} {self.report.scenario.get('name', '')}", self.report))
+            self.stage.value = f"pinned {len(self.pinned)} run(s)"
+
+    def compare(self) -> str:
+        """The last two pinned runs side by side (or the last pinned one against the current run)."""
+        runs = list(self.pinned[-2:])
+        if len(runs) < 2 and self.report is not None and (not runs or runs[-1][1] is not self.report):
+            runs.append(("current", self.report))
+        if len(runs) < 2:
+            self.comparison.value = "pin two runs (or pin one and run another) to compare"
+            return ""
+        (na, a), (nb, b) = runs[-2], runs[-1]
+        text = display.compare_text(a, b, ("A", "B"))
+        self.comparison.value = f"<pre>A = {_esc(na)}\nB = {_esc(nb)}\n\n{_esc(text)}</pre>"
+        return text
+
+    def export(self, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+        """Write `path.py` and `path.ipynb` that rebuild this scenario, print the environment and assert the outcome."""
+        if self.report is None or self.scenario is None:
+            raise RuntimeError("run a scenario before exporting it")
+        return export_repro(self.scenario, self.report, path)
+
+
+def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A standalone `.py` and `.ipynb` reproducing `scenario` and asserting the outcome `report` observed."""
+    import nbformat
+
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checks = [f"assert report.outcome == {report.outcome!r}, report"]
+    if report.error is not None:
+        checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
+    if report.ok:
+        checks.append(f"assert report.compile.fell_back_to_eager == {report.compile.fell_back_to_eager!r}")
+        checks.append(f"assert report.numerics.grads_match == {report.numerics.grads_match!r}")
+    setup = textwrap.dedent(f"""\
+        # Reproduces: {report.scenario.get('name', '')}
+        # Observed with torch {report.environment.get('torch', '?')}: {report.outcome}
+        import platform
+
+        import torch
+
+        import toolkit as tk
+
+        print("torch", torch.__version__, "| python", platform.python_version(), "| cuda", torch.cuda.is_available())
+        scenario = tk.Scenario.from_json({json.dumps(scenario.to_json())})
+        report = tk.run(scenario)
+        print(report)
+        """)
+    check = "\n".join(checks) + "\nprint('reproduced')\n"
+    py = path.with_suffix(".py")
+    py.write_text(setup + check)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# Repro: {report.scenario.get('name', '')}\n\nObserved outcome: "
+                                              f"**{report.outcome}** (torch {report.environment.get('torch', '?')})."),
+                nbformat.v4.new_code_cell(setup.strip()), nbformat.v4.new_code_cell(check.strip())]
+    ipynb = path.with_suffix(".ipynb")
+    nbformat.write(nb, str(ipynb))
+    return py, ipynb
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text)
