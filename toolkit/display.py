@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .report import KINDS, Report, fmt_bytes
+from .report import KINDS, Report, fmt_bytes, short_paths
 
 KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "checkpoint_input": "#b279a2",
                "other": "#9d9da0"}
@@ -96,7 +96,7 @@ def breaks_text(report: Report) -> str:
     for b in c.breaks:
         lines.append(f"  break  {b.file.rsplit('/', 1)[-1]}:{b.line}  {b.reason.splitlines()[0]}")
     for r in c.recompiles:
-        lines.append(f"  recompile  {' '.join(r.splitlines()[0].split())[:140]}")
+        lines.append(f"  recompile  {short_paths(' '.join(r.splitlines()[0].split()))[:140]}")
     return "\n".join(lines)
 
 
@@ -106,7 +106,7 @@ def breaks_html(report: Report) -> str:
     c = report.compile
     rows = "".join(f"<tr><td>{html.escape(b.file.rsplit('/', 1)[-1])}:{b.line}</td>"
                    f"<td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks)
-    rec = "".join(f"<tr><td>recompile</td><td>{html.escape(' '.join(r.splitlines()[0].split())[:200])}</td></tr>"
+    rec = "".join(f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
                   for r in c.recompiles)
     head = html.escape(breaks_text(report).splitlines()[0])
     return f"<b>{head}</b><table><tr><th>where</th><th>reason</th></tr>{rows}{rec}</table>"
@@ -123,4 +123,50 @@ def compare_text(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top:
             continue
         sign = "+" if y > x else "-"
         lines.append(f"{m or '<model>':<36}{fmt_bytes(x):>12}{fmt_bytes(y):>12}{sign + fmt_bytes(abs(y - x)):>12}")
+    return "\n".join(lines)
+
+
+def tradeoff_figure(reports: Mapping[str, Report], memory: str = "saved"):
+    """Memory against recompute, one point per run (a Pareto view of AC choices)."""
+    import plotly.graph_objects as go
+
+    labels = list(reports)
+    get = {"saved": lambda r: r.saved.total_bytes, "peak": lambda r: r.memory.peak_bytes}[memory]
+    recompute = [reports[k].recompute.ops + reports[k].recompute.in_compiled_backward for k in labels]
+    fig = go.Figure(go.Scatter(x=recompute, y=[get(reports[k]) / 2**20 for k in labels], mode="markers+text",
+                               text=labels, textposition="top center", marker=dict(size=11)))
+    fig.update_layout(title=f"{memory} memory vs recomputed forward ops", xaxis_title="forward ops recomputed in backward",
+                      yaxis_title=f"{memory} (MiB)", height=420)
+    return fig
+
+
+def compile_text(reports: Mapping[str, Report]) -> str:
+    """One line per run: graphs, breaks, recompiles, fallback, and the first break's reason and place."""
+    width = max([3] + [len(k) for k in reports]) + 2
+    lines = [f"{'run':<{width}}{'outcome':>9}{'graphs':>8}{'breaks':>8}{'recomp':>8}  first break / error"]
+    for k, r in reports.items():
+        c = r.compile
+        if r.error is not None:
+            note = f"{r.error.type.rsplit('.', 1)[-1]}: {r.error.message.splitlines()[0][:70]}"
+        elif c.breaks:
+            b = c.breaks[0]
+            note = f"{b.file.rsplit('/', 1)[-1]}:{b.line} {b.reason.splitlines()[0][:60]}"
+        else:
+            note = "fell back to eager" if c.fell_back_to_eager else ""
+        if c.fell_back_to_eager and c.breaks:
+            note += " (fell back to eager)"
+        lines.append(f"{k:<{width}}{r.outcome:>9}{c.graphs:>8}{c.graph_breaks:>8}{len(c.recompiles):>8}  {note}")
+    return "\n".join(lines)
+
+
+def decisions_text(decisions, ops: tuple[str, ...] = ("mm", "scaled_dot_product", "topk", "_grouped_mm")) -> str:
+    """A SAC policy's decisions (from `toolkit.record_policy_decisions()`), for the ops worth reading."""
+    lines = [f"{'#':>3}  {'op':<60}{'rhs shape':<12}{'decision':<18}reason"]
+    n = 0
+    for d in decisions:
+        if not any(o in d.op for o in ops):
+            continue
+        n += 1
+        shape = "x".join(map(str, d.rhs_shape)) if d.rhs_shape else ""
+        lines.append(f"{n:>3}  {d.op:<60}{shape:<12}{d.decision:<18}{d.reason}")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from ._config import ConfigError
 from .ac import ACConfig
 from .compile import CompileConfig
 from .models import ModelConfig
-from .report import Report, fmt_bytes
+from .report import Report, fmt_bytes, short_paths
 from .runner import Scenario, run
 
 # Most severe first.
@@ -224,7 +224,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
             why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"
         if c.recompiles:
             flags.append("recompiles")
-            first = " ".join(c.recompiles[0].splitlines()[0].split())
+            first = short_paths(" ".join(c.recompiles[0].splitlines()[0].split()))
             why["recompiles"] = f"{len(c.recompiles)} recompiles, guard failed: {first[:140]}"
         if c.graph_breaks:
             flags.append("graph_breaks")

@@ -280,5 +280,14 @@ def _short(path: str) -> str:
     parts = path.replace("\\", "/").split("/")
     for anchor in ("toolkit", "torch"):
         if anchor in parts:
-            return "/".join(parts[parts.index(anchor):])
+            i = len(parts) - 1 - parts[::-1].index(anchor)  # the innermost, so the checkout's own name never leaks
+            return "/".join(parts[i:])
     return "/".join(parts[-2:])
+
+
+def short_paths(text: str) -> str:
+    """Replace file paths inside a message (e.g. a Dynamo guard's `# …/toolkit/models/moe.py:97`) by the file name,
+    so the text is the same in every checkout."""
+    import re
+
+    return re.sub(r"[^\s'\"]*/([^/\s'\"]+\.py)", r"\1", text)
