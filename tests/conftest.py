@@ -31,19 +31,3 @@ def moe_cfg():
 def dense_cfg():
     return tk.ModelConfig(n_layers=2, dim=32, n_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16, batch=2,
                           moe_layers="none")
-
-
-def grads(model):
-    return {tk.canonical_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def graph_count():
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def break_count():
-    from torch._dynamo.utils import counters
-
-    return int(sum(counters["graph_break"].values()))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import grads
+from _helpers import grads
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import FlopCounterMode

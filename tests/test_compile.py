@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import break_count, grads, graph_count
+from _helpers import break_count, grads, graph_count
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 import toolkit as tk

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import graph_count
+from _helpers import graph_count
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import toolkit as tk

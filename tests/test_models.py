@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import grads
+from _helpers import grads
 
 import toolkit as tk
 from toolkit import ConfigError, ModelConfig

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import grads, graph_count
+from _helpers import grads, graph_count
 
 import toolkit as tk
 from toolkit import ModelConfig

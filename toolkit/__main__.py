@@ -10,17 +10,12 @@ import time
 import torch
 
 
-def _grads(model) -> dict[str, torch.Tensor]:
-    from .naming import canonical_name
-
-    return {canonical_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
     """One row per setup: structure, loss, largest gradient difference from eager no-AC, compiled graphs."""
     from torch._dynamo.utils import counters
 
     from . import ACConfig, CompileConfig, ModelConfig, apply_recipe, build_model, make_batch, prepare, reset, train_step
+    from .runner import _grads
     from .state import applied
 
     cfg = ModelConfig(n_layers=n_layers)

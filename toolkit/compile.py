@@ -253,13 +253,18 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         else:
             parent.register_module(attr, torch.compile(obj, **kwargs))
             undo.append(("wrapper", (parent, attr, obj)))
+    record_dynamo_settings(rec, cfg)
+    rec.compile, rec.compiled, rec.compile_orders = cfg, targets, orders
+    model.__dict__["_toolkit_compile_undo"] = undo
+    return model
+
+
+def record_dynamo_settings(rec, cfg: CompileConfig) -> None:
+    """Note the Dynamo flags `cfg` asks for; `torch_settings` applies them while a step runs."""
     rec.dynamo_config.update(capture_scalar_outputs=cfg.capture_scalar_outputs,
                              capture_dynamic_output_shape_ops=cfg.capture_dynamic_output_shape_ops)
     if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
         rec.dynamo_config["skip_fwd_side_effects_in_bwd_under_checkpoint"] = cfg.skip_fwd_side_effects_in_bwd_under_checkpoint
-    rec.compile, rec.compiled, rec.compile_orders = cfg, targets, orders
-    model.__dict__["_toolkit_compile_undo"] = undo
-    return model
 
 
 def remove_compile(model: nn.Module) -> nn.Module:

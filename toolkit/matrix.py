@@ -27,7 +27,7 @@ from .ac import ACConfig
 from .compile import CompileConfig
 from .models import ModelConfig
 from .report import Report, fmt_bytes, short_paths
-from .runner import Scenario, run
+from .runner import Scenario, check_structure, run
 
 # Most severe first.
 SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
@@ -149,15 +149,8 @@ def _dedupe(cells: list[Cell]) -> list[Cell]:
 
 def valid(cell: Cell) -> str | None:
     """Why a cell cannot be built (an invalid combination), or None. Cheap: builds and transforms, runs nothing."""
-    from .recipes import prepare, reset
-
     try:
-        scenario = cell.scenario()
-        if scenario.recipe:
-            return None
-        model = __import__("toolkit").build_model(scenario.model_config.replace(n_layers=2))
-        prepare(model, ac=scenario.ac, compile=scenario.compile)
-        reset(model, dynamo=False)
+        check_structure(cell.scenario())
     except ConfigError as e:
         return str(e)
     return None

@@ -11,7 +11,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from ._config import ConfigError
 from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
-from .compile import CompileConfig, apply_compile, remove_compile
+from .compile import CompileConfig, apply_compile, record_dynamo_settings, remove_compile
 from .naming import unwrap
 from .state import applied, reset_compiler
 
@@ -111,10 +111,7 @@ def _record(model, name, ac_cfg, wrapped, compile_cfg, targets, undo, orders, lr
     rec = applied(model)
     rec.ac, rec.ac_wrapped = ac_cfg, wrapped
     rec.compile, rec.compiled, rec.compile_orders = compile_cfg, targets, orders
-    rec.dynamo_config.update(capture_scalar_outputs=compile_cfg.capture_scalar_outputs,
-                             capture_dynamic_output_shape_ops=False)
-    if hasattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
-        rec.dynamo_config["skip_fwd_side_effects_in_bwd_under_checkpoint"] = compile_cfg.skip_fwd_side_effects_in_bwd_under_checkpoint
+    record_dynamo_settings(rec, compile_cfg)
     rec.disable_lru_cache = lru_off
     rec.recipe = name
     model.__dict__["_toolkit_compile_undo"] = undo

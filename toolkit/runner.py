@@ -140,6 +140,18 @@ class Scenario:
         return cls.from_dict(json.loads(text))
 
 
+def check_structure(scenario: Scenario) -> None:
+    """Raise ConfigError for what only the model's structure can tell (a scope the model lacks, an order the
+    wrappers cannot give) — by building a 2-block model and applying the transforms, without running anything."""
+    if scenario.recipe:
+        return
+    from .recipes import prepare, reset
+
+    model = build_model(scenario.model_config.replace(n_layers=min(2, scenario.model.n_layers), device="cpu"))
+    prepare(model, ac=scenario.ac, compile=scenario.compile)
+    reset(model, dynamo=False)
+
+
 # --- helpers --------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from .compile import BACKENDS, SCOPES, CompileConfig
 from .models import ModelConfig
 from .recipes import RECIPES
 from .report import Report
-from .runner import Scenario, run
+from .runner import Scenario, check_structure, run
 
 
 class Explorer:
@@ -128,7 +128,7 @@ class Explorer:
             ctl[name].disabled = not moe
         try:
             self.scenario = self.build_scenario()
-            self._check_structure(self.scenario)
+            check_structure(self.scenario)
         except ConfigError as e:
             self.scenario = None
             self.status.value = f"<span style='color:#b30000'>not runnable: {_esc(str(e))}</span>"
@@ -136,18 +136,6 @@ class Explorer:
             return
         self.status.value = f"ready: {_esc(self.scenario.label)}"
         self.run_button.disabled = False
-
-    @staticmethod
-    def _check_structure(s: Scenario) -> None:
-        """Catch what only the model's structure can tell (scope exists, order possible) without running."""
-        if s.recipe:
-            return
-        from .models import build_model
-        from .recipes import prepare, reset
-
-        model = build_model(s.model_config.replace(n_layers=min(2, s.model.n_layers), device="cpu"))
-        prepare(model, ac=s.ac, compile=s.compile)
-        reset(model, dynamo=False)
 
     # --- actions ------------------------------------------------------------------------------------------
 
