@@ -1,0 +1,83 @@
+"""The prepared GPU check: run a fixed set of scenarios on CUDA and on CPU, print CUDA/CPU ratios, write JSON.
+
+    python benchmarks/gpu_validation.py [--out gpu_validation.json] [--quick]
+
+Meant for the few sessions that are lent a GPU: one command, well under 5 minutes on one H200. Without CUDA it
+says so and exits 0. Per scenario it prints the measured CUDA peak and saved bytes next to the same scenario's CPU
+measurement, as ratios (CUDA rounds allocations to 512 B and picks other attention kernels, so ratios near but not
+exactly 1 are expected), whether gradients matched eager on the GPU, and the compile graphs/breaks.
+Not run yet on a GPU: the first session with one should run it and record the numbers in its notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+import toolkit as tk
+
+
+def scenarios(quick: bool) -> dict[str, tk.Scenario]:
+    moe = tk.ModelConfig(n_layers=4, dim=256, n_heads=8, moe_hidden=256, n_experts=8, seq_len=512, batch=4,
+                         dtype="bfloat16", experts_impl="grouped_mm")
+    out = {
+        "bf16 grouped_mm, no AC": tk.Scenario(model=moe),
+        "bf16 grouped_mm, full AC": tk.Scenario(model=moe, ac=tk.ACConfig(mode="full")),
+        "bf16 grouped_mm, selective_op": tk.Scenario(model=moe, ac=tk.ACConfig(mode="selective_op")),
+        "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(model=moe, recipe="torchtitan_today",
+                                                                  recipe_backend="inductor"),
+    }
+    if not quick:
+        out["fp32 for_loop, C2 fallback"] = tk.Scenario(model=moe.replace(dtype="float32", experts_impl="for_loop"),
+                                                        ac=tk.ACConfig(mode="full"),
+                                                        compile=tk.CompileConfig(scope="blocks"))
+        out["flex attention, selective_op"] = tk.Scenario(model=moe.replace(attention="flex", device="cuda"),
+                                                          ac=tk.ACConfig(mode="selective_op"))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="gpu_validation.json")
+    parser.add_argument("--quick", action="store_true", help="the first four scenarios only")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device here: nothing to validate (this script is for sessions lent a GPU)")
+        return 0
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+    rows = []
+    t0 = time.perf_counter()
+    for name, base in scenarios(args.quick).items():
+        gpu = tk.run(base.replace(device="cuda", steady_steps=3), isolate=True, timeout_s=240)
+        if base.model.attention == "flex":
+            cpu = None  # FlexAttention has no CPU backward
+        else:
+            cpu = tk.run(base.replace(device="cpu", steady_steps=0, check_numerics=False,
+                                      recipe_backend="aot_eager" if base.recipe else base.recipe_backend),
+                         isolate=True, timeout_s=240)
+        row = {"scenario": name, "gpu_outcome": gpu.outcome, "gpu_error": gpu.error.message[:300] if gpu.error else None,
+               "gpu_peak": gpu.memory.peak_bytes, "gpu_saved": gpu.saved.total_bytes,
+               "gpu_grads_match": gpu.numerics.grads_match, "gpu_graphs": gpu.compile.graphs,
+               "gpu_breaks": gpu.compile.graph_breaks, "gpu_step_s": gpu.timing.steady_step_s,
+               "cpu_peak": cpu.memory.peak_bytes if cpu else None, "cpu_saved": cpu.saved.total_bytes if cpu else None}
+        row["peak_ratio"] = row["gpu_peak"] / row["cpu_peak"] if cpu and row["cpu_peak"] else None
+        row["saved_ratio"] = row["gpu_saved"] / row["cpu_saved"] if cpu and row["cpu_saved"] else None
+        rows.append(row)
+        ratio = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
+        print(f"{name:44} {gpu.outcome:6} peak {tk.report.fmt_bytes(row['gpu_peak']):>10} (x{ratio(row['peak_ratio'])} CPU)  "
+              f"saved {tk.report.fmt_bytes(row['gpu_saved']):>10} (x{ratio(row['saved_ratio'])} CPU)  "
+              f"grads {'match' if row['gpu_grads_match'] else 'DIFFER'}  {row['gpu_graphs']} graphs")
+        sys.stdout.flush()
+    with open(args.out, "w") as f:
+        json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "rows": rows,
+                   "seconds": time.perf_counter() - t0}, f, indent=2)
+    print(f"wrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
