@@ -119,6 +119,18 @@ class CompileConfig:
         return cls(**data)
 
 
+def check_ac_compile(ac, cfg: CompileConfig) -> None:
+    """The AC settings that need compile: refuse a pairing that cannot work, before anything is built or run."""
+    if ac is None:
+        return
+    if ac.mode == "memory_budget" and not cfg.enabled:
+        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
+                          "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.")
+    if ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
+        raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
+                          f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
+
+
 def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]:
     """Canonical names of the modules a scope compiles (the root model is "")."""
     if scope == "none":
@@ -224,13 +236,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     rec = applied(model)
     if rec.compile is not None or any(_is_compiled(m) for m in model.modules()):
         raise RuntimeError("this model is already compiled; call toolkit.remove_compile(model) first.")
-    ac = rec.ac
-    if ac is not None and ac.mode == "memory_budget" and not cfg.enabled:
-        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
-                          "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.")
-    if ac is not None and ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
-        raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
-                          f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
+    check_ac_compile(rec.ac, cfg)
     targets = resolve_scope(model, cfg.scope)
     _check_grouped_mm(model, targets)
     orders = _check_order(model, cfg, targets)

@@ -28,6 +28,7 @@ from .compile import CompileConfig
 from .models import ModelConfig
 from .report import Report, fmt_bytes, short_paths
 from .runner import Scenario, check_structure, run
+from .runner import environment as run_environment
 
 # Most severe first.
 SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
@@ -291,26 +292,38 @@ class MatrixResult:
             out[r.classification.label] = out.get(r.classification.label, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: SEVERITY.index(kv[0])))
 
+    def central_list(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """`(classification, rows)` groups, most severe first; each row holds the columns the outputs show."""
+        groups = []
+        for label in SEVERITY:
+            rows = sorted((r for r in self.rows if r.classification.label == label),
+                          key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label))
+            if not rows:
+                continue
+            out = []
+            for r in rows:
+                rep, ok = r.report, r.report.outcome == "ok"
+                out.append({"block": r.cell.block, "AC": "-" if r.cell.recipe else r.cell.ac,
+                            "compile": r.cell.compile_label,
+                            "backend": r.cell.backend if r.cell.scope != "none" or r.cell.recipe else "eager",
+                            "saved": fmt_bytes(rep.saved.total_bytes) if ok else "-",
+                            "peak": fmt_bytes(rep.memory.peak_bytes) if ok else "-",
+                            "breaks": str(rep.compile.graph_breaks) if ok else "-",
+                            "explanation": r.classification.explanation, "cases": r.classification.cases})
+            groups.append((label, out))
+        return groups
+
     def table(self) -> str:
         """The central list as markdown: grouped by classification, most severe first."""
         lines = []
-        for label in SEVERITY:
-            rows = [r for r in self.rows if r.classification.label == label]
-            if not rows:
-                continue
-            lines.append(f"### {label} ({len(rows)}): {EXPLAIN[label]}")
-            lines.append("")
-            lines.append("| block | AC | compile | backend | saved | peak | breaks | explanation | known case |")
-            lines.append("| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |")
-            for r in sorted(rows, key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label)):
-                rep, cl = r.report, r.classification
-                ok = rep.outcome == "ok"
-                cases = ", ".join(_case_link(cid) for cid in cl.cases)
-                lines.append(f"| {r.cell.block} | {'-' if r.cell.recipe else r.cell.ac} | {r.cell.compile_label} | "
-                             f"{r.cell.backend if r.cell.scope != 'none' or r.cell.recipe else 'eager'} | "
-                             f"{fmt_bytes(rep.saved.total_bytes) if ok else '-'} | "
-                             f"{fmt_bytes(rep.memory.peak_bytes) if ok else '-'} | "
-                             f"{rep.compile.graph_breaks if ok else '-'} | {_md(cl.explanation)} | {cases} |")
+        for label, rows in self.central_list():
+            lines += [f"### {label} ({len(rows)}): {EXPLAIN[label]}", "",
+                      "| block | AC | compile | backend | saved | peak | breaks | explanation | known case |",
+                      "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |"]
+            for c in rows:
+                cases = ", ".join(_case_link(cid) for cid in c["cases"])
+                lines.append(f"| {c['block']} | {c['AC']} | {c['compile']} | {c['backend']} | {c['saved']} | "
+                             f"{c['peak']} | {c['breaks']} | {_md(c['explanation'])} | {cases} |")
             lines.append("")
         return "\n".join(lines)
 
@@ -376,24 +389,16 @@ class MatrixResult:
 
         plot = self.heatmap().to_html(include_plotlyjs=True, full_html=False, div_id="matrix-heatmap")
         parts = []
-        for label in SEVERITY:
-            rows = [r for r in self.rows if r.classification.label == label]
-            if not rows:
-                continue
+        for label, rows in self.central_list():
             parts.append(f"<h3>{label} ({len(rows)}): {_h.escape(EXPLAIN[label])}</h3><table><tr><th>block</th>"
                          "<th>AC</th><th>compile</th><th>saved</th><th>peak</th><th>breaks</th><th>explanation</th>"
                          "<th>known case</th></tr>")
-            for r in sorted(rows, key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label)):
-                rep, cl = r.report, r.classification
-                ok = rep.outcome == "ok"
-                cases = ", ".join(f'<a href="{_h.escape(catalogue.get(c).links[0])}">{c}</a>' if catalogue.get(c).links
-                                  else c for c in cl.cases)
-                parts.append(f"<tr><td>{_h.escape(r.cell.block)}</td><td>{'-' if r.cell.recipe else r.cell.ac}</td>"
-                             f"<td>{_h.escape(r.cell.compile_label)}</td>"
-                             f"<td>{fmt_bytes(rep.saved.total_bytes) if ok else '-'}</td>"
-                             f"<td>{fmt_bytes(rep.memory.peak_bytes) if ok else '-'}</td>"
-                             f"<td>{rep.compile.graph_breaks if ok else '-'}</td><td>{_h.escape(cl.explanation)}</td>"
-                             f"<td>{cases}</td></tr>")
+            for c in rows:
+                cases = ", ".join(f'<a href="{_h.escape(catalogue.get(i).links[0])}">{i}</a>' if catalogue.get(i).links
+                                  else i for i in c["cases"])
+                cols = "".join(f"<td>{_h.escape(c[k])}</td>" for k in ("block", "AC", "compile", "saved", "peak",
+                                                                          "breaks", "explanation"))
+                parts.append(f"<tr>{cols}<td>{cases}</td></tr>")
             parts.append("</table>")
         env = _h.escape(", ".join(f"{k} {v}" for k, v in self.environment.items()))
         return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>AC × compile × MoE composability</title>"
@@ -488,13 +493,8 @@ class Progress:
 
 
 def environment() -> dict[str, Any]:
-    import platform
-
-    env = {"torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
-           "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env
+    """The runner's environment plus the device the cells run on (part of every cell's cache key)."""
+    return {**run_environment(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
 def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,

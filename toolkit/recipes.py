@@ -11,7 +11,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from ._config import ConfigError
 from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
-from .compile import CompileConfig, apply_compile, record_dynamo_settings, remove_compile
+from .compile import CompileConfig, apply_compile, check_ac_compile, record_dynamo_settings, remove_compile
 from .naming import unwrap
 from .state import applied, reset_compiler
 
@@ -23,13 +23,7 @@ def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileCon
     """
     ac = ac or ACConfig()
     compile = compile or CompileConfig()
-    if ac.mode == "memory_budget" and not compile.enabled:
-        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and compile.scope is 'none'.",
-                          "pass compile=CompileConfig(scope='blocks', ...) or another AC mode.")
-    if ac.wrap_inductor_compiled_regions and compile.enabled and compile.backend != "inductor":
-        raise ConfigError("ACConfig", "wrap_inductor_compiled_regions",
-                          f"only inductor makes compiled regions, not backend={compile.backend_name!r}.",
-                          "use CompileConfig(backend='inductor') or leave it False.")
+    check_ac_compile(ac, compile)
     apply_ac(model, ac)
     try:
         apply_compile(model, compile)

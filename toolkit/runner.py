@@ -22,7 +22,7 @@ from torch import nn
 
 from ._config import ConfigError
 from .ac import ACConfig, apply_ac
-from .compile import CompileConfig, apply_compile
+from .compile import CompileConfig, apply_compile, check_ac_compile
 from .models import ModelConfig, build_model, loss_fn as model_loss_fn, make_batch
 from .naming import canonical_name
 from .probes import Probes
@@ -77,12 +77,7 @@ class Scenario:
             if self.recipe_backend not in BACKENDS:
                 raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a backend.",
                                   f"use one of {', '.join(BACKENDS)}.")
-        if self.ac.mode == "memory_budget" and not self.compile.enabled:
-            raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and compile.scope is 'none'.",
-                              "set compile=CompileConfig(scope='blocks', ...) or another AC mode.")
-        if self.ac.wrap_inductor_compiled_regions and self.compile.enabled and self.compile.backend != "inductor":
-            raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", "only inductor makes compiled regions.",
-                              "use CompileConfig(backend='inductor') or leave it False.")
+        check_ac_compile(self.ac, self.compile)
         if not isinstance(self.steady_steps, int) or self.steady_steps < 0:
             raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
         self.model_config  # validates device/seed overrides
@@ -344,7 +339,7 @@ class _Stage:
 
 
 def _measure_steps(model: nn.Module, inputs: tuple, forward: Callable, loss_of: Callable, device: torch.device,
-                   stage: _Stage, scenario: Scenario | None, warn: list[str], seed: int | None = None) -> dict[str, Any]:
+                   stage: _Stage, scenario: Scenario | None, seed: int | None = None) -> dict[str, Any]:
     """Step 1 with probes (compile happens here), then a memory step and bare steady steps."""
     from torch._dynamo.utils import counters
 
@@ -533,7 +528,7 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
             orders = dict(applied(model).compile_orders)
             steps = {}
             steps = _measure_steps(model, (batch.tokens,), model, lambda logits: model_loss_fn(logits, batch.labels),
-                                   torch.device(cfg.device), stage, scenario, warn, seed=cfg.seed + 2)
+                                   torch.device(cfg.device), stage, scenario, seed=cfg.seed + 2)
             numerics = _numerics(steps["loss"], steps["grads"], ref_loss, ref_grads, cfg.torch_dtype)
         except Exception as e:  # the scenario failing is a result
             err = e
@@ -571,7 +566,7 @@ def measure(module_or_fn: nn.Module | Callable, *example_inputs: Any, loss_fn: C
         try:
             torch._dynamo.utils.counters.clear()
             steps = {}
-            steps = _measure_steps(model, tuple(example_inputs), forward, loss_fn, device, stage, None, warn)
+            steps = _measure_steps(model, tuple(example_inputs), forward, loss_fn, device, stage, None)
         except Exception as e:
             err = e
     numerics = Numerics(loss=steps["loss"]) if steps and "loss" in steps else None
