@@ -1,6 +1,6 @@
 """Re-execute the notebooks in place (all, or those named) and strip widget state, ready to commit for nbval.
 
-    python notebooks/execute.py [notebooks/02_full_vs_selective_ac.ipynb ...]
+    python notebooks/execute.py [notebooks/02_full_vs_selective_ac.ipynb notebooks/bugs/C08_lru_recompute_mismatch.ipynb ...]
 """
 
 import pathlib
@@ -10,7 +10,7 @@ import nbformat
 from nbclient import NotebookClient
 
 here = pathlib.Path(__file__).parent
-paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted(here.glob("[0-9]*.ipynb"))
+paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted(here.glob("[0-9]*.ipynb")) + sorted(here.glob("bugs/*.ipynb"))
 for path in paths:
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -149,6 +149,18 @@ def test_graph_breaks_point_at_the_model_line_and_fullgraph_has_none():
     assert full.ok and full.compile.graph_breaks == 0 and full.compile.breaks == () and full.compile.graphs >= 1
 
 
+def test_resumed_frames_are_attributed_to_real_modules_and_probes_never_break():
+    # After a graph break inside the MoE, the resumed frame's `self` is the MoE, not the compiled block: its saved
+    # tensors must still land on real module names (layers.0.moe.router, not layers.0.router).
+    report = tk.run(Scenario(model=ModelConfig(experts_impl="nonzero"), compile=CompileConfig(scope="blocks"), **QUICK))
+    assert report.ok and report.compile.graph_breaks >= 1
+    real = {name for name, _ in tk.named_modules(tk.build_model(ModelConfig()))}
+    assert set(report.saved.by_module) <= real | {""}, set(report.saved.by_module) - real
+    assert "layers.0.moe.router" in report.saved.by_module
+    # Autograd runs the probes' saved-tensor hook inside Dynamo-managed frames; it must never show up as a break.
+    assert report.compile.breaks and not any("probes.py" in b.file for b in report.compile.breaks)
+
+
 def test_fallback_to_eager_is_flagged():
     report = tk.run(tk.presets.preset("graph_break_in_checkpoint").replace(**QUICK))
     assert report.ok and report.compile.graphs == 0 and report.compile.fell_back_to_eager

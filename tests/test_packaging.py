@@ -49,3 +49,17 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
 def test_torch_floor_matches_what_users_have():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "torch>=2.9" in project["dependencies"]
+
+
+def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                          "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    wheel = next(tmp_path.glob("toolkit-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"toolkit/catalogue.json", "toolkit/standalone/c25_policy_reuse_across_compiled_blocks.py",
+            "toolkit/standalone/CONTRACT.md", "toolkit/bugs.py", "toolkit/repro.py"} <= names

@@ -106,6 +106,41 @@ def _run_command(args) -> int:
     return 0 if report.ok else 1
 
 
+def _cases_command(args) -> int:
+    from . import bugs, catalogue
+
+    if not args.check:
+        sel = catalogue.filter(cpu=args.cpu, text=args.text)
+        print(catalogue.markdown(sel, with_findings=args.findings))
+        return 0
+    ids = args.check
+    if ids == ["all"]:
+        ids = [c.id for c in catalogue.cases() if c.signature and _has_script(c.id)]
+    status = 0
+    for cid in ids:
+        try:
+            finding = bugs.check(cid)
+        except KeyError as e:
+            print(f"error: {e.args[0]} (cases with a standalone script: see toolkit/standalone/)", file=sys.stderr)
+            return 2
+        except AssertionError as e:
+            print(e)
+            status = 1
+            continue
+        print(f"{cid} skipped on this machine (see its script's NEEDS)" if finding is None else finding)
+    return status
+
+
+def _has_script(case_id: str) -> bool:
+    from . import bugs
+
+    try:
+        mod = bugs.script(case_id)
+    except KeyError:
+        return False
+    return getattr(mod, "CASE", None) == case_id or case_id in getattr(mod, "CASES", {})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", action="store_true", help="print the Report as JSON")
     r.add_argument("--isolate", action="store_true", help="run in a subprocess (crashes/hangs become results)")
     r.add_argument("--timeout-s", type=float, default=None, help="with --isolate: give up after this many seconds")
+    c = sub.add_parser("cases", help="the catalogue of known cases as markdown, or re-check them on this torch")
+    c.add_argument("--cpu", choices=["reproduced", "plausible", "gpu_only"], help="only cases with this CPU status")
+    c.add_argument("--text", help="only cases whose title/configuration/symptom/mechanism contain this text")
+    c.add_argument("--findings", action="store_true", help="add this machine's recorded verdicts to the torch column")
+    c.add_argument("--check", nargs="+", metavar="CASE",
+                   help="run the standalone repro of these cases (or 'all') and check their signatures on this torch")
     sub.add_parser("matrix", help="sweep AC x compile x MoE and write the composability matrix", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
@@ -131,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run_command(args)
+    if args.command == "cases":
+        return _cases_command(args)
     if args.command == "demo":
         rows = demo_rows(args.backend, args.layers)
         print(json.dumps(rows, indent=2) if args.json else format_rows(rows))

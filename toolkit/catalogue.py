@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import pathlib
 from dataclasses import dataclass
 from typing import Any
 
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
+
+
+_REPORT_KEYS = {"classification", "recipe", "ac_modes", "order", "error_contains", "break_reason_contains",
+                "recompute_op_contains"}
 
 
 @dataclass(frozen=True)
@@ -25,12 +30,36 @@ class Case:
     torch_versions: str
     notebook: str | None
     signature: dict[str, Any] | None
+    verified: dict[str, str] = None  # type: ignore[assignment]
+    """torch release → "reproduced" / "fixed", as checked by this case's notebook (`toolkit.bugs.confirm`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verified", dict(self.verified or {}))
+
+    def matches_observed(self, observed: dict[str, Any]) -> bool:
+        """Does a standalone repro's observation dict show this case's signature?
+
+        `observed` in the signature: keys whose values must be equal; `observed_contains`: keys whose text must
+        contain one of the listed strings. A signature with neither never matches an observation dict."""
+        sig = self.signature or {}
+        want, contains = sig.get("observed"), sig.get("observed_contains")
+        if not want and not contains:
+            return False
+        for key, value in (want or {}).items():
+            if key not in observed or observed[key] != value:
+                return False
+        for key, texts in (contains or {}).items():
+            if not any(t in str(observed.get(key, "")) for t in texts):
+                return False
+        return True
 
     def matches(self, classification: str, report) -> bool:
         """Does a classified report show this case's signature?"""
         sig = self.signature
         if not sig:
             return False
+        if not set(sig) & _REPORT_KEYS:
+            return False  # only observations (`matches_observed`) can show this one
         if "classification" in sig and sig["classification"] != classification:
             return False
         scen = report.scenario or {}
@@ -68,7 +97,7 @@ def cases() -> tuple[Case, ...]:
         out.append(Case(id=c["id"], title=c["title"], configuration=c["configuration"], symptom=c["symptom"],
                         mechanism=c["mechanism"], status=c["status"], upstream=tuple(c.get("upstream") or ()),
                         links=tuple(c.get("links") or ()), cpu=c["cpu"], torch_versions=c.get("torch_versions", ""),
-                        notebook=c.get("notebook"), signature=c.get("signature")))
+                        notebook=c.get("notebook"), signature=c.get("signature"), verified=c.get("verified")))
     return tuple(sorted(out, key=lambda c: int(c.id[1:])))
 
 
@@ -98,10 +127,51 @@ def match(classification: str, report) -> list[Case]:
     return [c for c in cases() if c.matches(classification, report)]
 
 
-def markdown(selection: list[Case] | None = None) -> str:
-    """The catalogue as a markdown table."""
-    rows = ["| id | case | status | upstream | CPU |", "| --- | --- | --- | --- | --- |"]
+def findings_path() -> pathlib.Path:
+    """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`."""
+    return pathlib.Path(os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl")
+
+
+def record(finding) -> None:
+    """Append a `toolkit.bugs.Finding` whose verdict is new for its torch version (one JSON line)."""
+    path = findings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(finding.to_json(), sort_keys=True) + "\n")
+
+
+def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
+    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins."""
+    out: dict[str, dict[str, str]] = {}
+    path = findings_path()
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            f = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if case_id is None or f.get("case") == case_id:
+            release = str(f.get("torch", "?")).split("+")[0]
+            out.setdefault(f["case"], {})[release] = "reproduced" if f.get("reproduced") else "not reproduced"
+    return out
+
+
+def versions(case: Case, *, with_findings: bool = True) -> str:
+    """`reproduced on 2.13.0; not reproduced on 2.14.0 (local finding)`: the catalogue's verdicts plus this machine's."""
+    parts = [f"{v} on {k}" for k, v in sorted(case.verified.items())]
+    if with_findings:
+        for release, verdict in sorted(findings(case.id).get(case.id, {}).items()):
+            if case.verified.get(release) != verdict:
+                parts.append(f"{verdict} on {release} (local finding)")
+    return "; ".join(parts) or case.torch_versions
+
+
+def markdown(selection: list[Case] | None = None, *, with_findings: bool = False) -> str:
+    """The catalogue as a markdown table (`with_findings` adds this machine's recorded verdicts)."""
+    rows = ["| id | case | status | upstream | CPU | torch | notebook |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in selection if selection is not None else cases():
         refs = ", ".join(f"[{u}]({l})" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
-        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} |")
+        nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
+        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {versions(c, with_findings=with_findings)} | {nb} |")
     return "\n".join(rows)

@@ -415,10 +415,23 @@ class Probes:
                 continue
             key, ref, nbytes = _storage_key(t)
             gs = rec.saved[i] if rec is not None and i < len(rec.saved) else None
-            module = _join(region, gs.module) if gs is not None else region
+            module = self._resolve(region, gs.module) if gs is not None else region
             op = gs.op if gs is not None else "compiled"
             self.compiled_saved.setdefault(key, (ref, module, op, str(t.dtype).replace("torch.", ""),
                                                  tuple(t.shape), region, nbytes))
+
+    def _resolve(self, region: str, rel: str) -> str:
+        # A resumed frame after a graph break (`torch_dynamo_resume_in_forward`) has a submodule as its `self`
+        # (the MoE, not the compiled block): its module paths are relative to that, so find the one real name.
+        name = _join(region, rel)
+        if not rel:
+            return name
+        known = self.__dict__.setdefault("_known", set(self.names.values()))
+        if name in known:
+            return name
+        under = [n for n in known if n.startswith(region + ".") and n.endswith("." + rel)] if region else \
+            [n for n in known if n.endswith("." + rel)]
+        return min(under, key=len) if under else name
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
@@ -586,5 +599,10 @@ def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
             recompute[str(node.target)] += 1
     return GraphRecord(region, saved, recompute)
 
+
+# Autograd calls the saved-tensor hooks from inside frames Dynamo is running; it then tries to compile the hook's
+# own frame, fails on `untyped_storage()` and reports a "graph break" in probes.py. Never trace our own hooks.
+for _code in (Probes._pack.__code__, _identity.__code__):
+    torch._dynamo.eval_frame.skip_code(_code)
 
 __all__ = ["Probes", "ProbeResult"]

@@ -6,9 +6,7 @@ Everything is drivable headless: set the controls' `.value`, call `run()`, read 
 
 from __future__ import annotations
 
-import json
 import pathlib
-import textwrap
 from typing import Any
 
 import ipywidgets as W
@@ -197,41 +195,10 @@ class Explorer:
 
 def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """A standalone `.py` and `.ipynb` reproducing `scenario` and asserting the outcome `report` observed."""
-    import nbformat
+    from .repro import export
 
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checks = [f"assert report.outcome == {report.outcome!r}, report"]
-    if report.error is not None:
-        checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
-    if report.ok:
-        checks.append(f"assert report.compile.fell_back_to_eager == {report.compile.fell_back_to_eager!r}")
-        checks.append(f"assert report.numerics.grads_match == {report.numerics.grads_match!r}")
-    setup = textwrap.dedent(f"""\
-        # Reproduces: {report.scenario.get('name', '')}
-        # Observed with torch {report.environment.get('torch', '?')}: {report.outcome}
-        import platform
-
-        import torch
-
-        import toolkit as tk
-
-        print("torch", torch.__version__, "| python", platform.python_version(), "| cuda", torch.cuda.is_available())
-        scenario = tk.Scenario.from_json({json.dumps(scenario.to_json())})
-        report = tk.run(scenario)
-        print(report)
-        """)
-    check = "\n".join(checks) + "\nprint('reproduced')\n"
-    py = path.with_suffix(".py")
-    py.write_text(setup + check)
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# Repro: {report.scenario.get('name', '')}\n\nObserved outcome: "
-                                              f"**{report.outcome}** (torch {report.environment.get('torch', '?')})."),
-                nbformat.v4.new_code_cell(setup.strip()), nbformat.v4.new_code_cell(check.strip())]
-    ipynb = path.with_suffix(".ipynb")
-    nbformat.write(nb, str(ipynb))
-    return py, ipynb
+    bundle = export(report, path, scenario=scenario)
+    return bundle.script, bundle.notebook
 
 
 def _esc(text: str) -> str:

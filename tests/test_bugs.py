@@ -1,0 +1,209 @@
+"""The catalogue, the bug notebooks' verdicts (`toolkit.bugs`), the standalone repro scripts and bug bundles."""
+
+import ast
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+import torch
+
+import toolkit as tk
+from toolkit import bugs, catalogue
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+STANDALONE = ROOT / "toolkit" / "standalone"
+
+
+@pytest.fixture(autouse=True)
+def _findings(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_FINDINGS", str(tmp_path / "findings.jsonl"))
+
+
+def _outputs(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text") or o.get("data", {}).get("text/plain", ""))
+    return "\n".join(out)
+
+
+# --- catalogue ---------------------------------------------------------------------------------------------------
+
+
+def test_catalogue_lists_filters_and_renders():
+    ids = [c.id for c in catalogue.cases()]
+    assert ids == [f"C{i}" for i in range(1, 28)]
+    assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
+    with pytest.raises(KeyError, match="known: C1"):
+        catalogue.get("C99")
+    gpu = catalogue.filter(cpu="gpu_only")
+    assert {c.id for c in gpu} >= {"C5", "C17", "C23"} and all(c.cpu == "gpu_only" for c in gpu)
+    assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == ["C12"]
+    assert {c.id for c in catalogue.filter(notebook=False)} == {"C19", "C20", "C21", "C22", "C23"}
+    md = catalogue.markdown()
+    lines = md.splitlines()
+    assert lines[0].startswith("| id | case | status | upstream | CPU | torch | notebook |") and len(lines) == 2 + 27
+    row = next(ln for ln in lines if ln.startswith("| C8 |"))
+    assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
+    assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
+
+
+def test_signatures_on_observations_and_reports():
+    c25 = catalogue.get("C25")
+    assert c25.matches_observed({"saved": [3, 3, 3, 3], "isolated": [3, 4, 4, 4], "graphs": 1})
+    assert not c25.matches_observed({"saved": [3, 4, 4, 4], "isolated": [3, 4, 4, 4]})
+    assert not c25.matches_observed({"isolated": [3, 4, 4, 4]})
+    c9 = catalogue.get("C9")
+    assert c9.matches_observed({"error": "RuntimeError: aten.view.default encountered during backward but not found in storage."})
+    assert not c9.matches_observed({"error": None})
+    # A case only observations can show never matches a Report; C4's report signature never matches a dict.
+    report = tk.Report(outcome="ok")
+    assert not c25.matches("works", report)
+    assert not catalogue.get("C4").matches_observed({"error": "Unsupported"})
+
+
+# --- the bug notebooks -------------------------------------------------------------------------------------------
+
+
+def test_every_notebook_case_is_confirmed_by_its_executed_notebook():
+    """Each case with a notebook: the notebook calls `confirm` for it, and its committed (nbval-checked) output says
+    the signature matched on every torch release the catalogue lists as reproducing it."""
+    referenced = set()
+    for case in catalogue.cases():
+        if not case.notebook:
+            continue
+        path = NOTEBOOKS / case.notebook
+        assert path.exists(), f"{case.id}: {case.notebook} is missing"
+        referenced.add(path.name)
+        nb = nbformat.read(path, as_version=4)
+        assert nb.metadata["kernelspec"]["name"] == "python3" and "widgets" not in nb.metadata
+        source = "\n".join(c.source for c in nb.cells)
+        title = nb.cells[0].source.splitlines()[0]
+        assert title.startswith("# ") and case.id in title.replace("(", " ").replace(")", " ").split(), (case.id, title)
+        if case.signature is None:
+            continue
+        assert f'confirm("{case.id}"' in source, f"{case.id}: {path.name} never confirms it"
+        for release, verdict in case.verified.items():
+            if release == bugs.torch_release():
+                expected = f"{case.id} reproduced on torch {release}"
+                assert verdict == "reproduced" and expected in _outputs(nb), f"{case.id}: '{expected}' not in {path.name}"
+    on_disk = {p.name for p in (NOTEBOOKS / "bugs").glob("*.ipynb")}
+    assert on_disk == referenced, f"notebooks no case points to: {on_disk - referenced}"
+
+
+def test_confirm_is_version_aware(monkeypatch):
+    case = catalogue.get("C27")
+    fixed_like = {"first_model": [1], "second_model": [1]}
+    # On the release the catalogue says reproduces it, a non-matching run is a broken repro: fail loudly.
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    with pytest.raises(AssertionError, match="catalogued as reproducing on torch 2.13.0"):
+        bugs.confirm("C27", fixed_like)
+    found = bugs.confirm("C27", {"first_model": [1], "second_model": [0, 2]})
+    assert found.reproduced and catalogue.findings() == {}  # nothing new to record
+    # On a release with no verdict: a record, not a failure.
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    found = bugs.confirm("C27", fixed_like)
+    assert not found.reproduced and found.catalogued == "unknown"
+    text = str(found)
+    assert text.startswith("C27 not reproduced on torch 2.99.0") and "recorded as a finding" in text
+    assert catalogue.findings() == {"C27": {"2.99.0": "not reproduced"}}
+    assert catalogue.versions(case) == "reproduced on 2.13.0; not reproduced on 2.99.0 (local finding)"
+    assert "not reproduced on 2.99.0 (local finding)" in catalogue.markdown([case], with_findings=True)
+    assert "local finding" not in catalogue.markdown([case])
+    assert bugs.Finding.from_json(json.loads(json.dumps(found.to_json()))) == found
+    with pytest.raises(ValueError, match="no signature"):
+        bugs.confirm("C19", {})
+
+
+def test_confirm_a_report_uses_the_classifier():
+    report = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="masked", token_count="bincount"),
+                                ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks"),
+                                measure_memory=False, steady_steps=0))
+    found = bugs.confirm("C2", report)
+    assert found.reproduced and found.observed["graphs"] == 0 and found.observed["fell_back_to_eager"] is True
+    assert found.observed["classification"] == "fell_back_to_eager" and found.observed["grads_match"] is True
+
+
+# --- standalone scripts ------------------------------------------------------------------------------------------
+
+
+def _scripts():
+    return sorted(p for p in STANDALONE.glob("c*.py"))
+
+
+def test_standalone_scripts_follow_the_contract():
+    assert len(_scripts()) >= 9
+    for path in _scripts():
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree)
+        assert doc and "Run: python" in doc and "Upstream:" in doc, path.name
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = [a.name for n in imports if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in imports if isinstance(n, ast.ImportFrom)]
+        assert not any(n.split(".")[0] == "toolkit" for n in names), f"{path.name} imports toolkit"
+        top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"bug", "fix"} <= top, path.name
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+        assert consts["CASE"] == f"C{int(path.name[1:3])}" and consts["NEEDS"] in ("cpu", "cuda"), path.name
+        assert catalogue.get(consts["CASE"]).notebook, path.name
+        assert bugs.script(consts["CASE"]).__name__ == f"toolkit.standalone.{path.stem}"
+    assert bugs.script("C6").CASE == "C7"  # found through CASES
+    with pytest.raises(KeyError, match="no standalone repro for C19"):
+        bugs.script("C19")
+
+
+def test_exported_script_runs_with_only_torch(tmp_path):
+    path = bugs.export("C27", tmp_path)
+    assert path.name == "c27_per_layer_sac_counter.py" and path.read_text() == (STANDALONE / path.name).read_text()
+    # Run it from a directory where `toolkit` cannot be imported from the checkout.
+    out = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert 'bug {"first_model": [1], "second_model": [0, 2]}' in out.stdout
+
+
+def test_show_prints_the_source(capsys):
+    bugs.show("C24", "bug")
+    assert capsys.readouterr().out.startswith("def bug() -> dict:")
+
+
+# --- bug bundles -------------------------------------------------------------------------------------------------
+
+
+def test_repro_export_bundle_with_trace(tmp_path):
+    scenario = tk.Scenario(name="blocks compiled", model=tk.ModelConfig(experts_impl="masked"),
+                           ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+                           measure_memory=False, steady_steps=0)
+    report = tk.run(scenario)
+    with pytest.raises(ValueError, match="does not show C4's catalogue signature .it shows C1"):
+        tk.repro.export(report, tmp_path / "wrong", case="C4")
+    assert not (tmp_path / "wrong.py").exists()
+    bundle = tk.repro.export(report, tmp_path / "bundle", case="C1", trace=True)
+    assert bundle.names() == ["bundle.py", "bundle.ipynb", "bundle.env.json", "bundle.trace"]
+    env = json.loads(bundle.environment.read_text())
+    assert env["observed"]["torch"] == torch.__version__ and "exported_on" in env
+    logs = list(bundle.trace.glob("dedicated_log_torch_trace*"))
+    assert logs and logs[0].stat().st_size > 0
+    assert "reproduced" in (bundle.trace / "script-output.txt").read_text()
+    assert '"dynamo_start"' in logs[0].read_text()
+    # Without the Scenario, export rebuilds it from the report.
+    again = tk.repro.export(report, tmp_path / "again")
+    assert json.dumps(scenario.to_json()) in again.script.read_text()
+
+
+def test_cases_cli(capsys):
+    from toolkit.__main__ import main
+
+    assert main(["cases", "--cpu", "gpu_only"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| id | case |") and "| C23 |" in out and "| C1 |" not in out
+    assert main(["cases", "--check", "C27", "C24"]) == 0
+    out = capsys.readouterr().out
+    assert "C27 reproduced on torch" in out and "C24 reproduced on torch" in out
+    assert main(["cases", "--check", "C19"]) == 2
+    assert "no standalone repro for C19" in capsys.readouterr().err

@@ -1,0 +1,183 @@
+"""Bug-notebook support: a case's header, a version-aware verdict checked against its catalogue signature, standalone repros.
+
+A bug notebook prints `header(case)`, reproduces the case (a `Scenario` run, or a standalone torch-only script from
+`toolkit.standalone`), and calls `confirm(case, report_or_observations)`. `confirm` checks the catalogue signature:
+- it matches → the case is reproduced on this torch;
+- it does not, and the catalogue says this torch version reproduces it → AssertionError (the repro broke);
+- it does not, on a torch the catalogue has no verdict for → "not reproduced on torch X", recorded as a finding
+  (`catalogue.findings()`), so a newer torch that fixed the bug turns the notebook into a record, not a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import pathlib
+import platform
+import pkgutil
+import re
+import shutil
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from . import catalogue
+from .report import Report, short_paths
+
+
+def torch_release(version: str | None = None) -> str:
+    """`2.13.0+cpu` → `2.13.0`: the key the catalogue's `verified` table uses."""
+    return (version or torch.__version__).split("+")[0]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one run of a case's repro showed on one torch version (plain data; JSON round-trip)."""
+
+    case: str
+    """Catalogue id, e.g. "C8"."""
+    torch: str
+    """`torch.__version__` of the run."""
+    reproduced: bool
+    """Did the run show the case's catalogue signature?"""
+    observed: dict[str, Any] = field(default_factory=dict)
+    """The facts the signature was checked against (numbers, error first lines)."""
+    catalogued: str = "unknown"
+    """What the catalogue's `verified` table says for this torch release: reproduced / fixed / unknown."""
+
+    def __str__(self) -> str:
+        verdict = "reproduced" if self.reproduced else "not reproduced"
+        lines = [f"{self.case} {verdict} on torch {self.torch}"]
+        for k, v in self.observed.items():
+            lines.append(f"  {k}: {_fmt(v)}")
+        if not self.reproduced:
+            lines.append(f"  catalogue for {torch_release(self.torch)}: {self.catalogued}; recorded as a finding")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Finding":
+        return cls(**data)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def header(case_id: str) -> None:
+    """Print a case's title, symptom, mechanism, status, upstream links and this run's environment."""
+    c = catalogue.get(case_id)
+    refs = ", ".join(f"{u} <{l}>" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
+    verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "no verdict recorded"
+    where = f"CUDA ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "CPU only"
+    print(f"{c.id} · {c.title}")
+    print(f"symptom:   {c.symptom}")
+    print(f"mechanism: {c.mechanism}")
+    print(f"status:    {c.status}")
+    print(f"upstream:  {refs or 'none filed'}")
+    print(f"catalogue: {verified}")
+    print(f"this run:  torch {torch.__version__} · python {'.'.join(platform.python_version_tuple()[:2])} · {where}")
+
+
+def observe(report: Report) -> dict[str, Any]:
+    """The facts of a Report that signatures look at, as plain data."""
+    from .matrix import classify
+
+    c = report.compile
+    out: dict[str, Any] = {"outcome": report.outcome, "classification": classify(report).label}
+    if report.error is not None:
+        out["error"] = error_line(report.error.type, report.error.message)
+    if c.requested:
+        out.update(graphs=c.graphs, graph_breaks=c.graph_breaks, recompiles=len(c.recompiles),
+                   fell_back_to_eager=c.fell_back_to_eager)
+    if report.ok:
+        out["saved_bytes"] = report.saved.total_bytes
+        if report.numerics.reference_loss == report.numerics.reference_loss:
+            out["grads_match"] = report.numerics.grads_match
+    return out
+
+
+def error_line(type_name: str, message: str) -> str:
+    """`Type: first line of the message`, without paths or addresses (stable across machines)."""
+    first = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")
+    first = re.sub(r"0x[0-9a-fA-F]+", "0x…", short_paths(first))
+    return f"{type_name.rsplit('.', 1)[-1]}: {first[:200]}"
+
+
+def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Report] | None = None,
+            record: bool = True) -> Finding:
+    """Check `result` against the case's catalogue signature; raise if the catalogue says this torch reproduces it
+    and the run did not; otherwise return the Finding (recorded when the verdict is new for this torch)."""
+    c = catalogue.get(case_id)
+    if c.signature is None:
+        raise ValueError(f"{case_id} has no signature in catalogue.json; add one before confirming it.")
+    if isinstance(result, Report):
+        from .matrix import classify
+
+        reproduced = case_id in classify(result, refs).cases
+        observed = observe(result)
+    else:
+        observed = dict(result)
+        reproduced = c.matches_observed(observed)
+    release = torch_release()
+    catalogued = c.verified.get(release, "unknown")
+    finding = Finding(case=case_id, torch=torch.__version__, reproduced=reproduced, observed=observed,
+                      catalogued=catalogued)
+    if not reproduced and catalogued == "reproduced":
+        raise AssertionError(f"{case_id} is catalogued as reproducing on torch {release}, but this run did not show "
+                             f"its signature {json.dumps(c.signature)}.\n{finding}")
+    if record and catalogued != ("reproduced" if reproduced else "fixed"):
+        catalogue.record(finding)
+    return finding
+
+
+# --- standalone, torch-only repro scripts --------------------------------------------------------------------
+
+_PACKAGE = "toolkit.standalone"
+
+
+def script(case_id: str) -> ModuleType:
+    """The standalone repro module for a case: `cNN_*.py`, or the one listing the case in its `CASES` (torch only)."""
+    pkg = importlib.import_module(_PACKAGE)
+    names = [i.name for i in pkgutil.iter_modules(pkg.__path__)]
+    prefix = f"c{int(case_id.lstrip('Cc')):02d}_"
+    for name in names:
+        if name.startswith(prefix):
+            return importlib.import_module(f"{_PACKAGE}.{name}")
+    for name in names:
+        mod = importlib.import_module(f"{_PACKAGE}.{name}")
+        if case_id in getattr(mod, "CASES", ()):
+            return mod
+    raise KeyError(f"no standalone repro for {case_id}; have: {', '.join(names)}")
+
+
+def check(case_id: str, *, record: bool = True) -> Finding | None:
+    """Run a case's standalone repro on this torch and `confirm` it; None when the repro skips here (e.g. no GPU)."""
+    mod = script(case_id)
+    observed = getattr(mod, getattr(mod, "CASES", {}).get(case_id, "bug"))()
+    if "skipped" in observed:
+        return None
+    return confirm(case_id, observed, record=record)
+
+
+def show(case_id: str, *names: str) -> None:
+    """Print the source of a repro's functions (default: `bug` and `fix`) — the code a notebook runs."""
+    mod = script(case_id)
+    for name in names or ("bug", "fix"):
+        print(inspect.getsource(getattr(mod, name)))
+
+
+def export(case_id: str, directory: str | pathlib.Path) -> pathlib.Path:
+    """Copy a case's standalone repro script into `directory`; it runs with `python FILE` and imports only torch."""
+    src = pathlib.Path(inspect.getfile(script(case_id)))
+    out = pathlib.Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    return pathlib.Path(shutil.copy(src, out / src.name))
