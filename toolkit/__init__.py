@@ -11,6 +11,7 @@ from .runner import Scenario, measure, run
 from .presets import PRESETS, preset
 from . import presets
 from . import bugs, catalogue, display, matrix, repro, widgets
+from .fullsize import LAYER_SHAPES, Estimate, estimate
 from .notebook import setup_notebook
 from .state import applied, global_state, torch_settings
 
@@ -21,6 +22,6 @@ __all__ = [
     "record_policy_decisions", "remove_ac", "CompileConfig", "apply_compile", "remove_compile", "Batch",
     "ModelConfig", "build_model", "loss_fn", "make_batch", "train_step", "canonical_name", "get_module",
     "named_modules", "unwrap", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
-    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "setup_notebook", "display", "catalogue", "matrix", "widgets", "bugs", "repro",
+    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "setup_notebook", "display", "catalogue", "matrix", "widgets", "bugs", "repro", "estimate", "Estimate", "LAYER_SHAPES",
     "__version__",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from .report import KINDS, Report, fmt_bytes, short_paths
 
@@ -170,3 +170,29 @@ def decisions_text(decisions, ops: tuple[str, ...] = ("mm", "scaled_dot_product"
         shape = "x".join(map(str, d.rhs_shape)) if d.rhs_shape else ""
         lines.append(f"{n:>3}  {d.op:<60}{shape:<12}{d.decision:<18}{d.reason}")
     return "\n".join(lines)
+
+
+def estimate_text(estimates: Mapping[str, Any], top_modules: int = 0) -> str:
+    """Plain-text twin of `estimate_figure`: saved, peak and the peak without weight gradients, per estimate."""
+    width = max([5] + [len(k) for k in estimates]) + 2
+    lines = [f"{'run':<{width}}{'saved':>12}{'peak':>12}{'peak - grads':>14}"]
+    for k, e in estimates.items():
+        lines.append(f"{k:<{width}}{fmt_bytes(e.saved_bytes):>12}{fmt_bytes(e.peak_bytes):>12}"
+                     f"{fmt_bytes(max(0, e.peak_bytes - e.params_bytes)):>14}")
+        for mod, n in sorted(e.saved_by_module.items(), key=lambda kv: -kv[1])[:top_modules]:
+            lines.append(f"    {mod or '(model)':<{width + 4}}{fmt_bytes(n):>10}")
+    return "\n".join(lines)
+
+
+def estimate_figure(estimates: Mapping[str, Any]):
+    """Grouped bars per estimate: saved for backward, and the peak without the weight gradients (GiB)."""
+    import plotly.graph_objects as go
+
+    labels = list(estimates)
+    fig = go.Figure()
+    for name, get in (("saved for backward", lambda e: e.saved_bytes),
+                      ("peak minus weight gradients", lambda e: max(0, e.peak_bytes - e.params_bytes))):
+        fig.add_bar(name=name, x=labels, y=[get(estimates[k]) / 2**30 for k in labels],
+                    hovertemplate="%{x}<br>%{y:.2f} GiB<extra>" + name + "</extra>")
+    fig.update_layout(barmode="group", yaxis_title="GiB", title="full-size estimates (fake tensors)", height=380)
+    return fig
