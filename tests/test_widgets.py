@@ -41,7 +41,11 @@ def test_run_pin_compare_and_export(tmp_path):
     ex.controls["n_layers"].value = 2
     r1 = ex.run()
     assert r1.ok and ex.report is r1 and "saved for backward" in ex.summary.value and ex.stage.value == "done: ok"
-    assert len(ex.figures.outputs) >= 3  # figures went into the Output widget, nothing printed
+    # Figures went into the Output widget's state as plotly bundles (not displayed as a side effect).
+    assert len(ex.figures.outputs) >= 3
+    for out in ex.figures.outputs:
+        fig = out["data"]["application/vnd.plotly.v1+json"]
+        assert fig["data"] and fig["data"][0]["type"] == "bar" and out["data"]["text/plain"].startswith("<plotly figure")
     ex.pin()
     ex.controls["ac_mode"].value = "full"
     r2 = ex.run()

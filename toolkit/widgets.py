@@ -6,6 +6,7 @@ Everything is drivable headless: set the controls' `.value`, call `run()`, read 
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -156,13 +157,11 @@ class Explorer:
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
         self.figures.outputs = ()
         if report.ok:
-            # append_display_data writes into the widget directly: no print, works headless and in any frontend.
             figs = [display.saved_figure(report, by="module"), display.saved_figure(report, by="op"),
                     display.memory_figure({"this run": report})]
             if report.recompute.ops:
                 figs.append(display.recompute_figure(report))
-            for fig in figs:
-                self.figures.append_display_data(fig)
+            self.figures.outputs = tuple(_figure_output(fig) for fig in figs)
         return report
 
     def _on_stage(self, stage: str) -> None:
@@ -199,6 +198,20 @@ def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -
 
     bundle = export(report, path, scenario=scenario)
     return bundle.script, bundle.notebook
+
+
+def _figure_output(fig) -> dict:
+    """The display_data message of a plotly figure, written into an Output widget's state.
+
+    Not `Output.append_display_data(fig)`: plotly figures display themselves through `_ipython_display_`, so the
+    formatter returns an empty bundle and the figure goes to whichever cell is current — in JupyterLab, after a
+    button click, nowhere (caught by tests/test_browser.py)."""
+    import plotly.io as pio
+
+    title = fig.layout.title.text or "figure"
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": json.loads(pio.to_json(fig, validate=False)),
+                     "text/plain": f"<plotly figure: {title}>"}}
 
 
 def _esc(text: str) -> str:
