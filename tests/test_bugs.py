@@ -191,6 +191,11 @@ def test_repro_export_bundle_with_trace(tmp_path):
     assert logs and logs[0].stat().st_size > 0
     assert "reproduced" in (bundle.trace / "script-output.txt").read_text()
     assert '"dynamo_start"' in logs[0].read_text()
+    if shutil.which("tlparse"):  # the `trace` extra; .ci/run installs it
+        out = subprocess.run(["tlparse", str(logs[0]), "-o", str(tmp_path / "tl"), "--overwrite", "--no-browser"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "compile_directory.json" in {p.name for p in (tmp_path / "tl").iterdir()}
     # Without the Scenario, export rebuilds it from the report.
     again = tk.repro.export(report, tmp_path / "again")
     assert json.dumps(scenario.to_json()) in again.script.read_text()

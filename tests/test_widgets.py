@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import toolkit as tk
 from toolkit.widgets import Explorer
 
 
@@ -48,7 +47,7 @@ def test_run_pin_compare_and_export(tmp_path):
         assert fig["data"] and fig["data"][0]["type"] == "bar" and out["data"]["text/plain"].startswith("<plotly figure")
     ex.pin()
     ex.controls["ac_mode"].value = "full"
-    r2 = ex.run()
+    assert ex.run().ok
     ex.pin()
     text = ex.compare()
     assert "layers.0.moe.experts" in text and "A = #1" in ex.comparison.value

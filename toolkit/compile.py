@@ -13,7 +13,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from ._config import ConfigError, check_choice, to_dict
 from .ac import ac_region_of, blocks
-from .naming import get_module, get_slot, named_modules, unwrap, wrapped_child
+from .naming import get_slot, named_modules, unwrap, wrapped_child
 from .state import applied
 
 Scope = Literal["none", "model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward"]

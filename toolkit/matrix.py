@@ -7,7 +7,6 @@ finishes, and a re-run only measures the cells whose key (scenario + torch versi
 from __future__ import annotations
 
 import concurrent.futures as futures
-import contextlib
 import dataclasses
 import hashlib
 import json

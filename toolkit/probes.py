@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
