@@ -10,6 +10,13 @@ import nbformat
 from nbclient import NotebookClient
 
 here = pathlib.Path(__file__).parent
+# The kernels import the *installed* toolkit: after `.ci/run` in another clone it points there, and the outputs
+# committed here would come from that clone's code.
+import toolkit  # noqa: E402
+
+if pathlib.Path(toolkit.__file__).resolve().parents[1] != here.resolve().parent:
+    sys.exit(f"toolkit is imported from {pathlib.Path(toolkit.__file__).parent}, not this checkout: "
+             f"run `pip install -e \".[dev]\"` here first.")
 paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted(here.glob("[0-9]*.ipynb")) + sorted(here.glob("bugs/*.ipynb"))
 for path in paths:
     nb = nbformat.read(path, as_version=4)
