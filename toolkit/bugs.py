@@ -26,12 +26,8 @@ from typing import Any
 import torch
 
 from . import catalogue
+from .catalogue import torch_release
 from .report import Report, short_paths
-
-
-def torch_release(version: str | None = None) -> str:
-    """`2.13.0+cpu` → `2.13.0`: the key the catalogue's `verified` table uses."""
-    return (version or torch.__version__).split("+")[0]
 
 
 @dataclass(frozen=True)
@@ -87,12 +83,14 @@ def header(case_id: str) -> None:
     print(f"this run:  torch {torch.__version__} · python {'.'.join(platform.python_version_tuple()[:2])} · {where}")
 
 
-def observe(report: Report) -> dict[str, Any]:
-    """The facts of a Report that signatures look at, as plain data."""
-    from .matrix import classify
+def observe(report: Report, classification: str | None = None) -> dict[str, Any]:
+    """The facts of a Report that signatures look at, as plain data (`classification`: its label, if already known)."""
+    if classification is None:
+        from .matrix import classify
 
+        classification = classify(report).label
     c = report.compile
-    out: dict[str, Any] = {"outcome": report.outcome, "classification": classify(report).label}
+    out: dict[str, Any] = {"outcome": report.outcome, "classification": classification}
     if report.error is not None:
         out["error"] = error_line(report.error.type, report.error.message)
     if c.requested:
@@ -122,8 +120,9 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
     if isinstance(result, Report):
         from .matrix import classify
 
-        reproduced = case_id in classify(result, refs).cases
-        observed = observe(result)
+        cls = classify(result, refs)
+        reproduced = case_id in cls.cases
+        observed = observe(result, cls.label)
     else:
         observed = dict(result)
         reproduced = c.matches_observed(observed)

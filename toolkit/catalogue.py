@@ -127,6 +127,15 @@ def match(classification: str, report) -> list[Case]:
     return [c for c in cases() if c.matches(classification, report)]
 
 
+def torch_release(version: str | None = None) -> str:
+    """`2.13.0+cpu` → `2.13.0`: the key of the `verified` table and of recorded findings."""
+    if version is None:
+        import torch
+
+        version = torch.__version__
+    return version.split("+")[0]
+
+
 def findings_path() -> pathlib.Path:
     """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`."""
     return pathlib.Path(os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl")
@@ -152,16 +161,19 @@ def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
         except json.JSONDecodeError:
             continue
         if case_id is None or f.get("case") == case_id:
-            release = str(f.get("torch", "?")).split("+")[0]
+            release = torch_release(str(f.get("torch", "?")))
             out.setdefault(f["case"], {})[release] = "reproduced" if f.get("reproduced") else "not reproduced"
     return out
 
 
-def versions(case: Case, *, with_findings: bool = True) -> str:
-    """`reproduced on 2.13.0; not reproduced on 2.14.0 (local finding)`: the catalogue's verdicts plus this machine's."""
+def versions(case: Case, *, with_findings: bool = True, recorded: dict[str, dict[str, str]] | None = None) -> str:
+    """`reproduced on 2.13.0; not reproduced on 2.14.0 (local finding)`: the catalogue's verdicts plus this machine's
+    (`recorded`: what `findings()` returned, when the caller already read it)."""
     parts = [f"{v} on {k}" for k, v in sorted(case.verified.items())]
     if with_findings:
-        for release, verdict in sorted(findings(case.id).get(case.id, {}).items()):
+        if recorded is None:
+            recorded = findings(case.id)
+        for release, verdict in sorted(recorded.get(case.id, {}).items()):
             if case.verified.get(release) != verdict:
                 parts.append(f"{verdict} on {release} (local finding)")
     return "; ".join(parts) or case.torch_versions
@@ -170,8 +182,9 @@ def versions(case: Case, *, with_findings: bool = True) -> str:
 def markdown(selection: list[Case] | None = None, *, with_findings: bool = False) -> str:
     """The catalogue as a markdown table (`with_findings` adds this machine's recorded verdicts)."""
     rows = ["| id | case | status | upstream | CPU | torch | notebook |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    recorded = findings() if with_findings else {}
     for c in selection if selection is not None else cases():
         refs = ", ".join(f"[{u}]({l})" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
         nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
-        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {versions(c, with_findings=with_findings)} | {nb} |")
+        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |")
     return "\n".join(rows)
