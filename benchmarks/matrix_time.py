@@ -13,7 +13,8 @@ import shutil
 import tempfile
 import time
 
-from toolkit.matrix import quick_cells, sweep
+from toolkit.analysis.matrix import quick_cells
+from toolkit.analysis.sweeps import sweep
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import time
 import torch
 
 import toolkit as tk
-from toolkit.probes import Probes
+from toolkit.measure.probes import Probes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 

@@ -187,13 +187,22 @@ def test_apply_twice_is_refused_and_remove_restores(moe_cfg):
 
 
 def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
-    from toolkit.state import dynamo_lru_cache_enabled
+    from toolkit.compat import lru_cache_enabled, set_lru_cache
 
     model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="full"))
-    assert dynamo_lru_cache_enabled()
+    assert lru_cache_enabled()
     with tk.torch_settings(model):
-        assert not dynamo_lru_cache_enabled()
-    assert dynamo_lru_cache_enabled()
+        assert not lru_cache_enabled()
+    assert lru_cache_enabled()
+    # Turned off by someone else (torchtitan's apply_ac does it directly): it stays off after the step.
+    torch._C._dynamo.eval_frame._set_lru_cache(False)
+    try:
+        assert lru_cache_enabled() is False
+        with tk.torch_settings(model):
+            assert not lru_cache_enabled()
+        assert lru_cache_enabled() is False
+    finally:
+        set_lru_cache(True)
 
 
 def test_memory_budget_without_compile_is_refused(moe_cfg):

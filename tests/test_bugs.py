@@ -16,7 +16,7 @@ from toolkit import bugs, catalogue
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-STANDALONE = ROOT / "toolkit" / "standalone"
+STANDALONE = ROOT / "toolkit" / "bugs" / "standalone"
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +152,7 @@ def test_standalone_scripts_follow_the_contract():
                   for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
         assert consts["CASE"] == f"C{int(path.name[1:3])}" and consts["NEEDS"] in ("cpu", "cuda"), path.name
         assert catalogue.get(consts["CASE"]).notebook, path.name
-        assert bugs.script(consts["CASE"]).__name__ == f"toolkit.standalone.{path.stem}"
+        assert bugs.script(consts["CASE"]).__name__ == f"toolkit.bugs.standalone.{path.stem}"
     assert bugs.script("C6").CASE == "C7"  # found through CASES
     with pytest.raises(KeyError, match="no standalone repro for C19"):
         bugs.script("C19")

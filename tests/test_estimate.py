@@ -5,6 +5,7 @@ import resource
 import pytest
 
 import toolkit as tk
+from toolkit.measure.estimate import CUDA_BLOCK
 
 # A checkpoint stashes the CPU RNG state (a 5056-byte CPU tensor) per call: real CPU runs count it, the estimate
 # does not (on CUDA it is host memory, not device memory).
@@ -33,7 +34,7 @@ def test_estimate_agrees_with_a_real_cpu_run(impl, dtype):
 def test_cuda_rounding_counts_whole_512_byte_blocks():
     cfg = tk.ModelConfig(experts_impl="masked", dim=24, n_heads=2, ffn_hidden=40, moe_hidden=24, seq_len=7)
     exact, rounded = tk.estimate(cfg, cuda_rounding=False), tk.estimate(cfg)
-    assert rounded.cuda_rounding and all(v % tk.fullsize.CUDA_BLOCK == 0 for v in rounded.saved_by_module.values())
+    assert rounded.cuda_rounding and all(v % CUDA_BLOCK == 0 for v in rounded.saved_by_module.values())
     assert rounded.saved_bytes > exact.saved_bytes and rounded.peak_bytes > exact.peak_bytes
 
 

@@ -13,7 +13,9 @@ import time
 import pytest
 
 import toolkit as tk
-from toolkit.matrix import Cell, MatrixResult, classify, load_results, quick_cells, sweep
+from toolkit.analysis.matrix import Cell, MatrixResult, quick_cells
+from toolkit.analysis.classification import classify
+from toolkit.analysis.sweeps import load_results, sweep
 
 FOUR = [
     Cell("dense", "selective_op"),
@@ -71,7 +73,8 @@ def test_rerun_skips_finished_cells(tmp_path):
 
 def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
     script = textwrap.dedent(f"""
-        from toolkit.matrix import Cell, sweep
+        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.sweeps import sweep
         cells = [Cell("dense"), Cell("dense", "full"), Cell("dense", "selective_op"), Cell("moe:for_loop")]
         sweep(cells, out={str(tmp_path)!r}, workers=1, timeout_s=300, progress=False)
     """)

@@ -61,5 +61,6 @@ def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
     assert out.returncode == 0, out.stderr
     wheel = next(tmp_path.glob("toolkit-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"toolkit/catalogue.json", "toolkit/standalone/c25_policy_reuse_across_compiled_blocks.py",
-            "toolkit/standalone/CONTRACT.md", "toolkit/bugs.py", "toolkit/repro.py"} <= names
+    assert {"toolkit/analysis/catalogue.json", "toolkit/bugs/standalone/c25_policy_reuse_across_compiled_blocks.py",
+            "toolkit/bugs/standalone/CONTRACT.md", "toolkit/bugs/__init__.py", "toolkit/bugs/repro.py",
+            "toolkit/measure/probes/census.py", "toolkit/compat.py"} <= names

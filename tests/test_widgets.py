@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from toolkit.widgets import Explorer
+from toolkit.notebook.widgets import Explorer
 
 
 def test_every_control_is_reachable_and_maps_to_the_scenario():

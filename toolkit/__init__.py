@@ -1,27 +1,35 @@
-"""toolkit: see how activation checkpointing, torch.compile and Mixture-of-Experts compose on a real PyTorch model."""
+"""toolkit: see how activation checkpointing, torch.compile and Mixture-of-Experts compose on a real PyTorch model.
 
+Layers, each importing only the ones before it: `compat` (every private torch API) → `models` (torch only) →
+`transforms` (naming, AC and SAC policies, compile, recipes, settings) → `measure` (scenario, probes, step,
+report, estimate) → `analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and
+`notebook` (display, widgets, setup) → `cli`.
+"""
+
+from . import compat
 from ._config import ConfigError
-from .ac import ACConfig, PolicyDecision, SelectiveOpPolicy, apply_ac, default_save_ops, record_policy_decisions, remove_ac
-from .compile import CompileConfig, apply_compile, remove_compile
-from .models import Batch, ModelConfig, build_model, loss_fn, make_batch, train_step
-from .naming import canonical_name, get_module, named_modules, unwrap
-from .recipes import RECIPES, apply_recipe, prepare, reset
-from .report import Report
-from .runner import Scenario, measure, run
-from .presets import PRESETS, preset
-from . import presets
-from . import bugs, catalogue, display, matrix, repro, widgets
-from .fullsize import LAYER_SHAPES, Estimate, estimate
-from .notebook import setup_notebook
-from .state import applied, global_state, torch_settings
+from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
+from .transforms import (RECIPES, ACConfig, CompileConfig, PolicyDecision, SelectiveOpPolicy, applied, apply_ac,
+                         apply_compile, apply_recipe, canonical_name, default_save_ops, get_module, global_state,
+                         named_modules, prepare, record_policy_decisions, remove_ac, remove_compile, reset,
+                         torch_settings, train_step, unwrap)
+from .transforms import naming
+from .measure import LAYER_SHAPES, PRESETS, Estimate, Report, Scenario, estimate, measure, preset, run
+from .measure import presets, report
+from .analysis import catalogue, classify, matrix, sweep
+from . import bugs
+from .bugs import repro
+from .notebook import display, setup_notebook
+from .notebook import widgets
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "ConfigError", "ACConfig", "PolicyDecision", "SelectiveOpPolicy", "apply_ac", "default_save_ops",
+    "compat", "ConfigError", "ACConfig", "PolicyDecision", "SelectiveOpPolicy", "apply_ac", "default_save_ops",
     "record_policy_decisions", "remove_ac", "CompileConfig", "apply_compile", "remove_compile", "Batch",
     "ModelConfig", "build_model", "loss_fn", "make_batch", "train_step", "canonical_name", "get_module",
-    "named_modules", "unwrap", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
-    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "setup_notebook", "display", "catalogue", "matrix", "widgets", "bugs", "repro", "estimate", "Estimate", "LAYER_SHAPES",
-    "__version__",
+    "named_modules", "unwrap", "naming", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
+    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "presets", "report",
+    "setup_notebook", "display", "catalogue", "classify", "matrix", "sweep", "widgets", "bugs", "repro", "estimate",
+    "Estimate", "LAYER_SHAPES", "__version__",
 ]

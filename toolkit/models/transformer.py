@@ -1,4 +1,4 @@
-"""The toolkit's transformer with torchtitan's module names, plus `build_model`, `make_batch`, `loss_fn`, `train_step`.
+"""The toolkit's transformer with torchtitan's module names, plus `build_model`, `make_batch`, `loss_fn`.
 
 Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim, V vocabulary.
 """
@@ -105,25 +105,20 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:
         nn.init.normal_(self.tok_embeddings.weight)
+        # Attribute access goes through the AC / compile wrappers (they forward `__getattr__`), so this also
+        # works after transforms; the order of the draws is what makes a seed give bit-identical weights.
         for block in self.layers.values():
-            block = _unwrapped(block)
             for name in ("wq", "wk", "wv", "wo"):
-                nn.init.trunc_normal_(getattr(_unwrapped(block.attention), name).weight, std=std)
+                nn.init.trunc_normal_(getattr(block.attention, name).weight, std=std)
             for norm in (block.attention_norm, block.ffn_norm):
-                nn.init.ones_(_unwrapped(norm).weight)
+                nn.init.ones_(norm.weight)
             if block.moe_enabled:
-                _unwrapped(block.moe).init_weights(std)
+                block.moe.init_weights(std)
             else:
                 for lin in ("w1", "w2", "w3"):
-                    nn.init.trunc_normal_(getattr(_unwrapped(block.feed_forward), lin).weight, std=std)
+                    nn.init.trunc_normal_(getattr(block.feed_forward, lin).weight, std=std)
         nn.init.ones_(self.norm.weight)
         nn.init.trunc_normal_(self.output.weight, std=self.config.dim ** -0.5)
-
-
-def _unwrapped(m: nn.Module) -> nn.Module:
-    from ..naming import unwrap
-
-    return unwrap(m)
 
 
 class Batch(NamedTuple):
@@ -165,15 +160,3 @@ def make_batch(cfg: ModelConfig | None = None, *, seed: int | None = None) -> Ba
 def loss_fn(logits_BSV: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy in float32 (its gradient is dense, which `torch._grouped_mm`'s CPU backward needs)."""
     return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten())
-
-
-def train_step(model: nn.Module, batch: Batch, *, zero_grad: bool = True) -> torch.Tensor:
-    """Forward, loss and backward under the torch settings the applied transforms need; returns the detached loss."""
-    from ..state import torch_settings
-
-    if zero_grad:
-        model.zero_grad(set_to_none=True)
-    with torch_settings(model):
-        loss = loss_fn(model(batch.tokens), batch.labels)
-        loss.backward()
-    return loss.detach()

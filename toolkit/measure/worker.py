@@ -7,7 +7,8 @@ import time
 
 
 def main(spec: str, out: str, stage_file: str) -> int:
-    from .runner import Scenario, run
+    from .runner import run
+    from .scenario import Scenario
 
     # Fault injection for tests of the isolation itself: TOOLKIT_WORKER_FAULT=abort|segv|hang[@stage].
     fault, _, fault_stage = os.environ.get("TOOLKIT_WORKER_FAULT", "").partition("@")

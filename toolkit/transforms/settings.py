@@ -1,4 +1,4 @@
-"""Global torch state: what the transforms need while a step runs (applied and restored by `torch_settings`), and a snapshot for tests."""
+"""Global torch state: the record of what the transforms did to a model, the settings a step needs (applied and restored by `torch_settings`), and a snapshot for tests."""
 
 from __future__ import annotations
 
@@ -10,19 +10,10 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-# torch exposes a setter but no getter for the Dynamo LRU cache switch; we track what we set (default on).
-_lru_enabled = True
+from .. import compat
+from .._config import ConfigError
 
-
-def set_dynamo_lru_cache(enabled: bool) -> None:
-    """Turn Dynamo's most-recently-used cache-entry preference on/off (torchtitan turns it off under AC, C8)."""
-    global _lru_enabled
-    torch._C._dynamo.eval_frame._set_lru_cache(bool(enabled))
-    _lru_enabled = bool(enabled)
-
-
-def dynamo_lru_cache_enabled() -> bool:
-    return _lru_enabled
+_RECORD = "_toolkit_applied"
 
 
 @dataclass
@@ -32,7 +23,7 @@ class Applied:
     ac: Any = None
     """The ACConfig applied, or None."""
     ac_wrapped: list[str] = field(default_factory=list)
-    """Canonical names of the modules wrapped in a CheckpointWrapper, with the wrapper's kind."""
+    """Canonical names of the modules wrapped in a CheckpointWrapper (or given a remat forward)."""
     compile: Any = None
     """The CompileConfig applied, or None."""
     compiled: list[str] = field(default_factory=list)
@@ -45,21 +36,46 @@ class Applied:
     functorch_config: dict[str, Any] = field(default_factory=dict)
     inductor_config: dict[str, Any] = field(default_factory=dict)
     disable_lru_cache: bool = False
+    compile_undo: list = field(default_factory=list, repr=False)
+    """How to undo each compile target: ("module", obj) for in-place compile, ("wrapper", (parent, attr, obj))."""
 
     def copy(self) -> "Applied":
         return dataclasses.replace(self, ac_wrapped=list(self.ac_wrapped), compiled=list(self.compiled),
                                    compile_orders=dict(self.compile_orders), dynamo_config=dict(self.dynamo_config),
                                    functorch_config=dict(self.functorch_config),
-                                   inductor_config=dict(self.inductor_config))
+                                   inductor_config=dict(self.inductor_config), compile_undo=list(self.compile_undo))
+
+    @property
+    def empty(self) -> bool:
+        return self == Applied()
 
 
 def applied(model: nn.Module) -> Applied:
-    """The record of transforms on `model` (an empty record if none were applied)."""
-    rec = model.__dict__.get("_toolkit_applied")
+    """The record of toolkit transforms on `model` (an empty record, not stored, if none were applied)."""
+    rec = model.__dict__.get(_RECORD)
+    return rec if rec is not None else Applied()
+
+
+def record(model: nn.Module) -> Applied:
+    """The record a transform writes into (created on the model the first time)."""
+    rec = model.__dict__.get(_RECORD)
     if rec is None:
-        rec = Applied()
-        model.__dict__["_toolkit_applied"] = rec
+        rec = model.__dict__[_RECORD] = Applied()
     return rec
+
+
+def forget(model: nn.Module) -> None:
+    """Drop the record once every transform is undone, so the model is as it was built."""
+    rec = model.__dict__.get(_RECORD)
+    if rec is not None and rec.empty:
+        del model.__dict__[_RECORD]
+
+
+def check_memory_budget(ac: Any, compile_enabled: bool) -> None:
+    """The one home of the rule "a memory budget needs compile"."""
+    if ac is not None and ac.mode == "memory_budget" and not compile_enabled:
+        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
+                          "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.")
 
 
 @contextlib.contextmanager
@@ -71,44 +87,49 @@ def torch_settings(model: nn.Module | None = None, **extra: Any) -> Iterator[Non
     run inside. `extra` may hold `dynamo_config=…`, `functorch_config=…`, `inductor_config=…` dicts.
     """
     rec = applied(model) if model is not None else Applied()
-    if rec.ac is not None and rec.ac.mode == "memory_budget" and not rec.compiled:
-        from ._config import ConfigError
-
-        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
-                          "apply_compile(model, CompileConfig(scope='blocks', ...)) or pick another AC mode.")
+    check_memory_budget(rec.ac, bool(rec.compiled))
     dyn = {**rec.dynamo_config, **extra.get("dynamo_config", {})}
     fun = {**rec.functorch_config, **extra.get("functorch_config", {})}
     ind = {**rec.inductor_config, **extra.get("inductor_config", {})}
+    dynamo_config, functorch_config, inductor_config = compat.compiler_configs()
     with contextlib.ExitStack() as stack:
         if dyn:
-            stack.enter_context(torch._dynamo.config.patch(**dyn))
+            stack.enter_context(dynamo_config.patch(**dyn))
         if fun:
-            stack.enter_context(torch._functorch.config.patch(**fun))
+            stack.enter_context(functorch_config.patch(**fun))
         if ind:
-            import torch._inductor.config as inductor_config
-
             stack.enter_context(inductor_config.patch(**ind))
-        if rec.disable_lru_cache and _lru_enabled:
-            set_dynamo_lru_cache(False)
-            stack.callback(set_dynamo_lru_cache, True)
+        if rec.disable_lru_cache and compat.lru_cache_enabled():
+            compat.set_lru_cache(False)
+            stack.callback(compat.set_lru_cache, True)
         yield
+
+
+def train_step(model: nn.Module, batch: Any, *, zero_grad: bool = True) -> torch.Tensor:
+    """Forward, loss and backward under the torch settings the applied transforms need; returns the detached loss."""
+    from ..models import loss_fn
+
+    if zero_grad:
+        model.zero_grad(set_to_none=True)
+    with torch_settings(model):
+        loss = loss_fn(model(batch.tokens), batch.labels)
+        loss.backward()
+    return loss.detach()
 
 
 def global_state() -> dict[str, Any]:
     """A comparable snapshot of the global torch state the toolkit might touch (tests compare before/after)."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    import torch.utils.checkpoint as ckpt
 
     def cfg(mod) -> dict[str, Any]:
         return {k: repr(v) for k, v in mod.get_config_copy().items()}
 
+    dynamo_config, functorch_config, inductor_config = compat.compiler_configs()
     return {
-        "dynamo": cfg(torch._dynamo.config),
+        "dynamo": cfg(dynamo_config),
         "functorch": cfg(functorch_config),
         "inductor": cfg(inductor_config),
-        "lru_cache": _lru_enabled,
-        "checkpoint_early_stop": ckpt._enable_checkpoint_early_stop,
+        "lru_cache": compat.lru_cache_enabled(),
+        "checkpoint_early_stop": compat.checkpoint_early_stop(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "grad_enabled": torch.is_grad_enabled(),
         "default_dtype": str(torch.get_default_dtype()),
@@ -118,4 +139,4 @@ def global_state() -> dict[str, Any]:
 
 def reset_compiler() -> None:
     """Forget every compiled graph (`torch._dynamo.reset()`), so the next call compiles afresh."""
-    torch._dynamo.reset()
+    compat.reset_dynamo()

@@ -11,8 +11,10 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from .report import Report
-from .runner import Scenario, environment
+from ..analysis.classification import classify
+from ..measure.environment import environment
+from ..measure.report import Report
+from ..measure.scenario import Scenario
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,11 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
     import nbformat
 
     if case is not None:
-        from .matrix import classify
-
         shown = classify(report).cases
         if case not in shown:
             raise ValueError(f"case={case!r}: this report does not show {case}'s catalogue signature (it shows "
                              f"{', '.join(shown) or 'no catalogued case'}); pass one of those or case=None.")
-    scenario = scenario if scenario is not None else Scenario.from_dict(report.scenario)
+    scenario = scenario if scenario is not None else report.scenario.to_scenario()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     checks = [f"assert report.outcome == {report.outcome!r}, report"]
@@ -57,9 +57,9 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
         checks.append(f"assert report.compile.fell_back_to_eager == {report.compile.fell_back_to_eager!r}")
         checks.append(f"assert report.numerics.grads_match == {report.numerics.grads_match!r}")
     if case is not None:
-        checks.append(f"assert {case!r} in tk.matrix.classify(report).cases, 'catalogue case {case} not recognised'")
+        checks.append(f"assert {case!r} in tk.classify(report).cases, 'catalogue case {case} not recognised'")
     setup = textwrap.dedent(f"""\
-        # Reproduces: {report.scenario.get('name', '') or case or 'scenario'}
+        # Reproduces: {report.scenario.name or case or 'scenario'}
         # Observed with torch {report.environment.get('torch', '?')}: {report.outcome}
         import platform
 
@@ -77,7 +77,7 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
     py.write_text(setup + check)
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# Repro: {report.scenario.get('name', '') or case or 'scenario'}\n\n"
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# Repro: {report.scenario.name or case or 'scenario'}\n\n"
                                               f"Observed outcome: **{report.outcome}** "
                                               f"(torch {report.environment.get('torch', '?')})."),
                 nbformat.v4.new_code_cell(setup.strip()), nbformat.v4.new_code_cell(check.strip())]

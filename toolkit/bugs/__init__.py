@@ -1,7 +1,7 @@
 """Bug-notebook support: a case's header, a version-aware verdict checked against its catalogue signature, standalone repros.
 
 A bug notebook prints `header(case)`, reproduces the case (a `Scenario` run, or a standalone torch-only script from
-`toolkit.standalone`), and calls `confirm(case, report_or_observations)`. `confirm` checks the catalogue signature:
+`toolkit.bugs.standalone`), and calls `confirm(case, report_or_observations)`. `confirm` checks the catalogue signature:
 - it matches → the case is reproduced on this torch;
 - it does not, and the catalogue says this torch version reproduces it → AssertionError (the repro broke);
 - it does not, on a torch the catalogue has no verdict for → "not reproduced on torch X", recorded as a finding
@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from . import catalogue
-from .catalogue import torch_release
-from .report import Report, short_paths
+from ..analysis import catalogue
+from ..analysis.catalogue import torch_release
+from ..analysis.classification import classify
+from ..measure.report import Report, short_paths
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,6 @@ def header(case_id: str) -> None:
 def observe(report: Report, classification: str | None = None) -> dict[str, Any]:
     """The facts of a Report that signatures look at, as plain data (`classification`: its label, if already known)."""
     if classification is None:
-        from .matrix import classify
-
         classification = classify(report).label
     c = report.compile
     out: dict[str, Any] = {"outcome": report.outcome, "classification": classification}
@@ -98,7 +97,7 @@ def observe(report: Report, classification: str | None = None) -> dict[str, Any]
                    fell_back_to_eager=c.fell_back_to_eager)
     if report.ok:
         out["saved_bytes"] = report.saved.total_bytes
-        if report.numerics.reference_loss == report.numerics.reference_loss:
+        if report.numerics.compared:
             out["grads_match"] = report.numerics.grads_match
     return out
 
@@ -118,8 +117,6 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
     if c.signature is None:
         raise ValueError(f"{case_id} has no signature in catalogue.json; add one before confirming it.")
     if isinstance(result, Report):
-        from .matrix import classify
-
         cls = classify(result, refs)
         reproduced = case_id in cls.cases
         observed = observe(result, cls.label)
@@ -140,7 +137,7 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
 
 # --- standalone, torch-only repro scripts --------------------------------------------------------------------
 
-_PACKAGE = "toolkit.standalone"
+_PACKAGE = "toolkit.bugs.standalone"
 
 
 def script(case_id: str) -> ModuleType:

@@ -1,4 +1,4 @@
-"""Stable module names: see through `CheckpointWrapper` and `OptimizedModule` so `layers.0.moe.router.gate` never changes."""
+"""Stable module names and the one home of wrapper checks: see through `CheckpointWrapper` and `OptimizedModule` so `layers.0.moe.router.gate` never changes."""
 
 from __future__ import annotations
 
@@ -6,16 +6,43 @@ from typing import Iterator
 
 from torch import nn
 
+from .. import compat
+
 # Path segments that wrappers insert into `named_modules()` names.
 WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod")
+
+# torchtitan's marker for modules whose forward recomputes in backward without a CheckpointWrapper (torch_remat
+# replaces `forward` in place, PR #4159); the toolkit sets the same attribute when it applies remat.
+RECOMPUTES_FORWARD = "_torchtitan_recomputes_forward"
 
 
 def is_wrapper(m: nn.Module) -> bool:
     """True for the wrappers whose presence must not change a module's name or type test."""
-    from torch._dynamo.eval_frame import OptimizedModule
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
+    activation_wrapper, _ = compat.checkpoint_wrapper_classes()
+    return isinstance(m, (activation_wrapper, compat.optimized_module_class()))
 
-    return isinstance(m, (ActivationWrapper, OptimizedModule))
+
+def is_checkpoint_wrapper(m: nn.Module) -> bool:
+    return isinstance(m, compat.checkpoint_wrapper_classes()[1])
+
+
+def recomputes_forward(m: nn.Module) -> bool:
+    """The module's forward is re-run in backward: a CheckpointWrapper, or a module marked by remat."""
+    return is_checkpoint_wrapper(m) or bool(getattr(m, RECOMPUTES_FORWARD, False))
+
+
+def has_checkpoint(model: nn.Module) -> bool:
+    """Any module of `model` recomputes its forward in backward (AC applied, by the toolkit or anyone)."""
+    return any(recomputes_forward(m) for m in model.modules())
+
+
+def is_compiled(m: nn.Module) -> bool:
+    """`m` is a compile target: an OptimizedModule wrapper, or compiled in place with `Module.compile()`."""
+    return isinstance(m, compat.optimized_module_class()) or compat.in_place_compiled(m)
+
+
+def has_compiled(model: nn.Module) -> bool:
+    return any(is_compiled(m) for m in model.modules())
 
 
 def wrapped_child(m: nn.Module) -> nn.Module:

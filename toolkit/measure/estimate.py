@@ -30,12 +30,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ._config import ConfigError
-from .ac import ACConfig, apply_ac
-from .models import ModelConfig, build_model, loss_fn, make_batch
-from .naming import module_names
+from .. import compat
+from .._config import ConfigError
+from ..models import ModelConfig, build_model, loss_fn, make_batch
+from ..transforms import ACConfig, apply_ac
+from ..transforms.naming import module_names
 from .report import fmt_bytes
-from .runner import Scenario
+from .scenario import Scenario
 
 CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of this many bytes."""
@@ -154,8 +155,7 @@ class _Live(TorchDispatchMode):
 
 def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cuda_rounding: bool = True) -> Estimate:
     """Measure one training step of `scenario` (or a ModelConfig with `ac`) on fake tensors; see the module doc."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    FakeTensorMode = compat.fake_tensor_mode_class()
     if isinstance(scenario, ModelConfig):
         scenario = Scenario(model=scenario, ac=ac or ACConfig(), name="estimate")
     elif ac is not None:

@@ -7,13 +7,12 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from ._config import ConfigError
+from .._config import ConfigError
 from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
 from .compile import CompileConfig, apply_compile, check_ac_compile, record_dynamo_settings, remove_compile
-from .naming import unwrap
-from .state import applied, reset_compiler
+from .naming import has_checkpoint, has_compiled, is_checkpoint_wrapper, unwrap
+from .settings import applied, record, reset_compiler
 
 
 def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileConfig | None = None) -> nn.Module:
@@ -37,7 +36,6 @@ def reset(model: nn.Module, *, dynamo: bool = True) -> nn.Module:
     """Undo every toolkit transform on `model` (compile, then AC) and, by default, `torch._dynamo.reset()`."""
     remove_compile(model)
     remove_ac(model)
-    applied(model).recipe = None
     if dynamo:
         reset_compiler()
     return model
@@ -64,25 +62,24 @@ def _sac(mode: str = "selective_op") -> ACConfig:
 
 def _start(model: nn.Module, name: str) -> None:
     rec = applied(model)
-    if rec.ac is not None or rec.compile is not None or any(isinstance(m, CheckpointWrapper) for m in model.modules()):
+    if rec.ac is not None or rec.compile is not None or has_checkpoint(model) or has_compiled(model):
         raise RuntimeError(f"recipe {name!r} needs a model without AC or compile; call toolkit.reset(model) first.")
+    blocks(model)  # a model without `layers` is refused here, naming the field
 
 
 def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = False) -> tuple[list[str], list]:
     """torchtitan PR #1895's `apply_compile` rule, including its `isinstance(child, MoE)` test
     (`see_through=True` applies the fix: test the module under any wrapper)."""
-    from .models.moe import MoE
-
     targets, undo = [], []
     layers = unwrap(model).layers
     for key, transformer_block in list(layers.named_children()):
         block = unwrap(transformer_block)
-        if block.moe_enabled:
+        if getattr(block, "moe_enabled", False):
             # #1895 unwraps a block-level CheckpointWrapper but not submodule-level ones.
-            inner = transformer_block._checkpoint_wrapped_module if isinstance(transformer_block, CheckpointWrapper) else transformer_block
+            inner = transformer_block._checkpoint_wrapped_module if is_checkpoint_wrapper(transformer_block) else transformer_block
             for attr, child in list(inner.named_children()):
                 moe = unwrap(child) if see_through else child
-                if isinstance(moe, MoE):
+                if _is_moe(moe):
                     for moe_attr, moe_child in list(moe.named_children()):
                         if moe_attr == "experts":
                             continue  # the experts stay eager: FSDP's hooks must not be traced
@@ -101,14 +98,18 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
     return targets, undo
 
 
+def _is_moe(m: nn.Module) -> bool:
+    """#1895's `isinstance(child, MoE)`: the toolkit's MoE, or any class called MoE (torchtitan's own)."""
+    return any(cls.__name__ == "MoE" for cls in type(m).__mro__)
+
+
 def _record(model, name, ac_cfg, wrapped, compile_cfg, targets, undo, orders, lru_off):
-    rec = applied(model)
+    rec = record(model)
     rec.ac, rec.ac_wrapped = ac_cfg, wrapped
-    rec.compile, rec.compiled, rec.compile_orders = compile_cfg, targets, orders
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = compile_cfg, targets, orders, undo
     record_dynamo_settings(rec, compile_cfg)
     rec.disable_lru_cache = lru_off
     rec.recipe = name
-    model.__dict__["_toolkit_compile_undo"] = undo
 
 
 def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_through: bool = False) -> nn.Module:
@@ -133,7 +134,7 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     wrapped = []
     layers = unwrap(model).layers
     for key, block in blocks(model):
-        if block.moe_enabled:
+        if getattr(block, "moe_enabled", False):
             for child in ("moe", "attention"):
                 block.register_module(child, _wrap(getattr(block, child), ac_cfg, True, model))
                 wrapped.append(f"layers.{key}.{child}")
@@ -162,7 +163,7 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     _start(model, "torchtitan_2025_12")
     ac_cfg = _sac("selective_op")
     apply_ac(model, ac_cfg)
-    rec = applied(model)
+    rec = record(model)
     wrapped = list(rec.ac_wrapped)
     rec.ac, rec.ac_wrapped = None, []
     targets, undo = _compile_children_1895(model, backend)
@@ -184,7 +185,7 @@ def torchtitan_today(model: nn.Module, *, backend: str = "aot_eager") -> nn.Modu
     prepare(model, ac=ACConfig(mode="selective_op", preserve_rng_state=True),
             compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True, capture_scalar_outputs=True,
                                   skip_fwd_side_effects_in_bwd_under_checkpoint=True, order="compile_outside"))
-    applied(model).recipe = "torchtitan_today"
+    record(model).recipe = "torchtitan_today"
     return model
 
 

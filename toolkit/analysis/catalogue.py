@@ -1,4 +1,4 @@
-"""The known AC × compile × MoE composability cases (C1–C26), loaded from `catalogue.json`, with signature matching."""
+"""The known AC × compile × MoE composability cases, loaded from `catalogue.json`, with signature matching."""
 
 from __future__ import annotations
 
@@ -62,15 +62,11 @@ class Case:
             return False  # only observations (`matches_observed`) can show this one
         if "classification" in sig and sig["classification"] != classification:
             return False
-        scen = report.scenario or {}
-        if "recipe" in sig and scen.get("recipe") != sig["recipe"]:
+        scen = report.scenario
+        if "recipe" in sig and scen.recipe != sig["recipe"]:
             return False
-        if "ac_modes" in sig:
-            mode = (scen.get("ac") or {}).get("mode", "none")
-            if scen.get("recipe"):
-                mode = "recipe"
-            if mode not in sig["ac_modes"]:
-                return False
+        if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
+            return False
         if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
             return False
         if "error_contains" in sig:

@@ -1,49 +1,23 @@
-"""The composability matrix: sweep block kind × AC mode × compile scope × order × backend (and recipes), classify each cell, write JSON/markdown/HTML.
-
-Every cell runs isolated (a subprocess with a timeout), results are appended to `results.jsonl` as each cell
-finishes, and a re-run only measures the cells whose key (scenario + torch version + device) is missing.
-"""
+"""The composability matrix: cells (block kind × AC mode × compile scope × order × backend, and recipes), their classified results, and the central list as JSON, markdown and an offline HTML page."""
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import dataclasses
 import hashlib
 import json
 import os
 import pathlib
-import sys
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
+from .._config import ConfigError
+from ..measure import Report, Scenario, check_structure, fmt_bytes
+from ..models import ModelConfig
+from ..transforms import ACConfig, CompileConfig
 from . import catalogue
-from ._config import ConfigError
-from .ac import ACConfig
-from .compile import CompileConfig
-from .models import ModelConfig
-from .report import Report, fmt_bytes, short_paths
-from .runner import Scenario, check_structure, run
-from .runner import environment as run_environment
-
-# Most severe first.
-SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
-            "ac_saves_nothing", "recompiles", "graph_breaks", "works")
-EXPLAIN = {
-    "grads_differ": "gradients differ from the eager no-AC run: silently wrong training",
-    "crashed": "the worker process died",
-    "timeout": "no result within the time limit",
-    "error": "raised an error",
-    "fell_back_to_eager": "compile was requested but the region ran eagerly (no graph)",
-    "sac_not_applied": "the selective policy had no effect: saved the same as full AC or as no AC",
-    "ac_saves_nothing": "activation checkpointing saved no memory: saved >= the same setup without AC",
-    "recompiles": "compiled code was recompiled",
-    "graph_breaks": "the compiled region was split by graph breaks",
-    "works": "ran, compiled as requested, gradients match eager",
-}
+from .classification import EXPLAIN, SEVERITY, Classification, classify
 
 BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
 
@@ -130,7 +104,7 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                     for fullgraph in (False, True):
                         for order in ((None,) if ac in ("none", "memory_budget") else (None, "ac_outside")):
                             cells.append(Cell(block, ac, scope, fullgraph, order, backend))
-        from .recipes import RECIPES
+        from ..transforms.recipes import RECIPES
 
         for recipe in RECIPES:
             for block in BLOCKS[1:]:
@@ -160,89 +134,6 @@ def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     """Cache key: the scenario, the torch version and the device."""
     blob = json.dumps({"scenario": scenario.to_dict(), "torch": torch.__version__, "device": device}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# --- classification ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Classification:
-    label: str
-    explanation: str
-    flags: tuple[str, ...] = ()
-    cases: tuple[str, ...] = ()
-    links: tuple[str, ...] = ()
-
-    @property
-    def severity(self) -> int:
-        return SEVERITY.index(self.label)
-
-
-def classify(report: Report, refs: dict[str, Report] | None = None) -> Classification:
-    """Sort a cell's report into works / error / the silent failures; `refs` holds the same block and compile
-    setup with AC "none" and "full" (keys "none", "full"), for the checks that compare against them."""
-    refs = refs or {}
-    flags: list[str] = []
-    why: dict[str, str] = {}
-    if report.outcome in ("crashed", "timeout"):
-        flags.append(report.outcome)
-        why[report.outcome] = report.error.message if report.error else EXPLAIN[report.outcome]
-    elif report.outcome == "error":
-        flags.append("error")
-        e = report.error
-        why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
-    else:
-        n = report.numerics
-        if n.reference_loss == n.reference_loss and not n.grads_match:
-            flags.append("grads_differ")
-            why["grads_differ"] = f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs the eager no-AC run"
-        c = report.compile
-        if c.fell_back_to_eager:
-            flags.append("fell_back_to_eager")
-            where = ", ".join(c.regions_without_graphs) or "every region"
-            why["fell_back_to_eager"] = f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"
-        ac = (report.scenario.get("ac") or {}).get("mode", "none")
-        saved = report.saved.total_bytes
-        none_ref, full_ref = refs.get("none"), refs.get("full")
-        selective = ac in ("selective_op", "custom") or (ac == "per_submodule")
-        if selective and none_ref is not None and full_ref is not None and none_ref.ok and full_ref.ok:
-            s_none, s_full = none_ref.saved.total_bytes, full_ref.saved.total_bytes
-            if s_none != s_full and (_close(saved, s_full) or _close(saved, s_none)):
-                flags.append("sac_not_applied")
-                like = "full AC" if _close(saved, s_full) else "no AC"
-                why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
-        if ac not in ("none",) and not report.scenario.get("recipe") and none_ref is not None and none_ref.ok \
-                and saved >= none_ref.saved.total_bytes and "fell_back_to_eager" not in flags:
-            flags.append("ac_saves_nothing")
-            why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"
-        if c.recompiles:
-            flags.append("recompiles")
-            first = short_paths(" ".join(c.recompiles[0].splitlines()[0].split()))
-            why["recompiles"] = f"{len(c.recompiles)} recompiles, guard failed: {first[:140]}"
-        if c.graph_breaks:
-            flags.append("graph_breaks")
-            b = c.breaks[0] if c.breaks else None
-            where = f" at {pathlib.Path(b.file).name}:{b.line}: {b.reason.splitlines()[0][:100]}" if b else ""
-            why["graph_breaks"] = f"{c.graph_breaks} graph breaks{where}"
-    if not flags:
-        flags.append("works")
-        why["works"] = EXPLAIN["works"]
-    flags.sort(key=SEVERITY.index)
-    label = flags[0]
-    matched = []
-    for flag in flags:
-        for case in catalogue.match(flag, report):
-            if case.id not in matched:
-                matched.append(case.id)
-    links = tuple(dict.fromkeys(link for cid in matched for link in catalogue.get(cid).links))
-    return Classification(label, why[label], tuple(flags), tuple(matched), links)
-
-
-def _close(a: int, b: int, rel: float = 0.01) -> bool:
-    return abs(a - b) <= rel * max(a, b, 1)
-
-
-# --- results --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -431,137 +322,10 @@ def _case_link(case_id: str) -> str:
     return f"[{case_id}]({case.links[0]})" if case.links else case_id
 
 
-# --- sweeping -------------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # `tk.matrix.sweep(...)` as before the sweeps moved to their own module.
+    if name in ("sweep", "load_results", "main"):
+        from . import sweeps
 
-
-def load_results(path: str | os.PathLike) -> dict[str, tuple[Cell, Report]]:
-    """Finished cells from a results.jsonl (a torn last line, e.g. after `kill -9`, is ignored)."""
-    done: dict[str, tuple[Cell, Report]] = {}
-    p = pathlib.Path(path)
-    if not p.exists():
-        return done
-    for line in p.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            done[rec["key"]] = (Cell(**rec["cell"]), Report.from_dict(rec["report"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return done
-
-
-class Progress:
-    """Cells done / running / failed and time left, on one updating stderr line (a line per cell off a tty)."""
-
-    def __init__(self, total: int, workers: int, enabled: bool = True, stream=None):
-        self.total, self.workers, self.enabled = total, max(1, workers), enabled
-        self.stream = stream or sys.stderr
-        self.done = self.running = self.failed = 0
-        self.t0 = time.perf_counter()
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.lock = threading.Lock()
-
-    def start(self) -> None:
-        with self.lock:
-            self.running += 1
-            self._render()
-
-    def finish(self, cell: Cell, label: str, seconds: float) -> None:
-        with self.lock:
-            self.running -= 1
-            self.done += 1
-            self.failed += label in ("crashed", "timeout", "error")
-            self._render(f"{label:8} {cell.label} ({seconds:.1f} s)")
-
-    def _render(self, last: str = "") -> None:
-        if not self.enabled or not self.total:
-            return
-        elapsed = time.perf_counter() - self.t0
-        left = (elapsed / self.done) * (self.total - self.done) if self.done else 0.0
-        width = 24
-        filled = int(width * self.done / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        line = (f"[{bar}] {self.done}/{self.total} done, {self.running} running, {self.failed} failed, "
-                f"~{int(left // 60)}m{int(left % 60):02d}s left")
-        if self.tty:
-            self.stream.write("\r" + line[:150].ljust(150))
-            if self.done == self.total:
-                self.stream.write("\n")
-        elif last:
-            self.stream.write(f"{line} | {last}\n")
-        self.stream.flush()
-
-
-def environment() -> dict[str, Any]:
-    """The runner's environment plus the device the cells run on (part of every cell's cache key)."""
-    return {**run_environment(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
-
-
-def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,
-          backends: Iterable[str] = ("aot_eager",), workers: int = 1, timeout_s: float | None = 600,
-          progress: bool = True, runner: Callable[..., Report] | None = None) -> MatrixResult:
-    """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
-    there (same scenario, torch version and device) are not run again. Writes matrix.json/.md/.html to `out`."""
-    backends = tuple(backends)
-    cells = list(cells) if cells is not None else (quick_cells(backends) if quick else full_cells(backends))
-    runnable = [c for c in cells if valid(c) is None]
-    device = environment()["device"]
-    keys = {c: cell_key(c.scenario(), device) for c in runnable}
-    results_path = pathlib.Path(out) / "results.jsonl" if out is not None else None
-    if results_path is not None:
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-    done = load_results(results_path) if results_path is not None else {}
-    pending = [c for c in runnable if keys[c] not in done]
-    bar = Progress(len(runnable), workers, enabled=progress)
-    bar.done = len(runnable) - len(pending)
-    write_lock = threading.Lock()
-    threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    run_cell = runner or (lambda scenario: run(scenario, isolate=True, timeout_s=timeout_s, threads=threads))
-
-    def one(cell: Cell) -> None:
-        bar.start()
-        t = time.perf_counter()
-        report = run_cell(cell.scenario())
-        label = classify(report).label
-        with write_lock:
-            done[keys[cell]] = (cell, report)
-            if results_path is not None:
-                with open(results_path, "a") as f:
-                    f.write(json.dumps({"key": keys[cell], "cell": cell.to_dict(), "report": report.to_dict()}) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-        bar.finish(cell, label, time.perf_counter() - t)
-
-    if pending:
-        with futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for fut in futures.as_completed([pool.submit(one, c) for c in pending]):
-                fut.result()
-    result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment())
-    if out is not None:
-        result.write(out)
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from .compile import BACKENDS
-
-    parser = argparse.ArgumentParser(prog="python -m toolkit matrix", description=__doc__.splitlines()[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, minutes on a laptop)")
-    size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
-    parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeat for several (default aot_eager)")
-    parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="per cell")
-    parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
-    result = sweep(out=args.out, quick=not args.full, backends=args.backend or ["aot_eager"], workers=args.workers,
-                   timeout_s=args.timeout_s, progress=not args.no_progress)
-    print(result)
-    for label, n in result.counts().items():
-        print(f"  {label:20} {n:4d}  {EXPLAIN[label]}")
-    print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/results.jsonl)")
-    return 0
+        return getattr(sweeps, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

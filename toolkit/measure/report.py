@@ -7,10 +7,49 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KINDS = ("autograd", "compiled", "sac_cache", "checkpoint_input", "other")
 STAGES = ("build", "ac", "compile", "forward", "backward", "measure")
 OUTCOMES = ("ok", "error", "crashed", "timeout")
+
+
+@dataclass(frozen=True)
+class ScenarioRecord:
+    """What was measured: a toolkit Scenario (`tk.run`) or a user's module or callable (`tk.measure`)."""
+
+    name: str = ""
+    """The label shown in reports and tables."""
+    measured: str = "scenario"
+    """"scenario" (`tk.run`) or "module" (`tk.measure` on a user's module or callable)."""
+    recipe: str | None = None
+    ac_mode: str = "none"
+    """The ACConfig mode ("recipe" when a recipe applied AC; "unknown" for a user's module)."""
+    compile_scope: str = "none"
+    backend: str = "eager"
+    config: dict[str, Any] = field(default_factory=dict)
+    """`Scenario.to_dict()` of a toolkit scenario (empty for a user's module): `to_scenario()` rebuilds it."""
+
+    @classmethod
+    def of(cls, scenario: Any) -> "ScenarioRecord":
+        """The record of a `toolkit.Scenario`."""
+        d = {**scenario.to_dict(), "name": scenario.label}
+        c = scenario.compile
+        scope = c.scope if isinstance(c.scope, str) else ",".join(c.scope)
+        return cls(name=scenario.label, measured="scenario", recipe=scenario.recipe,
+                   ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
+                   compile_scope="recipe" if scenario.recipe else scope,
+                   backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
+                   config=d)
+
+    def to_scenario(self):
+        """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""
+        from .._config import ConfigError
+        from .scenario import Scenario
+
+        if self.measured != "scenario" or not self.config:
+            raise ConfigError("ScenarioRecord", "measured", f"{self.name!r} was a user's module, not a Scenario.",
+                              "pass the Scenario explicitly (e.g. repro.export(report, path, scenario=...)).")
+        return Scenario.from_dict({**self.config, "name": self.config.get("name", "")})
 
 
 @dataclass(frozen=True)
@@ -66,7 +105,13 @@ class GraphBreak:
 @dataclass(frozen=True)
 class CompileInfo:
     requested: bool = False
+    """Something in the model is compiled (by the toolkit, a recipe or the user)."""
     graphs: int = 0
+    """Distinct compiled graphs that ran in the step: compiled now, or before the step (a warm model)."""
+    compiled_in_step: int = 0
+    """Graphs Dynamo compiled during the measured step (0 for a warm model)."""
+    warm_graphs: int = 0
+    """Graphs that ran but were compiled before the step."""
     graph_breaks: int = 0
     breaks: tuple[GraphBreak, ...] = ()
     recompiles: tuple[str, ...] = ()
@@ -95,9 +140,15 @@ class Numerics:
     loss_diff: float = float("nan")
     max_grad_diff: float = float("nan")
     worst_param: str = ""
-    grads_match: bool = False
-    """Every gradient matches the eager no-AC run of the same seed within the dtype's tolerance."""
+    grads_match: bool | None = None
+    """Every gradient matches the reference within the dtype's tolerance; None when nothing was compared."""
     missing_grads: tuple[str, ...] = ()
+    reference: str = ""
+    """What the gradients were compared with, or why they were not compared."""
+
+    @property
+    def compared(self) -> bool:
+        return self.grads_match is not None
 
 
 @dataclass(frozen=True)
@@ -128,7 +179,7 @@ class Report:
     outcome: str = "ok"
     error: ErrorInfo | None = None
     warnings: tuple[str, ...] = ()
-    scenario: dict[str, Any] = field(default_factory=dict)
+    scenario: ScenarioRecord = field(default_factory=ScenarioRecord)
     environment: dict[str, Any] = field(default_factory=dict)
     saved: Saved = field(default_factory=Saved)
     recompute: Recompute = field(default_factory=Recompute)
@@ -136,6 +187,8 @@ class Report:
     memory: Memory = field(default_factory=Memory)
     numerics: Numerics = field(default_factory=Numerics)
     timing: Timing = field(default_factory=Timing)
+    blind_spots: tuple[str, ...] = ()
+    """What this Report cannot see on this torch (a private API missing or changed), one sentence each."""
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -150,6 +203,10 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
+        data = dict(data)
+        scen = data.get("scenario")
+        if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
+            data["scenario"] = _legacy_scenario(scen)  # schema 1: the Scenario dict itself
         return _build(cls, data)
 
     @classmethod
@@ -158,6 +215,21 @@ class Report:
 
     def __str__(self) -> str:
         return format_report(self)
+
+
+def _legacy_scenario(d: dict[str, Any]) -> dict[str, Any]:
+    if d.get("measured") == "user module" or "model" not in d:
+        return {"name": d.get("name", ""), "measured": "module", "ac_mode": "unknown"}
+    comp = d.get("compile") or {}
+    scope = comp.get("scope", "none")
+    scope = scope if isinstance(scope, str) else ",".join(scope)
+    recipe = d.get("recipe")
+    return {"name": d.get("name", ""), "measured": "scenario", "recipe": recipe,
+            "ac_mode": "recipe" if recipe else (d.get("ac") or {}).get("mode", "none"),
+            "compile_scope": "recipe" if recipe else scope,
+            "backend": d.get("recipe_backend", "aot_eager") if recipe else (comp.get("backend", "aot_eager")
+                                                                               if scope != "none" else "eager"),
+            "config": d}
 
 
 def _plain(obj: Any) -> Any:
@@ -229,7 +301,7 @@ def _top(d: dict[str, int], n: int = 6) -> str:
 def format_report(r: Report) -> str:
     """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
     lines = []
-    title = r.scenario.get("name") or "scenario"
+    title = r.scenario.name or "scenario"
     lines.append(f"{title}: {r.outcome}")
     if r.error is not None:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
@@ -257,7 +329,8 @@ def format_report(r: Report) -> str:
                  + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else ""))
     c = r.compile
     if c.requested:
-        lines.append(f"  compile: {c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
+        warm = f" ({c.warm_graphs} compiled before the step)" if c.warm_graphs else ""
+        lines.append(f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
                      + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else ""))
         for b in c.breaks[:5]:
             lines.append(f"    break at {_short(b.file)}:{b.line}: {b.reason.splitlines()[0][:120]}")
@@ -269,8 +342,13 @@ def format_report(r: Report) -> str:
                      f"held after forward {fmt_bytes(m.held_after_forward_bytes)}")
     n = r.numerics
     if n.loss == n.loss:
-        lines.append(f"  numerics: loss {n.loss:.4f}; vs eager without AC: |dloss| {n.loss_diff:.1e}, "
-                     f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}")
+        if n.compared:
+            lines.append(f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
+                         f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}")
+        else:
+            lines.append(f"  numerics: loss {n.loss:.4f}; gradients not compared" + (f" ({n.reference})" if n.reference else ""))
+    for b in r.blind_spots:
+        lines.append(f"  cannot see: {b.split(' (', 1)[0]}")
     for w in r.warnings[:3]:
         lines.append(f"  warning: {w.splitlines()[0][:140]}")
     return "\n".join(lines)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from ._config import ConfigError, check_choice, to_dict
+from .. import compat
+from .._config import ConfigError, check_choice, to_dict
 from .ac import ac_region_of, blocks
-from .naming import get_slot, named_modules, unwrap, wrapped_child
-from .state import applied
+from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, wrapped_child
+from .settings import applied, check_memory_budget, forget, record
 
 Scope = Literal["none", "model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward"]
 SCOPES: tuple[str, ...] = ("none", "model", "blocks", "attention", "moe", "experts", "router", "shared_experts",
@@ -123,9 +122,7 @@ def check_ac_compile(ac, cfg: CompileConfig) -> None:
     """The AC settings that need compile: refuse a pairing that cannot work, before anything is built or run."""
     if ac is None:
         return
-    if ac.mode == "memory_budget" and not cfg.enabled:
-        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
-                          "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.")
+    check_memory_budget(ac, cfg.enabled)
     if ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
         raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
                           f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
@@ -169,8 +166,10 @@ def _covers(target: str, name: str) -> bool:
 
 
 def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
+    from ..models import ModelConfig
+
     cfg = getattr(unwrap(model), "config", None)
-    if cfg is None or cfg.experts_impl != "grouped_mm" or cfg.dtype != "float32" or not cfg.has_moe:
+    if not isinstance(cfg, ModelConfig) or cfg.experts_impl != "grouped_mm" or cfg.dtype != "float32" or not cfg.has_moe:
         return
     if cfg.device_type not in ("cpu", "meta"):
         return
@@ -218,15 +217,9 @@ def _compile_kwargs(cfg: CompileConfig, model: nn.Module, name: str) -> dict[str
         options.setdefault("wrap_inductor_compiled_regions", True)
     if options:
         kwargs["options"] = options
-    if cfg.name_regions and "name" in inspect.signature(torch.compile).parameters:
+    if cfg.name_regions and compat.compile_signature_has("name"):
         kwargs["name"] = name or "model"
     return kwargs
-
-
-def _is_compiled(m: nn.Module) -> bool:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
 
 
 def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
@@ -234,7 +227,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     if not isinstance(cfg, CompileConfig):
         raise TypeError(f"apply_compile needs a CompileConfig, got {type(cfg).__name__}")
     rec = applied(model)
-    if rec.compile is not None or any(_is_compiled(m) for m in model.modules()):
+    if rec.compile is not None or has_compiled(model):
         raise RuntimeError("this model is already compiled; call toolkit.remove_compile(model) first.")
     check_ac_compile(rec.ac, cfg)
     targets = resolve_scope(model, cfg.scope)
@@ -251,7 +244,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         else:
             parent, attr, occupant = get_slot(model, t)
             obj = occupant
-            if isinstance(occupant, CheckpointWrapper) and orders.get(t) == AC_OUTSIDE:
+            if is_checkpoint_wrapper(occupant) and orders.get(t) == AC_OUTSIDE:
                 parent, attr, obj = occupant, "_checkpoint_wrapped_module", wrapped_child(occupant)
         if cfg.method == "module_compile":
             obj.compile(**kwargs)
@@ -259,9 +252,9 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         else:
             parent.register_module(attr, torch.compile(obj, **kwargs))
             undo.append(("wrapper", (parent, attr, obj)))
+    rec = record(model)
     record_dynamo_settings(rec, cfg)
-    rec.compile, rec.compiled, rec.compile_orders = cfg, targets, orders
-    model.__dict__["_toolkit_compile_undo"] = undo
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, targets, orders, undo
     return model
 
 
@@ -276,16 +269,19 @@ def record_dynamo_settings(rec, cfg: CompileConfig) -> None:
 def remove_compile(model: nn.Module) -> nn.Module:
     """Undo `apply_compile` (the compiled graphs stay in Dynamo's cache until `torch._dynamo.reset()`)."""
     rec = applied(model)
-    for kind, item in reversed(model.__dict__.pop("_toolkit_compile_undo", [])):
+    if rec.empty:
+        return model
+    for kind, item in reversed(rec.compile_undo):
         if kind == "module":
-            item._compiled_call_impl = None
+            compat.clear_in_place_compile(item)
         else:
             parent, attr, obj = item
             parent.register_module(attr, obj)
     for key in ("capture_scalar_outputs", "capture_dynamic_output_shape_ops",
                 "skip_fwd_side_effects_in_bwd_under_checkpoint"):
         rec.dynamo_config.pop(key, None)
-    rec.compile, rec.compiled, rec.compile_orders = None, [], {}
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = None, [], {}, []
+    forget(model)
     return model
 
 

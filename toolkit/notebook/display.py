@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .report import KINDS, Report, fmt_bytes, short_paths
+from ..measure.report import KINDS, Report, fmt_bytes, short_paths
 
 KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "checkpoint_input": "#b279a2",
                "other": "#9d9da0"}

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, NamedTuple
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy
 
-from ._config import ConfigError, check_choice, check_int, from_dict, literal_choices, to_dict
-from .naming import get_module, get_slot, named_modules, unwrap
-from .state import applied
+from .. import compat
+from .._config import ConfigError, check_choice, check_int, from_dict, literal_choices, to_dict
+from .naming import get_slot, has_checkpoint, is_checkpoint_wrapper, unwrap
+from .policies import sac_context_fn
+from .settings import applied, forget, record
 
 ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom"]
 
@@ -22,9 +22,7 @@ aten = torch.ops.aten
 
 
 def _has_wrapped_regions_option() -> bool:
-    import torch._inductor.config as inductor_config
-
-    return hasattr(inductor_config, "wrap_inductor_compiled_regions")
+    return hasattr(compat.compiler_configs()[2], "wrap_inductor_compiled_regions")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,182 +138,15 @@ def op_from_name(name: Any):
                           "use names like 'aten.mm.default'.") from None
 
 
-# --- torchtitan's per-op SAC policy ---------------------------------------------------------------------
-
-
-def _expand(packets) -> set[Any]:
-    ops = set()
-    for p in packets:
-        for o in p.overloads():
-            ops.add(getattr(p, o))
-    return ops
-
-
-def default_save_ops() -> frozenset[Any]:
-    """torchtitan's save set: the partitioner's compute-intensive ops plus SDPA variants, max, linear, topk,
-    FlexAttention and the Inductor region op where this torch has them. `_grouped_mm` is not in it (C15)."""
-    from torch._functorch.partitioners import get_default_op_list
-
-    ops = _expand(get_default_op_list().compute_intensive_ops)
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_attention_math", "_scaled_dot_product_fused_attention_overrideable",
-                 "max", "linear", "topk", "mm"):
-        packet = getattr(aten, name, None)
-        if packet is not None:
-            ops |= _expand([packet])
-    for hop in ("flex_attention", "inductor_compiled_code"):
-        if hasattr(torch.ops.higher_order, hop):
-            ops.add(getattr(torch.ops.higher_order, hop))
-    for ns, name in (("_c10d_functional", "reduce_scatter_tensor"), ("_c10d_functional", "all_to_all_single")):
-        try:
-            ops |= _expand([getattr(getattr(torch.ops, ns), name)])
-        except (AttributeError, RuntimeError):
-            pass
-    return frozenset(ops)
-
-
-class PolicyDecision(NamedTuple):
-    """One call of a toolkit SAC policy: which op, the matmul RHS shape (for mm/linear) and the decision."""
-
-    op: str
-    rhs_shape: tuple[int, ...] | None
-    decision: str
-    reason: str
-    out_bytes: int | None = None
-    """Bytes of the op's output storages, where torch shows the policy the output (2.13: `ctx.op_output`)."""
-
-
-def _out_bytes(ctx) -> int | None:
-    from torch.utils._pytree import tree_leaves
-
-    out = getattr(ctx, "op_output", None)
-    if out is None:
-        return None
-    seen, total = set(), 0
-    for t in tree_leaves(out):
-        if isinstance(t, torch.Tensor):
-            try:
-                st = t.untyped_storage()
-            except Exception:  # fake tensors at trace time
-                return None
-            if st._cdata not in seen:
-                seen.add(st._cdata)
-                total += st.nbytes()
-    return total
-
-
-_recorders: list[list[PolicyDecision]] = []
-
-
-@contextlib.contextmanager
-def record_policy_decisions() -> Iterator[list[PolicyDecision]]:
-    """Collect every decision the toolkit's SAC policies make while the block runs (forward or trace time)."""
-    log: list[PolicyDecision] = []
-    _recorders.append(log)
-    try:
-        yield log
-    finally:
-        _recorders.remove(log)
-
-
-_MM_OPS = (aten.mm.default, aten.linear.default)
-
-
-class SelectiveOpPolicy:
-    """torchtitan's per-op SAC policy, one instance per checkpoint call (fresh counters).
-
-    Rules, in order: a CUDA→CPU `_to_copy` is saved; a matmul whose RHS shape is a force-recompute shape is
-    recomputed; otherwise matmuls are counted and in the save set only odd-numbered ones (1st, 3rd, …) are
-    saved; every other op of the save set is saved; everything else is recomputed.
-    """
-
-    def __init__(self, save_ops: frozenset[Any], force_recompute_shapes: frozenset[tuple[int, ...]]):
-        self.save_ops = save_ops
-        self.force_recompute_shapes = force_recompute_shapes
-        # Older torch calls the policy again during recompute; separate counters keep the two passes aligned.
-        self.mm_count = {"forward": 0, "recompute": 0}
-
-    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        decision, rhs, reason = self._decide(ctx, func, *args, **kwargs)
-        if _recorders:
-            entry = PolicyDecision(str(func), rhs, decision.name, reason, _out_bytes(ctx))
-            for log in _recorders:
-                log.append(entry)
-        return decision
-
-    def _decide(self, ctx, func, *args, **kwargs):
-        if func == aten._to_copy.default and args and getattr(args[0], "is_cuda", False) \
-                and str(kwargs.get("device", "")) == "cpu":
-            return CheckpointPolicy.MUST_SAVE, None, "device-to-host copy"
-        rhs = None
-        if func in _MM_OPS:
-            w = args[1]
-            rhs = tuple(w.shape) if func == aten.mm.default else (w.shape[1], w.shape[0])
-            if rhs in self.force_recompute_shapes:
-                return CheckpointPolicy.PREFER_RECOMPUTE, rhs, "force-recompute shape"
-            self.mm_count["recompute" if getattr(ctx, "is_recompute", False) else "forward"] += 1
-        if func in self.save_ops:
-            if func in _MM_OPS:
-                n = self.mm_count["recompute" if getattr(ctx, "is_recompute", False) else "forward"]
-                if n % 2 == 0:
-                    return CheckpointPolicy.PREFER_RECOMPUTE, rhs, f"matmul #{n} (even)"
-                return CheckpointPolicy.MUST_SAVE, rhs, f"matmul #{n} (odd)"
-            return CheckpointPolicy.MUST_SAVE, rhs, "in save set"
-        return CheckpointPolicy.PREFER_RECOMPUTE, rhs, "not in save set"
-
-
-class SaveOpsPolicy:
-    """Save exactly the given ops; recompute everything else."""
-
-    def __init__(self, save_ops: frozenset[Any]):
-        self.save_ops = save_ops
-
-    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        keep = func in self.save_ops
-        decision = CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-        if _recorders:
-            for log in _recorders:
-                log.append(PolicyDecision(str(func), None, decision.name, "in save_ops" if keep else "not in save_ops",
-                                          _out_bytes(ctx)))
-        return decision
-
-
-def force_recompute_shapes(model: nn.Module, fqn_substrings: tuple[str, ...]) -> frozenset[tuple[int, ...]]:
-    """The matmul RHS shapes `(in, out)` of the `nn.Linear` modules whose canonical names contain a substring."""
-    shapes = set()
-    for name, m in named_modules(model):
-        if any(s in name for s in fqn_substrings):
-            if not isinstance(m, nn.Linear):
-                raise ConfigError("ACConfig", "force_recompute_mm_shapes_by_fqns",
-                                  f"{name!r} matches but is a {type(m).__name__}, not nn.Linear.",
-                                  "list substrings that only match nn.Linear modules (e.g. 'moe.router.gate').")
-            shapes.add((m.weight.shape[1], m.weight.shape[0]))
-    return frozenset(shapes)
-
-
-def sac_context_fn(cfg: ACConfig, model: nn.Module) -> Callable[[], Any]:
-    """A `context_fn` for `torch.utils.checkpoint` that builds a fresh policy per checkpoint call."""
-    if cfg.mode == "custom" and cfg.policy is not None:
-        policy = cfg.policy
-        return lambda: create_selective_checkpoint_contexts(policy)
-    if cfg.mode == "custom":
-        ops = frozenset(cfg.save_ops)
-        return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
-    save = default_save_ops() | frozenset(cfg.extra_save_ops)
-    shapes = force_recompute_shapes(model, cfg.force_recompute_mm_shapes_by_fqns)
-    return lambda: create_selective_checkpoint_contexts(SelectiveOpPolicy(save, shapes))
-
-
 # --- applying and removing -------------------------------------------------------------------------------
 
 
-def _wrap(module: nn.Module, cfg: ACConfig, selective: bool, model: nn.Module) -> CheckpointWrapper:
+def _wrap(module: nn.Module, cfg: ACConfig, selective: bool, model: nn.Module) -> nn.Module:
     kwargs: dict[str, Any] = dict(preserve_rng_state=cfg.preserve_rng_state, determinism_check=cfg.determinism_check,
                                   early_stop=cfg.early_stop, debug=cfg.debug)
     if selective:
         kwargs["context_fn"] = sac_context_fn(cfg, model)
-    return checkpoint_wrapper(module, **kwargs)
+    return compat.checkpoint_wrapper(module, **kwargs)
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -328,16 +159,12 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(k, unwrap(b)) for k, b in layers.named_children()]
 
 
-def _has_checkpoint_wrappers(model: nn.Module) -> bool:
-    return any(isinstance(m, CheckpointWrapper) for m in model.modules())
-
-
 def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
     """Wrap `model.layers` per `cfg` in place; FQNs stay canonical. Refuses to wrap twice."""
     if not isinstance(cfg, ACConfig):
         raise TypeError(f"apply_ac needs an ACConfig, got {type(cfg).__name__}")
     rec = applied(model)
-    if rec.ac is not None or _has_checkpoint_wrappers(model):
+    if rec.ac is not None or has_checkpoint(model):
         raise RuntimeError("activation checkpointing is already applied to this model "
                            f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
                            "call toolkit.remove_ac(model) first.")
@@ -346,6 +173,7 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
                            "that order and pass CompileConfig(order='ac_outside'); remove_compile(model) to start over.")
     layer_items = blocks(model)
     layers = unwrap(model).layers
+    rec = record(model)
     wrapped: list[str] = []
     if cfg.mode in ("full", "selective_op", "custom"):
         for key, block in layer_items:
@@ -373,6 +201,8 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
 def remove_ac(model: nn.Module) -> nn.Module:
     """Undo `apply_ac`: unwrap every CheckpointWrapper and drop the settings it recorded."""
     rec = applied(model)
+    if rec.empty:
+        return model
     if rec.compile is not None:
         raise RuntimeError("call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers.")
     for name in rec.ac_wrapped:
@@ -380,13 +210,14 @@ def remove_ac(model: nn.Module) -> nn.Module:
         parent.register_module(attr, unwrap(occupant))
     rec.functorch_config.pop("activation_memory_budget", None)
     rec.ac, rec.ac_wrapped, rec.disable_lru_cache = None, [], False
+    forget(model)
     return model
 
 
 def ac_region_of(model: nn.Module, name: str) -> str | None:
     """The AC-wrapped module (canonical name) whose region contains `name` strictly, if any."""
     for w in applied(model).ac_wrapped:
-        if name.startswith(w + ".") :
+        if name.startswith(w + "."):
             return w
     return None
 
@@ -397,8 +228,7 @@ def checkpointed(model: nn.Module, name: str) -> bool:
         _, _, occupant = get_slot(model, name)
     except KeyError:
         return False
-    return isinstance(occupant, CheckpointWrapper)
+    return is_checkpoint_wrapper(occupant)
 
 
-__all__ = ["ACConfig", "apply_ac", "remove_ac", "SelectiveOpPolicy", "SaveOpsPolicy", "PolicyDecision",
-           "record_policy_decisions", "default_save_ops", "force_recompute_shapes", "blocks", "get_module"]
+__all__ = ["ACConfig", "apply_ac", "remove_ac", "blocks", "op_from_name"]

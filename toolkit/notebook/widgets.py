@@ -12,14 +12,13 @@ from typing import Any
 
 import ipywidgets as W
 
+from .._config import ConfigError
+from ..measure import Report, Scenario, check_structure, run
+from ..models import ModelConfig
+from ..transforms import ACConfig, CompileConfig
+from ..transforms.compile import BACKENDS, SCOPES
+from ..transforms.recipes import RECIPES
 from . import display
-from ._config import ConfigError
-from .ac import ACConfig
-from .compile import BACKENDS, SCOPES, CompileConfig
-from .models import ModelConfig
-from .recipes import RECIPES
-from .report import Report
-from .runner import Scenario, check_structure, run
 
 
 class Explorer:
@@ -169,7 +168,7 @@ class Explorer:
 
     def pin(self) -> None:
         if self.report is not None:
-            self.pinned.append((f"#{len(self.pinned) + 1} {self.report.scenario.get('name', '')}", self.report))
+            self.pinned.append((f"#{len(self.pinned) + 1} {self.report.scenario.name}", self.report))
             self.stage.value = f"pinned {len(self.pinned)} run(s)"
 
     def compare(self) -> str:
@@ -194,7 +193,7 @@ class Explorer:
 
 def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """A standalone `.py` and `.ipynb` reproducing `scenario` and asserting the outcome `report` observed."""
-    from .repro import export
+    from ..bugs.repro import export
 
     bundle = export(report, path, scenario=scenario)
     return bundle.script, bundle.notebook

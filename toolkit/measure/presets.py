@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .ac import ACConfig
-from .compile import CompileConfig
-from .models import ModelConfig
-from .runner import Scenario
+from .._config import ConfigError
+from ..models import ModelConfig
+from ..transforms import ACConfig, CompileConfig
+from .scenario import Scenario
 
 _MOE = ModelConfig()
 
@@ -29,8 +29,6 @@ PRESETS: dict[str, Scenario] = {
 
 def preset(name: str) -> Scenario:
     """The preset scenario called `name`."""
-    from ._config import ConfigError
-
     if name not in PRESETS:
         raise ConfigError("preset", "name", f"{name!r} is not a preset.", f"use one of {', '.join(PRESETS)}.")
     return PRESETS[name]

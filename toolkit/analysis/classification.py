@@ -1,0 +1,102 @@
+"""Classify a Report: `works`, `error`, or one of the silent failures (gradients differ, compile fell back to eager, SAC had no effect, …), with the catalogued cases it shows."""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+from ..measure.report import Report, fmt_bytes, short_paths
+from . import catalogue
+
+# Most severe first.
+SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
+            "ac_saves_nothing", "recompiles", "graph_breaks", "works")
+EXPLAIN = {
+    "grads_differ": "gradients differ from the eager no-AC run: silently wrong training",
+    "crashed": "the worker process died",
+    "timeout": "no result within the time limit",
+    "error": "raised an error",
+    "fell_back_to_eager": "compile was requested but the region ran eagerly (no graph)",
+    "sac_not_applied": "the selective policy had no effect: saved the same as full AC or as no AC",
+    "ac_saves_nothing": "activation checkpointing saved no memory: saved >= the same setup without AC",
+    "recompiles": "compiled code was recompiled",
+    "graph_breaks": "the compiled region was split by graph breaks",
+    "works": "ran, compiled as requested, gradients match eager",
+}
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    explanation: str
+    flags: tuple[str, ...] = ()
+    cases: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY.index(self.label)
+
+
+def classify(report: Report, refs: dict[str, Report] | None = None) -> Classification:
+    """Sort a cell's report into works / error / the silent failures; `refs` holds the same block and compile
+    setup with AC "none" and "full" (keys "none", "full"), for the checks that compare against them."""
+    refs = refs or {}
+    flags: list[str] = []
+    why: dict[str, str] = {}
+    if report.outcome in ("crashed", "timeout"):
+        flags.append(report.outcome)
+        why[report.outcome] = report.error.message if report.error else EXPLAIN[report.outcome]
+    elif report.outcome == "error":
+        flags.append("error")
+        e = report.error
+        why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
+    else:
+        n = report.numerics
+        if n.compared and not n.grads_match:
+            flags.append("grads_differ")
+            why["grads_differ"] = f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs the eager no-AC run"
+        c = report.compile
+        if c.fell_back_to_eager:
+            flags.append("fell_back_to_eager")
+            where = ", ".join(c.regions_without_graphs) or "every region"
+            why["fell_back_to_eager"] = f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"
+        ac = report.scenario.ac_mode
+        saved = report.saved.total_bytes
+        none_ref, full_ref = refs.get("none"), refs.get("full")
+        selective = ac in ("selective_op", "custom") or (ac == "per_submodule")
+        if selective and none_ref is not None and full_ref is not None and none_ref.ok and full_ref.ok:
+            s_none, s_full = none_ref.saved.total_bytes, full_ref.saved.total_bytes
+            if s_none != s_full and (_close(saved, s_full) or _close(saved, s_none)):
+                flags.append("sac_not_applied")
+                like = "full AC" if _close(saved, s_full) else "no AC"
+                why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
+        if ac not in ("none", "unknown", "recipe") and none_ref is not None and none_ref.ok \
+                and saved >= none_ref.saved.total_bytes and "fell_back_to_eager" not in flags:
+            flags.append("ac_saves_nothing")
+            why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"
+        if c.recompiles:
+            flags.append("recompiles")
+            first = short_paths(" ".join(c.recompiles[0].splitlines()[0].split()))
+            why["recompiles"] = f"{len(c.recompiles)} recompiles, guard failed: {first[:140]}"
+        if c.graph_breaks:
+            flags.append("graph_breaks")
+            b = c.breaks[0] if c.breaks else None
+            where = f" at {pathlib.Path(b.file).name}:{b.line}: {b.reason.splitlines()[0][:100]}" if b else ""
+            why["graph_breaks"] = f"{c.graph_breaks} graph breaks{where}"
+    if not flags:
+        flags.append("works")
+        why["works"] = EXPLAIN["works"]
+    flags.sort(key=SEVERITY.index)
+    label = flags[0]
+    matched = []
+    for flag in flags:
+        for case in catalogue.match(flag, report):
+            if case.id not in matched:
+                matched.append(case.id)
+    links = tuple(dict.fromkeys(link for cid in matched for link in catalogue.get(cid).links))
+    return Classification(label, why[label], tuple(flags), tuple(matched), links)
+
+
+def _close(a: int, b: int, rel: float = 0.01) -> bool:
+    return abs(a - b) <= rel * max(a, b, 1)

@@ -1,0 +1,626 @@
+"""Every private torch API the toolkit touches, in one place: feature-detected at import, with the releases it was checked on.
+
+Nothing else in the toolkit reaches into `torch._*`, `torch.utils.checkpoint._*` or AOTAutograd internals. Each
+feature below names what the toolkit sees through it; when a torch release lacks one (or changed it beyond what
+the detection accepts), `missing()` lists it and the measurement layer turns it into a Report `blind_spots` line
+saying what the Report cannot see — never a silent zero. `refresh()` re-runs detection (tests use it after
+removing an API on purpose).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+CHECKED_ON = ("2.13.0", "2.14.1")
+"""torch releases every feature here was checked on (CI runs the measurement tests on both)."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One private torch API the toolkit depends on."""
+
+    name: str
+    """Short key, e.g. "aot_partition"."""
+    api: str
+    """Where it lives, e.g. "torch._functorch._aot_autograd.graph_compile._partition_joint_graph_into_fw_bw"."""
+    sees: str
+    """What the toolkit sees through it."""
+    without: str
+    """What a Report cannot see when it is missing (the `blind_spots` line)."""
+    available: bool = False
+    detail: str = ""
+    """Why it is missing, when it is."""
+
+
+_SPECS: dict[str, tuple[str, str, str]] = {
+    "aot_partition": (
+        "torch._functorch._aot_autograd.graph_compile._partition_joint_graph_into_fw_bw",
+        "which module and op made each tensor a compiled graph saves, and the forward ops its backward recomputes",
+        "saved tensors of graphs compiled during the step are attributed to their compiled region only, and forward "
+        "ops recomputed inside compiled backward graphs are not counted"),
+    "aot_saved_state": (
+        "torch._functorch._aot_autograd.runtime_wrappers._AutogradSavedState.save_from_forward",
+        "the real tensors each compiled graph saves for backward, and which compiled graphs ran",
+        "tensors saved by compiled graphs are seen only through saved-tensor hooks (kind 'autograd', op 'unknown'), "
+        "and which compiled graphs ran is unknown (graphs counted from compile events only)"),
+    "compiled_fw_graph": (
+        "CompiledFunction.compiled_fw (the forward FX graph behind an AOTAutograd function)",
+        "module attribution for graphs compiled before the step (a warm model)",
+        "saved tensors of graphs compiled before the step are attributed to their compiled region only"),
+    "sac_mode": (
+        "torch.utils.checkpoint._CachingTorchDispatchMode (its `storage` of cached outputs)",
+        "the tensors a selective-checkpoint policy caches for backward",
+        "tensors cached by selective checkpointing are counted as kind 'other' instead of 'sac_cache'"),
+    "checkpoint_generator": (
+        "torch.utils.checkpoint._checkpoint_without_reentrant_generator(_impl)",
+        "the inputs a non-reentrant checkpoint holds to re-run its function, and when that re-run happens",
+        "inputs held by checkpoint regions are counted as kind 'other', and forward ops re-run by checkpoints whose "
+        "modules have no toolkit hooks are not counted as recomputed"),
+    "structured_trace": (
+        "torch._logging._internal.trace_log (structured trace events)",
+        "graph-break reasons with file:line, recompile reasons and compile times",
+        "graph breaks are counted but their reasons and places, recompiles and compile times are not seen"),
+    "dynamo_counters": (
+        "torch._dynamo.utils.counters",
+        "graphs compiled and graph breaks taken during the step",
+        "graphs compiled and graph breaks during the step are not counted"),
+    "lru_cache": (
+        "torch._C._dynamo.eval_frame._set_lru_cache / _debug_get_cache_entry_list",
+        "Dynamo's cache-entry LRU switch: read (by probing a private function's cache) and restored",
+        "Dynamo's LRU switch cannot be read, so it is neither set for the step nor restored after it"),
+    "skip_code": (
+        "torch._dynamo.eval_frame.skip_code",
+        "keeping Dynamo from tracing the toolkit's own saved-tensor hooks",
+        "the toolkit's own hooks may appear as graph breaks"),
+    "profiler_allocations": (
+        "torch._C._profiler._EventType + kineto_results.experimental_event_tree()",
+        "every CPU allocation and free of the memory step (the CPU peak)",
+        "CPU peak memory is not measured"),
+    "cuda_snapshot": (
+        "torch.cuda.memory._record_memory_history / _dump_snapshot",
+        "CUDA allocator snapshots for PyTorch's memory viewer",
+        "CUDA memory snapshots cannot be written"),
+    "fake_tensors": (
+        "torch._subclasses.fake_tensor.FakeTensor / functional_tensor.FunctionalTensor",
+        "telling real tensors from tracing-time tensors",
+        "tracing-time tensors may be mistaken for real storages"),
+    "storage_weak_ptr": (
+        "torch.UntypedStorage._new_with_weak_ptr",
+        "each storage's size at the end of the forward (FSDP frees its all-gathered parameters by resizing to 0)",
+        "storages are counted at their size when they were made, which over-counts storages freed by resizing"),
+    "fsdp_state": (
+        "torch.distributed.fsdp FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params",
+        "FSDP2's unsharded parameter storages (counted as parameters, not activations)",
+        "FSDP2's unsharded parameters are recognised only while registered on their modules"),
+    "respect_saved_tensors_hooks": (
+        "torch.utils.checkpoint.checkpoint(respect_saved_tensors_hooks=...) (torch >= 2.14)",
+        "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
+        ""),
+}
+
+
+@dataclass(frozen=True)
+class _Found:
+    ok: bool
+    detail: str = ""
+    value: Any = None
+
+
+def _find_aot_partition() -> _Found:
+    import torch._functorch._aot_autograd.graph_compile as gc
+
+    fn = getattr(gc, "_partition_joint_graph_into_fw_bw", None)
+    if fn is None:
+        return _Found(False, "graph_compile has no _partition_joint_graph_into_fw_bw")
+    if "fw_metadata" not in inspect.signature(fn).parameters:
+        return _Found(False, "_partition_joint_graph_into_fw_bw takes no fw_metadata")
+    return _Found(True, value=(gc, "_partition_joint_graph_into_fw_bw"))
+
+
+def _find_aot_saved_state() -> _Found:
+    import torch._functorch._aot_autograd.runtime_wrappers as rw
+
+    cls = getattr(rw, "_AutogradSavedState", None)
+    if cls is None or not callable(getattr(cls, "save_from_forward", None)):
+        return _Found(False, "runtime_wrappers has no _AutogradSavedState.save_from_forward")
+    return _Found(True, value=(cls, "save_from_forward"))
+
+
+def _find_compiled_fw_graph() -> _Found:
+    # Checked at use: the path from an autograd ctx to its forward graph (`type(ctx)._forward_cls.compiled_fw`).
+    return _Found(hasattr(torch.autograd.function, "BackwardCFunction"), "no BackwardCFunction")
+
+
+def _find_sac_mode() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    cls = getattr(ckpt, "_CachingTorchDispatchMode", None)
+    if cls is None:
+        return _Found(False, "torch.utils.checkpoint has no _CachingTorchDispatchMode")
+    if "storage" not in inspect.signature(cls.__init__).parameters:
+        return _Found(False, "_CachingTorchDispatchMode.__init__ takes no storage")
+    return _Found(True, value=cls)
+
+
+def _find_checkpoint_generator() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    # 2.14 calls the `_impl` form (fn, args, kwargs, *, ...); 2.13 the positional generator (fn, ..., *args, **kwargs).
+    for name in ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator"):
+        fn = getattr(ckpt, name, None)
+        if fn is not None:
+            params = inspect.signature(fn).parameters
+            if "fn" in params:
+                return _Found(True, value=(ckpt, name, inspect.signature(fn)))
+    return _Found(False, "no _checkpoint_without_reentrant_generator(_impl) taking fn")
+
+
+def _find_structured_trace() -> _Found:
+    try:
+        from torch._logging._internal import trace_log
+    except ImportError as e:
+        return _Found(False, str(e))
+    return _Found(isinstance(trace_log, logging.Logger), "trace_log is not a Logger", trace_log)
+
+
+def _find_dynamo_counters() -> _Found:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError as e:
+        return _Found(False, str(e))
+    return _Found(True, value=counters)
+
+
+def _find_lru_cache() -> _Found:
+    ev = torch._C._dynamo.eval_frame
+    missing = [n for n in ("_set_lru_cache", "_debug_get_cache_entry_list") if not hasattr(ev, n)]
+    return _Found(not missing, f"torch._C._dynamo.eval_frame lacks {', '.join(missing)}")
+
+
+def _find_skip_code() -> _Found:
+    fn = getattr(torch._dynamo.eval_frame, "skip_code", None)
+    return _Found(fn is not None, "torch._dynamo.eval_frame has no skip_code", fn)
+
+
+def _find_profiler_allocations() -> _Found:
+    try:
+        from torch._C._profiler import _EventType
+    except ImportError as e:
+        return _Found(False, str(e))
+    return _Found(hasattr(_EventType, "Allocation"), "_EventType has no Allocation", _EventType)
+
+
+def _find_cuda_snapshot() -> _Found:
+    mem = torch.cuda.memory
+    ok = hasattr(mem, "_record_memory_history") and hasattr(mem, "_dump_snapshot")
+    return _Found(ok, "torch.cuda.memory lacks _record_memory_history/_dump_snapshot")
+
+
+def _find_fake_tensors() -> _Found:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor
+    except ImportError as e:
+        return _Found(False, str(e))
+    return _Found(True, value=(FakeTensor, FunctionalTensor))
+
+
+def _find_storage_weak_ptr() -> _Found:
+    return _Found(hasattr(torch.UntypedStorage, "_new_with_weak_ptr"), "UntypedStorage has no _new_with_weak_ptr")
+
+
+def _find_fsdp_state() -> _Found:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError as e:
+        return _Found(False, str(e))
+    return _Found(hasattr(FSDPModule, "_get_fsdp_state"), "FSDPModule has no _get_fsdp_state", FSDPModule)
+
+
+def _find_respect_saved_tensors_hooks() -> _Found:
+    from torch.utils.checkpoint import checkpoint
+
+    ok = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    return _Found(ok, f"torch {torch.__version__} checkpoint() has no respect_saved_tensors_hooks")
+
+
+_FINDERS: dict[str, Callable[[], _Found]] = {name: globals()[f"_find_{name}"] for name in _SPECS}
+_found: dict[str, _Found] = {}
+FEATURES: dict[str, Feature] = {}
+
+
+def refresh() -> dict[str, Feature]:
+    """Detect every feature again (after an upgrade in place, or a test removing one on purpose)."""
+    _found.clear()
+    FEATURES.clear()
+    for name, (api, sees, without) in _SPECS.items():
+        try:
+            found = _FINDERS[name]()
+        except Exception as e:  # a detection that itself breaks means the API changed
+            found = _Found(False, f"{type(e).__name__}: {e}")
+        _found[name] = found
+        FEATURES[name] = Feature(name, api, sees, without, found.ok, "" if found.ok else found.detail)
+    return FEATURES
+
+
+def available(name: str) -> bool:
+    return _found[name].ok
+
+
+def missing() -> tuple[Feature, ...]:
+    """Features this torch lacks (that a Report may need to mention)."""
+    return tuple(f for f in FEATURES.values() if not f.available and f.without)
+
+
+def blind_spot(name: str) -> str:
+    """The sentence a Report shows when feature `name` is missing."""
+    f = FEATURES[name]
+    return f"{f.without} ({f.api} unavailable on torch {torch.__version__}: {f.detail})"
+
+
+def table() -> str:
+    """Every feature, available or not, as plain text (`python -m toolkit env`)."""
+    lines = [f"torch {torch.__version__}; checked on {', '.join(CHECKED_ON)}"]
+    for f in FEATURES.values():
+        lines.append(f"  {'ok ' if f.available else 'MISSING'} {f.name:28} {f.sees}" + (f" — {f.detail}" if f.detail else ""))
+    return "\n".join(lines)
+
+
+# --- accessors used by the layers above ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, new: Any) -> Iterator[Any]:
+    """Replace `owner.name` by `new` for the duration; yields the original."""
+    original = getattr(owner, name)
+    setattr(owner, name, new)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
+def aot_partition_target() -> tuple[Any, str] | None:
+    f = _found["aot_partition"]
+    return f.value if f.ok else None
+
+
+def aot_saved_state_target() -> tuple[Any, str] | None:
+    f = _found["aot_saved_state"]
+    return f.value if f.ok else None
+
+
+def saved_slices(metadata: Any) -> list[slice]:
+    """The slices of a compiled forward's outputs that are saved for backward."""
+    return [metadata.tensors_saved_for_backwards_with_vc_check_slice,
+            metadata.tensors_saved_for_backwards_no_vc_check_slice]
+
+
+def forward_graph_of(ctx: Any) -> torch.fx.GraphModule | None:
+    """The forward FX graph behind an AOTAutograd function's ctx, where the backend kept one (eager / aot_eager
+    keep it; inductor keeps only generated code)."""
+    if not _found["compiled_fw_graph"].ok:
+        return None
+    fn = getattr(getattr(type(ctx), "_forward_cls", None), "compiled_fw", None)
+    return _find_graph_module(fn, depth=0, seen=set())
+
+
+def forward_graph_of_backward(ctx: Any) -> torch.fx.GraphModule | None:
+    """The backward FX graph of the same function, where the backend kept one and it has been compiled."""
+    if not _found["compiled_fw_graph"].ok:
+        return None
+    fn = getattr(getattr(type(ctx), "_forward_cls", None), "compiled_bw", None)
+    return _find_graph_module(fn, depth=0, seen=set())
+
+
+def _find_graph_module(obj: Any, depth: int, seen: set[int]) -> torch.fx.GraphModule | None:
+    if obj is None or depth > 6 or id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, torch.fx.GraphModule):
+        return obj
+    nexts = [getattr(obj, "__self__", None), getattr(obj, "__wrapped__", None)]
+    for cell in getattr(obj, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):
+            nexts.append(cell.cell_contents)
+    for n in nexts:
+        if n is not None and (callable(n) or isinstance(n, nn.Module)):
+            gm = _find_graph_module(n, depth + 1, seen)
+            if gm is not None:
+                return gm
+    return None
+
+
+def sac_mode_class() -> type | None:
+    f = _found["sac_mode"]
+    return f.value if f.ok else None
+
+
+def sac_storage_tensors(storage: Any) -> Iterator[torch.Tensor]:
+    """The tensors a SAC caching mode's storage holds (`{key: {index: pytree of _VersionWrapper}}`)."""
+    from torch.utils._pytree import tree_leaves
+
+    for entries in list(storage.values()):
+        values = entries.values() if isinstance(entries, dict) else entries
+        for entry in list(values):
+            for leaf in tree_leaves(entry):
+                val = getattr(leaf, "val", leaf)
+                if isinstance(val, torch.Tensor):
+                    yield val
+
+
+def checkpoint_generator_target() -> tuple[Any, str, inspect.Signature] | None:
+    f = _found["checkpoint_generator"]
+    return f.value if f.ok else None
+
+
+def checkpoint_call_parts(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict, dict]:
+    """`(fn, fn_args, fn_kwargs, options)` of a call to the checkpoint generator, whichever form it has."""
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    fn = a.pop("fn")
+    if "args" in a and "kwargs" in a and sig.parameters["args"].kind is not inspect.Parameter.VAR_POSITIONAL:
+        fn_args, fn_kwargs = tuple(a.pop("args")), dict(a.pop("kwargs"))  # 2.14: explicit tuple/dict
+    else:
+        fn_args, fn_kwargs = tuple(a.pop("args", ())), dict(a.pop("kwargs", {}))
+    return fn, fn_args, fn_kwargs, a
+
+
+def rebuild_checkpoint_call(sig: inspect.Signature, fn: Any, fn_args: tuple, fn_kwargs: dict,
+                            options: dict) -> tuple[tuple, dict]:
+    """The positional/keyword arguments that call the checkpoint generator with `fn` replaced."""
+    params = sig.parameters
+    if "args" in params and params["args"].kind is not inspect.Parameter.VAR_POSITIONAL:
+        return (fn, fn_args, fn_kwargs), dict(options)
+    positional = [fn] + [options[p.name] for p in params.values()
+                         if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "fn"]
+    keyword = {k: v for k, v in options.items() if params[k].kind is inspect.Parameter.KEYWORD_ONLY}
+    return (*positional, *fn_args), {**keyword, **fn_kwargs}
+
+
+def current_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
+    """The innermost saved-tensor hooks a SAC cache would route through (torch >= 2.14), skipping checkpoint's own."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return None
+    hooks = top(False)
+    while hooks is not None and getattr(hooks[0], "_checkpoint_internal", False):
+        hooks = getattr(hooks[0], "_user_hooks", None)
+    return hooks
+
+
+def trace_logger() -> logging.Logger | None:
+    f = _found["structured_trace"]
+    return f.value if f.ok else None
+
+
+def dynamo_counters() -> Any | None:
+    f = _found["dynamo_counters"]
+    return f.value if f.ok else None
+
+
+def counters_snapshot() -> dict[str, dict[str, int]]:
+    c = dynamo_counters()
+    return {} if c is None else {k: dict(v) for k, v in c.items()}
+
+
+def counters_restore(snapshot: dict[str, dict[str, int]]) -> None:
+    c = dynamo_counters()
+    if c is None:
+        return
+    c.clear()
+    for k, v in snapshot.items():
+        c[k].update(v)
+
+
+def graphs_compiled(before: dict[str, dict[str, int]]) -> tuple[int, int]:
+    """`(unique graphs, graph breaks)` added to Dynamo's counters since `before`."""
+    now = counters_snapshot()
+    graphs = now.get("stats", {}).get("unique_graphs", 0) - before.get("stats", {}).get("unique_graphs", 0)
+    breaks = sum(now.get("graph_break", {}).values()) - sum(before.get("graph_break", {}).values())
+    return int(graphs), int(breaks)
+
+
+def skip_code(code: Any) -> None:
+    f = _found["skip_code"]
+    if f.ok:
+        f.value(code)
+
+
+def profiler_event_type() -> Any | None:
+    f = _found["profiler_allocations"]
+    return f.value if f.ok else None
+
+
+def not_real_tensor_types() -> tuple[type, ...]:
+    f = _found["fake_tensors"]
+    return f.value if f.ok else ()
+
+
+def fake_tensor_mode_class() -> type:
+    """FakeTensorMode (estimates run a step on fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode
+
+
+def storage_nbytes_now(weak_cdata: int) -> int | None:
+    """The current size of the storage behind a weak reference (None when it is gone or unreadable)."""
+    if not _found["storage_weak_ptr"].ok:
+        return None
+    st = torch.UntypedStorage._new_with_weak_ptr(weak_cdata)
+    return None if st is None else st.nbytes()
+
+
+def fsdp_unsharded_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (empty without FSDP2)."""
+    f = _found["fsdp_state"]
+    if not f.ok:
+        return []
+    out = []
+    for m in model.modules():
+        if not isinstance(m, f.value):
+            continue
+        try:
+            group = m._get_fsdp_state()._fsdp_param_group
+        except Exception:
+            continue
+        for p in getattr(group, "fsdp_params", ()) if group is not None else ():
+            for attr in ("_unsharded_param", "_unsharded_inner_tensors"):
+                val = getattr(p, attr, None)
+                for t in (val if isinstance(val, (list, tuple)) else [val]):
+                    if isinstance(t, torch.Tensor):
+                        out.append(t)
+            for t in getattr(p, "all_gather_outputs", None) or ():
+                if isinstance(t, torch.Tensor):
+                    out.append(t)
+    return out
+
+
+def is_fsdp_module(m: nn.Module) -> bool:
+    f = _found["fsdp_state"]
+    return f.ok and isinstance(m, f.value)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its real storage); any other tensor as is."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+# --- Dynamo's LRU switch -------------------------------------------------------------------------------------
+
+_lru_probe_fn = None
+_lru_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _lru_probe(x):
+    return x + 1
+
+
+def lru_cache_enabled() -> bool | None:
+    """Dynamo's real LRU switch, read by experiment: a private function with two cache entries is called with
+    each input in turn; with LRU on, the entry just hit moves to the front (torch has a setter, no getter).
+    None when it cannot be read. Costs two cache hits (~0.1 ms); the first call compiles twice (~0.2 s)."""
+    global _lru_probe_fn, _lru_inputs
+    if not _found["lru_cache"].ok:
+        return None
+    entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
+    counted = counters_snapshot()  # compiling the probe must not show in anyone's graph counts
+    try:
+        if _lru_probe_fn is None:
+            _lru_probe_fn = torch.compile(_lru_probe, backend=lambda gm, example: gm.forward, dynamic=False)
+            _lru_inputs = (torch.zeros(1), torch.zeros(2))
+        a, b = _lru_inputs
+        with torch.compiler.set_stance("default"), torch._dynamo.config.patch(recompile_limit=8):
+            _lru_probe_fn(a)
+            _lru_probe_fn(b)  # both compiled now (after a Dynamo reset, again)
+            _lru_probe_fn(a)
+            first_after_a = entries(_lru_probe.__code__)[0].code
+            _lru_probe_fn(b)
+            first_after_b = entries(_lru_probe.__code__)[0].code
+        return first_after_a is not first_after_b
+    except Exception:
+        return None
+    finally:
+        counters_restore(counted)
+
+
+def set_lru_cache(enabled: bool) -> None:
+    if _found["lru_cache"].ok:
+        torch._C._dynamo.eval_frame._set_lru_cache(bool(enabled))
+
+
+# --- configs and flags ---------------------------------------------------------------------------------------
+
+
+def compiler_configs() -> list[Any]:
+    """The config modules whose values the toolkit may patch: Dynamo, functorch (AOTAutograd), Inductor."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    return [torch._dynamo.config, functorch_config, inductor_config]
+
+
+def checkpoint_early_stop() -> Any:
+    import torch.utils.checkpoint as ckpt
+
+    return getattr(ckpt, "_enable_checkpoint_early_stop", None)
+
+
+def set_checkpoint_early_stop(value: Any) -> None:
+    import torch.utils.checkpoint as ckpt
+
+    if hasattr(ckpt, "_enable_checkpoint_early_stop"):
+        ckpt._enable_checkpoint_early_stop = value
+
+
+def default_compute_intensive_ops() -> list[Any]:
+    """The partitioner's compute-intensive op packets (torchtitan's SAC save list starts from them)."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    return list(get_default_op_list().compute_intensive_ops)
+
+
+def compile_signature_has(name: str) -> bool:
+    return name in inspect.signature(torch.compile).parameters
+
+
+def reset_dynamo() -> None:
+    """Forget every compiled graph (`torch._dynamo.reset()`)."""
+    torch._dynamo.reset()
+
+
+def is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def optimized_module_class() -> type:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return OptimizedModule
+
+
+def in_place_compiled(m: nn.Module) -> bool:
+    """`Module.compile()` was called on `m` (its `_compiled_call_impl` is set)."""
+    return getattr(m, "_compiled_call_impl", None) is not None
+
+
+def wrap_in_place_compiled_call(m: nn.Module, wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Wrap `m`'s in-place compiled call; returns the undo."""
+    original = m._compiled_call_impl
+    m._compiled_call_impl = wrap(original)
+
+    def undo() -> None:
+        m._compiled_call_impl = original
+    return undo
+
+
+def clear_in_place_compile(m: nn.Module) -> None:
+    m._compiled_call_impl = None
+
+
+def checkpoint_wrapper_classes() -> tuple[type, type]:
+    """`(ActivationWrapper, CheckpointWrapper)` from torch.distributed's checkpoint wrapper (a private module path)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper, CheckpointWrapper
+
+    return ActivationWrapper, CheckpointWrapper
+
+
+def checkpoint_wrapper(module: nn.Module, **kwargs: Any) -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as wrap
+
+    return wrap(module, **kwargs)
+
+
+refresh()
+
+__all__ = ["CHECKED_ON", "Feature", "FEATURES", "refresh", "available", "missing", "blind_spot", "table"]

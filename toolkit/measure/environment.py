@@ -1,0 +1,39 @@
+"""The one home of `environment()`: what a Report records about the machine it ran on (torch, python, CPU, threads, GPU)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from typing import Any
+
+import torch
+
+from .. import compat
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    """torch and python versions, platform, CPU model, cores and the intra-op threads the step ran with (CPU peak
+    memory depends on both: kernel workspaces), and the GPU if any."""
+    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                           "platform": platform.platform(terse=True), "cpu": _cpu_model(),
+                           "cores": os.cpu_count() or 0, "threads": torch.get_num_threads(),
+                           "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    missing = [f.name for f in compat.missing()]
+    if missing:
+        env["torch_features_missing"] = missing
+    return env

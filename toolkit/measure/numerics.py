@@ -1,0 +1,83 @@
+"""Gradients against a reference: the same model eager without AC (`tk.run`), or a deep copy of a user's module run eagerly with its checkpoint wrappers removed (`tk.measure`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .. import compat
+from ..transforms.naming import canonical_name, is_compiled, is_wrapper, unwrap
+from .report import Numerics
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Canonical parameter name → a float copy of its gradient (DTensor gradients as their local shard)."""
+    return {canonical_name(n): compat.local_tensor(p.grad).detach().float().clone()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return (1e-4, 1e-5) if dtype == torch.float32 else (5e-2, 5e-2)
+
+
+def compare(loss: float, got: dict, ref_loss: float, ref_grads: dict, dtype: torch.dtype, reference: str) -> Numerics:
+    rtol, atol = tolerance(dtype)
+    worst, worst_diff, ok = "", 0.0, True
+    for name, ref in ref_grads.items():
+        g = got.get(name)
+        if g is None or g.shape != ref.shape:
+            ok = False
+            continue
+        diff = (g - ref).abs()
+        d = diff.max().item() if diff.numel() else 0.0
+        if d > worst_diff or not worst:
+            worst, worst_diff = name, d
+        if not bool((diff <= atol + rtol * ref.abs()).all()):
+            ok = False
+    missing = tuple(sorted(set(ref_grads) - set(got)))
+    loss_diff = abs(loss - ref_loss)
+    ok = ok and loss_diff <= atol + rtol * abs(ref_loss)
+    return Numerics(loss=loss, reference_loss=ref_loss, loss_diff=loss_diff, max_grad_diff=worst_diff,
+                    worst_param=worst, grads_match=ok and not missing, missing_grads=missing, reference=reference)
+
+
+def not_compared(loss: float, why: str) -> Numerics:
+    return Numerics(loss=loss, grads_match=None, reference=why)
+
+
+def param_dtype(model: nn.Module) -> torch.dtype:
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return torch.float32 if dtypes <= {torch.float32} else min(dtypes, key=lambda d: torch.finfo(d).bits)
+
+
+def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
+    """A deep copy of `model` with its compile and checkpoint wrappers removed, to run as the reference; or None
+    and why it cannot be made (FSDP-sharded modules, copies that fail)."""
+    if any(compat.is_fsdp_module(m) for m in model.modules()):
+        return None, "an FSDP-sharded model: a reference copy would need its own process group"
+    try:
+        ref = copy.deepcopy(model)
+    except Exception as e:
+        return None, f"the model cannot be deep-copied ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    ref = unwrap(ref)
+    for m in list(ref.modules()):
+        if compat.in_place_compiled(m):
+            compat.clear_in_place_compile(m)  # a copied compiled call would still run the original module
+        for name, child in list(m._modules.items()):
+            if child is not None and is_wrapper(child):
+                m._modules[name] = unwrap(child)
+    if any(is_compiled(m) or is_wrapper(m) for m in ref.modules()):
+        return None, "compile or checkpoint wrappers could not be removed from the copy"
+    return ref, "a deep copy run eagerly without checkpoint wrappers"
+
+
+def reference_run(ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]) -> tuple[float, dict]:
+    """Run `forward` (which calls `ref`) under `force_eager`, so no compiled code or cache entry is touched."""
+    ref.zero_grad(set_to_none=True)
+    with torch.compiler.set_stance("force_eager"):
+        loss = loss_of(forward())
+        loss.backward()
+    return float(loss.detach().float()), grads(ref)

@@ -1,0 +1,153 @@
+"""Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without turning compile off.
+
+How each thing is seen (methods measured in ../shared/research/feasibility.md §2):
+- eager ops (`tracker.py`): a TorchDispatchMode that declares `ignore_compile_internals` (a plain mode silently
+  disables compile, C9) records each output storage with the module running it (`modules.py`'s hooks outside
+  compiled regions); whatever is still alive at the end of the forward is held for backward (`census.py`);
+- checkpoint regions (`checkpoints.py`): the inputs each holds, its RNG stash, when its function re-runs in
+  backward, and the storage dict of every selective-checkpoint caching mode created during the step;
+- compiled graphs (`compiled.py`): AOTAutograd's partition (what each graph saves, with `nn_module_stack`, and
+  the forward ops its backward recomputes) and its runtime save call (the real tensors each invocation saves);
+  graphs compiled before the step are read from the forward graph the backend kept;
+- graph breaks and recompiles (`trace.py`): torch's structured trace (the events tlparse reads).
+Every private torch API sits in `toolkit.compat`; what is missing becomes a blind spot of the record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ... import compat
+from ...transforms.naming import has_checkpoint
+from ..report import GraphBreak
+from . import census as _census
+from .base import StepState, dtype_name, is_real
+from .checkpoints import Checkpoints
+from .compiled import CompiledGraphs
+from .modules import Modules
+from .trace import TraceEvents
+from .tracker import Tracker
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """What the probes saw of one step, beyond the census (plain data for the Report)."""
+
+    recompute_by_op: dict[str, int]
+    recompute_by_module: dict[str, int]
+    compiled_reruns: dict[str, int]
+    in_compiled_backward: int
+    breaks: tuple[GraphBreak, ...]
+    recompiles: tuple[str, ...]
+    compile_s: float
+    regions: tuple[str, ...]
+    """Compiled regions (canonical names) of the model."""
+    regions_without_graphs: tuple[str, ...]
+    """Compiled regions that ran in the forward without any compiled graph running inside them."""
+    graphs_run: int
+    """Distinct compiled autograd graphs that ran in the forward."""
+    warm_graphs: int
+    """Of those, graphs compiled before the step."""
+    blind_spots: tuple[str, ...]
+    """Names of the `toolkit.compat` features this step needed and torch lacked."""
+
+
+class Probes:
+    """`with probes.active():` then `with probes.phase_scope("forward")` / `("backward")`; `census()` at the end of
+    the forward; `collect()` after the backward."""
+
+    def __init__(self, model: nn.Module, inputs: Any = ()):
+        self.model = model
+        self.inputs = inputs
+        self.state = StepState()
+        self.modules = Modules(model, self.state)
+        self.tracker = Tracker(self.state)
+        self.compiled = CompiledGraphs(self.state, set(self.modules.names.values()))
+        self.checkpoints = Checkpoints(self.state, self.modules.names, self.tracker.record, own_pack=Probes._pack)
+        self.trace = TraceEvents(self.state)
+        self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
+        self.packed_keys: set[int] = set()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
+        if self.state.phase == "forward":
+            st = t.untyped_storage()
+            key = st._cdata
+            if key not in self.packed_keys:
+                self.packed_keys.add(key)
+                if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
+                    self.packed[key] = (StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t),
+                                        st.nbytes())
+        return t
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Patches, hooks, saved-tensor hooks and the trace listener; the tracker runs only inside `phase_scope`."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.compiled.patches())
+            stack.enter_context(self.checkpoints.patches())
+            stack.enter_context(self.trace.listening())
+            stack.enter_context(self.modules.hooks())
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
+            # A warm AOTAutograd cache skips the partition we read; the graphs themselves are unchanged.
+            stack.enter_context(compat.compiler_configs()[1].patch(enable_autograd_cache=False))
+            yield
+
+    @contextlib.contextmanager
+    def phase_scope(self, phase: str) -> Iterator[None]:
+        """Run the forward or the backward under the probes. The tracker watches the backward only where
+        something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
+        track = phase == "forward" or self.checkpoints.saw_checkpoint or has_checkpoint(self.model)
+        self.state.phase = phase
+        try:
+            if track:
+                with self.tracker:
+                    yield
+            else:
+                yield
+        finally:
+            self.state.phase = "idle"
+
+    def census(self, output: Any) -> _census.Census:
+        """Storages held for backward right now (call at the end of the forward, with the step's output)."""
+        return _census.take(self.model, [self.inputs], output, self.tracker.produced, self.compiled.saves,
+                            self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys())
+
+    def collect(self) -> ProbeRecord:
+        ran = self.modules.ran_forward()
+        without = sorted(n for n in ran if self.compiled.region_compiled_runs[n] == 0)
+        blind = self.compiled.blind | self.checkpoints.blind | self.trace.blind
+        if self.compiled.recompute_unknown():
+            blind.add("compiled_fw_graph")
+        return ProbeRecord(
+            recompute_by_op=dict(sorted(self.tracker.recompute_by_op.items())),
+            recompute_by_module=dict(sorted(self.tracker.recompute_by_module.items())),
+            compiled_reruns=dict(sorted(self.modules.compiled_reruns.items())),
+            in_compiled_backward=int(self.compiled.in_compiled_backward()),
+            breaks=tuple(GraphBreak(reason=r, file=f, line=ln) for r, f, ln in self.trace.breaks),
+            recompiles=tuple(self.trace.recompiles),
+            compile_s=self.trace.compile_s,
+            regions=tuple(self.modules.region_names),
+            regions_without_graphs=tuple(without),
+            graphs_run=len(self.compiled.graphs_run),
+            warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm),
+            blind_spots=tuple(sorted(blind)),
+        )
+
+
+def _identity(t):
+    return t
+
+
+# Autograd calls the saved-tensor hooks from inside frames Dynamo is running; it then tries to compile the hook's
+# own frame, fails on `untyped_storage()` and reports a "graph break" in the probes. Never trace our own hooks.
+for _code in (Probes._pack.__code__, _identity.__code__):
+    compat.skip_code(_code)
+
+__all__ = ["Probes", "ProbeRecord"]

@@ -1,0 +1,95 @@
+"""What the probes share: the step's phase, the module stack (who is running), and the helpers that key tensors by storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+
+from ... import compat
+
+
+def is_real(t: Any) -> bool:
+    """A tensor with a real storage (not fake, functional or meta: those exist only while tracing)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    not_real = compat.not_real_tensor_types()
+    return not (not_real and isinstance(t, not_real)) and not t.is_meta
+
+
+def tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(x, torch.Tensor) or x is None for x in out):
+        return [x for x in out if x is not None]
+    return [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+@dataclass
+class Produced:
+    """A storage an op made during the forward, and who made it."""
+
+    ref: StorageWeakRef
+    module: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    """Its size when it was made (the census reads the size at the end of the forward)."""
+
+
+class StepState:
+    """The phase of the step ("idle", "forward", "backward") and the stack of modules running now."""
+
+    def __init__(self) -> None:
+        self.phase = "idle"
+        self.stack: list[str] = []
+        self.regions: list[str] = []
+        """Compiled regions entered and not yet left, innermost last."""
+        self.recomputing = 0
+        """Depth of checkpointed functions re-running in backward."""
+        self.held_inputs: dict[int, tuple[StorageWeakRef, str, tuple[int, ...], str, int]] = {}
+        """Storages a checkpoint region holds to re-run its function (its inputs, the RNG state it stashed)."""
+
+    def hold(self, t: torch.Tensor) -> None:
+        """Note that a checkpoint region holds `t` until its recompute."""
+        if not is_real(t):
+            return
+        st = t.untyped_storage()
+        if st._cdata not in self.held_inputs:
+            self.held_inputs[st._cdata] = (StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes())
+
+    def module(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def region(self) -> str:
+        return self.regions[-1] if self.regions else ""
+
+    def push(self, name: str) -> None:
+        # Heal a stale stack (a recompute stopped early skips post-hooks) by popping non-ancestors.
+        stack = self.stack
+        while stack and not (name == stack[-1] or name.startswith(stack[-1] + ".") or stack[-1] == ""):
+            stack.pop()
+        stack.append(name)
+
+    def pop(self, name: str) -> None:
+        while self.stack:
+            if self.stack.pop() == name:
+                break
+
+    @property
+    def in_recompute(self) -> bool:
+        """A forward op dispatched now is a recompute: backward is running a checkpointed function again (seen
+        by the checkpoint patch) or a module forward (only recompute runs module hooks during backward)."""
+        return self.phase == "backward" and (self.recomputing > 0 or bool(self.stack))

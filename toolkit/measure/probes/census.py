@@ -1,0 +1,90 @@
+"""The census at the end of the forward: every storage held for backward, once, at its size now, with who made it and why it is held."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ... import compat
+from ..report import SavedTensor
+from .base import Produced, is_real, storage_key
+from .compiled import CompiledSave
+
+
+@dataclass(frozen=True)
+class Census:
+    tensors: tuple[SavedTensor, ...]
+    params_bytes: int
+    """Bytes of parameter and buffer storages that backward holds on to (not in `tensors`)."""
+    output_saved: bool
+    """The step's output is itself saved for backward (then it is not subtracted from held-after-forward)."""
+
+
+def parameter_storages(model: nn.Module) -> dict[int, int]:
+    """`storage key → bytes` of parameters and buffers (a DTensor's local shard; FSDP2's unsharded parameters)."""
+    out: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers(), *compat.fsdp_unsharded_parameters(model)]:
+        t = compat.local_tensor(t)
+        if is_real(t):
+            st = t.untyped_storage()
+            out[st._cdata] = st.nbytes()
+    return out
+
+
+def _now(ref: Any, nbytes: int) -> int:
+    """A storage's size at the end of the forward: FSDP2 frees its all-gathered parameters with `resize_(0)`."""
+    size = compat.storage_nbytes_now(ref.cdata)
+    return nbytes if size is None else size
+
+
+def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[int, Produced],
+         compiled: dict[int, CompiledSave], packed: dict[int, tuple], packed_keys: set[int],
+         held_inputs: dict[int, tuple], sac_keys: set[int]) -> Census:
+    params = parameter_storages(model)
+    input_keys = {storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
+    output_keys = {storage_key(t) for t in tree_leaves(output) if is_real(t)}
+    held_params = {k for k in params if k in packed_keys or k in compiled or k in sac_keys}
+    rows: dict[int, SavedTensor] = {}
+
+    def add(key: int, module: str, op: str, shape, dtype: str, nbytes: int, kind: str) -> None:
+        if nbytes > 0:
+            rows[key] = SavedTensor(module=module, op=op, shape=tuple(shape), dtype=dtype, bytes=int(nbytes), kind=kind,
+                                    is_input=key in input_keys)
+
+    for key, s in compiled.items():
+        if s.ref.expired() or key in params:
+            continue
+        module, op = s.module, s.op
+        prod = produced.get(key)
+        if op in ("compiled", "input") and prod is not None:
+            op, module = prod.op, prod.module  # a graph input: attribute it to whoever made it
+        elif module == s.region and prod is not None and prod.module.startswith(s.region):
+            module = prod.module
+        # Inside an eager SAC region the compiled graph's own saves are swallowed by the checkpoint; what stays
+        # alive is what the SAC policy cached from the ops the compiled code dispatched.
+        add(key, module, op, s.shape, s.dtype, _now(s.ref, s.nbytes), "sac_cache" if key in sac_keys else "compiled")
+    for key, prod in produced.items():
+        if key in rows or key in params or prod.ref.expired():
+            continue
+        if key in output_keys and key not in sac_keys and key not in packed_keys:
+            continue  # the step's own output, held by the caller rather than for backward
+        kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in held_inputs
+                else "autograd" if key in packed_keys else "other")
+        add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
+    for key, (ref, module, shape, dtype, nbytes) in packed.items():
+        # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
+        if key in rows or key in params or ref.expired():
+            continue
+        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes), "autograd")
+    for key, (ref, module, shape, dtype, nbytes) in held_inputs.items():
+        # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
+        if key in rows or key in params or ref.expired() or key in produced:
+            continue
+        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes),
+            "checkpoint_input")
+    tensors = tuple(sorted(rows.values(), key=lambda t: (t.module, t.op, -t.bytes, t.shape)))
+    output_saved = any(k in output_keys for k in rows)
+    return Census(tensors, sum(params[k] for k in held_params), output_saved)

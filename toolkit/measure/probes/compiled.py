@@ -1,0 +1,216 @@
+"""Compiled graphs: what AOTAutograd's partition decided each graph saves (module, op) and recomputes, and the real tensors each run saves."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import operator
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ... import compat
+from ...transforms.naming import canonical_name
+from .base import StepState, dtype_name, is_real
+
+_VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "slice", "select", "unsqueeze",
+             "squeeze", "alias", "reshape", "as_strided", "detach", "_reshape_alias", "unflatten", "split",
+             "split_with_sizes", "chunk", "unbind", "narrow"}
+
+
+@dataclass(frozen=True)
+class GraphSaved:
+    """One tensor a compiled graph saves for backward, as the partitioner decided."""
+
+    module: str
+    """Relative to the compiled frame's `self` ("" = the frame itself, or a graph input)."""
+    op: str
+
+
+@dataclass
+class GraphRecord:
+    region: str
+    saved: list[GraphSaved]
+    recompute_ops: Counter
+    """Forward ops the partitioner placed in the backward graph (recomputed there), per run."""
+    recompute_known: bool = True
+    runs: int = 0
+    warm: bool = False
+    """Compiled before the step: read from the kept forward graph, not from the partition."""
+
+
+@dataclass
+class CompiledSave:
+    ref: StorageWeakRef
+    module: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    region: str
+    nbytes: int
+
+
+@dataclass
+class CompiledGraphs:
+    state: StepState
+    known_modules: set[str]
+    records: dict[int, GraphRecord] = field(default_factory=dict)
+    saves: dict[int, CompiledSave] = field(default_factory=dict)
+    graphs_run: set[int] = field(default_factory=set)
+    region_compiled_runs: Counter = field(default_factory=Counter)
+    unattributed_warm: int = 0
+    """Warm graphs whose forward graph was not kept (inductor): saves attributed to the region only."""
+    blind: set[str] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def patches(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            target = compat.aot_partition_target()
+            if target is not None:
+                owner, name = target
+                original = getattr(owner, name)
+                sig = inspect.signature(original)
+                stack.enter_context(compat.patched(owner, name, self._partition_wrapper(original, sig)))
+            else:
+                self.blind.add("aot_partition")
+            target = compat.aot_saved_state_target()
+            if target is not None:
+                owner, name = target
+                stack.enter_context(compat.patched(owner, name, self._save_wrapper(getattr(owner, name))))
+            else:
+                self.blind.add("aot_saved_state")
+            yield
+
+    def _partition_wrapper(self, original, sig):
+        graphs = self
+
+        def partition(*args, **kwargs):
+            fw, bw, n = original(*args, **kwargs)
+            try:
+                meta = sig.bind(*args, **kwargs).arguments["fw_metadata"]
+                graphs.records[id(meta)] = _graph_record(graphs.state.region(), fw, bw, n)
+            except Exception:  # attribution is best effort; never break the compile we observe
+                pass
+            return fw, bw, n
+        return partition
+
+    def _save_wrapper(self, original):
+        graphs = self
+
+        def save_from_forward(saved_state, ctx, fw_outs):
+            try:
+                graphs.on_save(saved_state, ctx, fw_outs)
+            except Exception:
+                pass
+            return original(saved_state, ctx, fw_outs)
+        return save_from_forward
+
+    def on_save(self, saved_state: Any, ctx: Any, fw_outs: Any) -> None:
+        state = self.state
+        if state.phase != "forward":
+            return
+        meta = saved_state.metadata
+        region = state.region()
+        self.region_compiled_runs[region] += 1
+        self.graphs_run.add(id(meta))
+        saved = [t for sl in compat.saved_slices(meta) for t in fw_outs[sl]]
+        rec = self.records.get(id(meta))
+        if rec is None:
+            rec = self.records[id(meta)] = self._warm_record(region, ctx, meta)
+        rec.runs += 1
+        for i, t in enumerate(saved):
+            if not is_real(t):
+                continue
+            st = t.untyped_storage()
+            key = st._cdata
+            gs = rec.saved[i] if i < len(rec.saved) else None
+            module = self.resolve(region, gs.module) if gs is not None else region
+            op = gs.op if gs is not None else "compiled"
+            if key not in self.saves:
+                self.saves[key] = CompiledSave(StorageWeakRef(st), module, op, dtype_name(t), tuple(t.shape), region,
+                                               st.nbytes())
+
+    def _warm_record(self, region: str, ctx: Any, meta: Any) -> GraphRecord:
+        """A graph compiled before the step: read its kept forward graph (eager/aot_eager), or attribute to the region."""
+        fw = compat.forward_graph_of(ctx)
+        if fw is None:
+            self.unattributed_warm += 1
+            self.blind.add("compiled_fw_graph")
+            return GraphRecord(region, [], Counter(), recompute_known=False, warm=True)
+        outs = list(fw.graph.output_node().args[0])
+        saved_nodes = [node for sl in compat.saved_slices(meta) for node in outs[sl]]
+        bw = compat.forward_graph_of_backward(ctx)
+        recompute = _recompute_ops(bw) if bw is not None else Counter()
+        return GraphRecord(region, [_saved_entry(node) for node in saved_nodes], recompute,
+                           recompute_known=bw is not None, warm=True)
+
+    def resolve(self, region: str, rel: str) -> str:
+        # A resumed frame after a graph break (`torch_dynamo_resume_in_forward`) has a submodule as its `self`
+        # (the MoE, not the compiled block): its module paths are relative to that, so find the one real name.
+        name = _join(region, rel)
+        if not rel:
+            return name
+        known = self.known_modules
+        if name in known:
+            return name
+        under = [n for n in known if n.startswith(region + ".") and n.endswith("." + rel)] if region else \
+            [n for n in known if n.endswith("." + rel)]
+        return min(under, key=len) if under else name
+
+    def in_compiled_backward(self) -> int:
+        return sum(sum(rec.recompute_ops.values()) * rec.runs for rec in self.records.values())
+
+    def recompute_unknown(self) -> bool:
+        return any(not rec.recompute_known for rec in self.records.values() if rec.runs)
+
+
+def _join(region: str, rel: str) -> str:
+    return canonical_name(f"{region}.{rel}" if region and rel else region or rel)
+
+
+def _rel_module(node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"\._modules\[['\"]([^'\"]+)['\"]\]", r".\1", path)
+    path = re.sub(r"^L\[['\"]self['\"]\]\.?", "", path)
+    path = re.sub(r"^L\[['\"][^'\"]+['\"]\]\.?", "", path)
+    path = re.sub(r"\[['\"]?([^'\"\]]+)['\"]?\]", r".\1", path)
+    parts = [p for p in path.strip(".").split(".") if p not in ("__dict__", "_modules")]
+    return canonical_name(".".join(parts))
+
+
+def _base(node):
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
+            node.target is operator.getitem or getattr(node.target, "__name__", "").split(".")[0] in _VIEW_OPS):
+        node = node.args[0]
+    return node
+
+
+def _saved_entry(node) -> GraphSaved:
+    if not isinstance(node, torch.fx.Node):
+        return GraphSaved("", "compiled")
+    base = _base(node)
+    if base.op == "placeholder":
+        return GraphSaved("", "input")
+    return GraphSaved(_rel_module(base) or _rel_module(node), str(base.target))
+
+
+def _recompute_ops(bw) -> Counter:
+    recompute = Counter()
+    for node in bw.graph.nodes:
+        if node.op == "call_function" and node.meta.get("partitioner_tag") == "is_forward":
+            recompute[str(node.target)] += 1
+    return recompute
+
+
+def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
+    outs = fw.graph.output_node().args[0]
+    saved = [_saved_entry(node) for node in outs[n_fwd_outputs:]
+             if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)]
+    return GraphRecord(region, saved, _recompute_ops(bw))

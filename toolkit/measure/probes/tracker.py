@@ -1,0 +1,66 @@
+"""The dispatch tracker: who made each storage in the forward, and which forward ops run again in backward."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .base import Produced, StepState, dtype_name, is_real, tensors
+
+_op_names: dict[Any, str] = {}
+
+
+def op_name(func) -> str:
+    name = _op_names.get(func)
+    if name is None:
+        name = _op_names[func] = str(func)
+    return name
+
+
+class Tracker(TorchDispatchMode):
+    """Records each output storage of an eager op with the module running it (forward), and counts the ops
+    dispatched while a recompute runs (backward). Compiled graphs' own ops are not seen (see `compiled.py`)."""
+
+    # Without these two, Dynamo skips every frame run under the mode (compile silently off, C9) and
+    # inductor+AC's `run_and_save_rng_state` HOP raises.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __init__(self, state: StepState):
+        super().__init__()
+        self.state = state
+        self.produced: dict[int, Produced] = {}
+        self.recompute_by_op: Counter = Counter()
+        self.recompute_by_module: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        state = self.state
+        if state.phase == "forward":
+            produced = self.produced
+            module = None
+            for t in tensors(out):
+                if not is_real(t):
+                    continue
+                st = t.untyped_storage()
+                key = st._cdata
+                old = produced.get(key)
+                if old is None or old.ref.expired():
+                    if module is None:
+                        module = state.module()
+                    produced[key] = Produced(StorageWeakRef(st), module, op_name(func), tuple(t.shape),
+                                             dtype_name(t), st.nbytes())
+        elif state.in_recompute:
+            self.recompute_by_op[op_name(func)] += 1
+            self.recompute_by_module[state.module()] += 1
+        return out
+
+    def record(self, key: int, produced: Produced) -> None:
+        """A storage made outside the dispatcher's sight (e.g. the RNG state a checkpoint stashes)."""
+        self.produced[key] = produced

@@ -1,0 +1,290 @@
+"""`run(Scenario)` and `measure(any_module, *args, **kwargs)` → `Report`: one measured training step, with no side effects on the user's model or process."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from .. import compat
+from .._config import ConfigError
+from ..models import build_model, loss_fn as model_loss_fn, make_batch
+from ..transforms import apply_ac, apply_compile
+from ..transforms.naming import has_compiled
+from ..transforms.recipes import apply_recipe, reset
+from ..transforms.settings import applied
+from . import numerics as _numerics
+from .environment import environment
+from .report import (CompileInfo, ErrorInfo, Memory, Numerics, Recompute, Report, Saved, ScenarioRecord, Timing)
+from .scenario import Scenario
+from .step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self, sink: list[str]):
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record):
+        try:
+            self.sink.append(f"{record.name}: {record.getMessage().strip()}")
+        except Exception:
+            pass
+
+
+@contextlib.contextmanager
+def capture_warnings(sink: list[str]) -> Iterator[None]:
+    """Python warnings and torch's logger warnings go into `sink` instead of the notebook's stderr."""
+    logger = logging.getLogger("torch")
+    handler = _LogCapture(sink)
+    old_propagate = logger.propagate
+    old_handlers = list(logger.handlers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for h in old_handlers:
+            logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            for h in old_handlers:
+                logger.addHandler(h)
+            logger.propagate = old_propagate
+            for w in caught:
+                sink.append(f"{w.category.__name__}: {str(w.message).strip()}")
+
+
+def _saved(census) -> Saved:
+    tensors = census.tensors
+    by_module: dict[str, int] = {}
+    by_op: dict[str, int] = {}
+    by_kind: dict[str, int] = {}
+    for t in tensors:
+        by_module[t.module] = by_module.get(t.module, 0) + t.bytes
+        by_op[t.op] = by_op.get(t.op, 0) + t.bytes
+        by_kind[t.kind] = by_kind.get(t.kind, 0) + t.bytes
+    return Saved(tensors=tensors, total_bytes=sum(t.bytes for t in tensors), by_module=by_module, by_op=by_op,
+                 by_kind=by_kind, params_bytes=census.params_bytes)
+
+
+_WARM_NOTE = ("graph breaks and recompiles of graphs compiled before the step: Dynamo reports them only when it "
+              "compiles (measure(..., cold=True) recompiles to see them)")
+
+
+def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, err: BaseException | None,
+              warn: list[str], timing: dict, requested: bool, orders: dict, numerics: Numerics | None) -> Report:
+    error = None
+    if err is not None:
+        msg = str(err).strip() or repr(err)
+        error = ErrorInfo(type=f"{type(err).__module__}.{type(err).__qualname__}".replace("builtins.", ""),
+                          message=msg[:4000], stage=stage.name)
+    saved, recompute, comp, memory = Saved(), Recompute(), CompileInfo(requested=requested, orders=orders), Memory()
+    blind: list[str] = []
+    if steps is not None:
+        if steps.census is not None:
+            saved = _saved(steps.census)
+        p = steps.probes
+        if p is not None:
+            recompute = Recompute(ops=sum(p.recompute_by_op.values()), by_op=p.recompute_by_op,
+                                  by_module=p.recompute_by_module, compiled_reruns=p.compiled_reruns,
+                                  in_compiled_backward=p.in_compiled_backward)
+            graphs = max(p.graphs_run, steps.compiled_total)
+            without = p.regions_without_graphs if requested else ()
+            comp = CompileInfo(requested=requested, graphs=graphs, compiled_in_step=steps.compiled_in_step,
+                               warm_graphs=p.warm_graphs, graph_breaks=steps.graph_breaks, breaks=p.breaks,
+                               recompiles=p.recompiles,
+                               fell_back_to_eager=bool(requested and (without or graphs == 0)),
+                               regions_without_graphs=tuple(without), orders=orders)
+            blind = [compat.blind_spot(name) for name in p.blind_spots]
+            if p.warm_graphs and not steps.compiled_in_step:
+                blind.append(_WARM_NOTE)
+        if steps.memory is not None:
+            memory = steps.memory
+        elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
+            blind.append(compat.blind_spot("profiler_allocations"))
+    t = steps.timings if steps is not None else {}
+    return Report(
+        outcome="ok" if err is None else "error", error=error, warnings=tuple(dict.fromkeys(warn)),
+        scenario=record, environment=environment(), saved=saved, recompute=recompute, compile=comp,
+        memory=memory, numerics=numerics or Numerics(), blind_spots=tuple(dict.fromkeys(blind)),
+        timing=Timing(build_s=round(timing.get("build_s", 0.0), 4), apply_s=round(timing.get("apply_s", 0.0), 4),
+                      compile_s=round(steps.probes.compile_s, 4) if steps and steps.probes else 0.0,
+                      **{k: round(t.get(k, 0.0), 4) for k in (
+                          "first_step_s", "first_forward_s", "first_backward_s", "steady_step_s", "steady_forward_s",
+                          "steady_backward_s")}),
+    )
+
+
+def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = None,
+        on_stage: Callable[[str], None] | None = None, threads: int | None = None) -> Report:
+    """Build, transform and measure one training step. Errors come back as a Report, never as an exception
+    (except an invalid Scenario, which fails when it is constructed). `isolate=True` runs it in a subprocess
+    so a segfault, abort or hang comes back as `crashed` / `timeout`; `threads` caps its intra-op threads
+    (several isolated runs side by side must share the cores, or OpenMP oversubscription slows each 10x).
+
+    In process, `run` forgets Dynamo's compiled graphs before and after (its model's code objects are shared
+    with every earlier run, whose cache entries would count as recompiles); `isolate=True` leaves this process
+    untouched."""
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"run() needs a Scenario, got {type(scenario).__name__}")
+    if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
+        raise ConfigError("run", "timeout_s", f"{timeout_s!r} is not a positive number of seconds.",
+                          "pass e.g. timeout_s=600, or None for no limit.")
+    if timeout_s is not None and not isolate:
+        raise ConfigError("run", "timeout_s", "a time limit needs a subprocess to stop.",
+                          "pass isolate=True together with timeout_s, or drop timeout_s.")
+    if isolate:
+        from .isolate import run_isolated
+
+        return run_isolated(scenario, timeout_s, on_stage, threads)
+    stage = Stage(on_stage)
+    warn: list[str] = []
+    timing: dict[str, float] = {}
+    steps: StepResult | None = None
+    err = None
+    orders: dict[str, str] = {}
+    numerics = None
+    record = ScenarioRecord.of(scenario)
+    requested = scenario.recipe is not None or scenario.compile.enabled
+    model = None
+    with restoring_process_state(reset_dynamo=True), capture_warnings(warn):
+        try:
+            stage("build")
+            t = time.perf_counter()
+            cfg = scenario.model_config
+            model = build_model(cfg)
+            batch = make_batch(cfg)
+            timing["build_s"] = time.perf_counter() - t
+            ref_loss = ref_grads = None
+            if scenario.check_numerics:
+                ref = build_model(cfg)
+                torch.manual_seed(cfg.seed + 2)
+                l = model_loss_fn(ref(batch.tokens), batch.labels)
+                l.backward()
+                ref_loss, ref_grads = float(l.detach().float()), _numerics.grads(ref)
+                del ref, l
+            t = time.perf_counter()
+            if scenario.recipe is not None:
+                stage("compile")
+                apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
+            else:
+                stage("ac")
+                apply_ac(model, scenario.ac)
+                stage("compile")
+                apply_compile(model, scenario.compile)
+            timing["apply_s"] = time.perf_counter() - t
+            orders = dict(applied(model).compile_orders)
+            steps = StepResult()
+            measured_step(model, lambda: model(batch.tokens), lambda logits: model_loss_fn(logits, batch.labels),
+                          batch.tokens, torch.device(cfg.device), stage, seed=cfg.seed + 2,
+                          measure_memory=scenario.measure_memory, steady_steps=scenario.steady_steps,
+                          snapshot_path=scenario.memory_snapshot, result=steps)
+            if ref_grads is not None:
+                numerics = _numerics.compare(steps.loss, steps.grads, ref_loss, ref_grads, cfg.torch_dtype,
+                                             "eager without AC")
+            else:
+                numerics = _numerics.not_compared(steps.loss, "check_numerics=False")
+        except Exception as e:  # the scenario failing is a result
+            err = e
+            if steps is not None and steps.loss is not None:
+                numerics = Numerics(loss=steps.loss)
+        finally:
+            if model is not None:
+                with contextlib.suppress(Exception):
+                    reset(model, dynamo=False)
+    return _assemble(record, stage, steps, err, warn, timing, requested, orders, numerics)
+
+
+def _default_loss(out: Any) -> torch.Tensor:
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the output is a {type(out).__name__}; pass loss_fn=... to make a scalar of it")
+    return out if out.dim() == 0 else out.float().square().mean()
+
+
+def measure(module_or_fn: nn.Module | Callable, *args: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+            name: str = "", reference: str | None = "auto", cold: bool = False, measure_memory: bool = True,
+            steady_steps: int = 0, forward_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Report:
+    """Measure one training step of any module or callable exactly as given (your own AC / compile / FSDP included):
+    `measure(model, *args, **kwargs)` calls `model(*args, **kwargs)` (`forward_kwargs=` carries keyword inputs whose
+    names clash with the options here).
+
+    `loss_fn(output)` makes the scalar to differentiate; by default a scalar output is used as is and any other
+    output `o` becomes `o.float().square().mean()` (a dense gradient, unlike `sum()`). Saved tensors are counted
+    at the end of the forward, before the loss, so the loss's own saved tensors are not included.
+
+    Side effects: none on your model or process — gradients, buffers (token counters), RNG, compiler configs,
+    Dynamo's LRU switch and counters are as before, and compiled code stays (a warm model is measured warm).
+    `cold=True` forgets Dynamo's compiled graphs first, so the step compiles afresh and graph breaks and
+    recompiles are seen (your next step then compiles again). `reference="auto"` compares gradients with a deep
+    copy run eagerly without checkpoint wrappers (`None` skips it; FSDP-sharded models are not compared).
+    """
+    own = "measure"
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError(own, "loss_fn", f"{loss_fn!r} is not callable.", "pass a function output -> scalar tensor.")
+    if reference not in ("auto", None):
+        raise ConfigError(own, "reference", f"{reference!r} is not 'auto' or None.", "pass 'auto' or None.")
+    if not callable(module_or_fn):
+        raise ConfigError(own, "module_or_fn", f"{type(module_or_fn).__name__} is not callable.",
+                          "pass an nn.Module or a function of the inputs.")
+    for opt, value in (("cold", cold), ("measure_memory", measure_memory)):
+        if not isinstance(value, bool):
+            raise ConfigError(own, opt, f"{value!r} is not a bool.", "pass True or False.")
+    if isinstance(steady_steps, bool) or not isinstance(steady_steps, int) or steady_steps < 0:
+        raise ConfigError(own, "steady_steps", f"{steady_steps!r} is not an int >= 0.", "pass e.g. 0 or 2.")
+    call_kwargs = {**(forward_kwargs or {}), **kwargs}
+    model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()
+    loss_of = loss_fn or _default_loss
+    leaves = [t for t in tree_leaves((args, call_kwargs)) if isinstance(t, torch.Tensor)]
+    device = next((t.device for t in leaves), None) or next((p.device for p in model.parameters()), torch.device("cpu"))
+    requested = has_compiled(model) or hasattr(module_or_fn, "_torchdynamo_orig_callable")
+    label = name or type(module_or_fn).__name__
+    record = ScenarioRecord(name=label, measured="module", ac_mode="unknown",
+                            compile_scope="user" if requested else "none", backend="user" if requested else "eager")
+    stage = Stage()
+    warn: list[str] = []
+    steps: StepResult | None = None
+    err = None
+    numerics = None
+
+    def forward():
+        return module_or_fn(*args, **call_kwargs)
+
+    with restoring_process_state(reset_dynamo=False), capture_warnings(warn), restoring_model_state(model):
+        try:
+            if cold:
+                compat.reset_dynamo()
+            rng = torch.random.get_rng_state()
+            ref_result, why = None, "reference=None"
+            if reference == "auto" and isinstance(module_or_fn, nn.Module):
+                ref, why = _numerics.eager_copy(module_or_fn)
+                if ref is not None:
+                    ref_result = _numerics.reference_run(ref, lambda: ref(*args, **call_kwargs), loss_of)
+                    del ref
+            elif reference == "auto":
+                why = "a callable, not a module: nothing to copy as a reference"
+            torch.random.set_rng_state(rng)  # the measured step sees the same RNG stream as the reference
+            steps = StepResult()
+            measured_step(model, forward, loss_of, (args, call_kwargs), device, stage, measure_memory=measure_memory,
+                          steady_steps=steady_steps, result=steps)
+            if ref_result is not None:
+                numerics = _numerics.compare(steps.loss, steps.grads, ref_result[0], ref_result[1],
+                                             _numerics.param_dtype(model), why)
+            else:
+                numerics = _numerics.not_compared(steps.loss, why)
+        except Exception as e:
+            err = e
+            if steps is not None and steps.loss is not None:
+                numerics = Numerics(loss=steps.loss)
+    return _assemble(record, stage, steps, err, warn, {}, requested, {}, numerics)
+
+
+__all__ = ["Scenario", "run", "measure"]

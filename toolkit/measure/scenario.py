@@ -1,0 +1,126 @@
+"""`Scenario`: everything needed to rebuild and measure one training step of the toolkit's model, validated up front."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._config import ConfigError
+from ..models import ModelConfig, build_model
+from ..transforms import ACConfig, CompileConfig
+from ..transforms.compile import BACKENDS, check_ac_compile
+from ..transforms.recipes import RECIPES, prepare, reset
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """Everything needed to rebuild and measure one training step."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to build."""
+    ac: ACConfig = field(default_factory=ACConfig)
+    """Activation checkpointing to apply (ignored when `recipe` is set)."""
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    """What to compile (ignored when `recipe` is set)."""
+    recipe: str | None = None
+    """A name from `toolkit.RECIPES`, applied instead of `ac` + `compile`."""
+    recipe_backend: str = "aot_eager"
+    """Compile backend the recipe uses."""
+    name: str = ""
+    """A label shown in reports and tables."""
+    device: str | None = None
+    """Overrides `model.device` when set."""
+    seed: int | None = None
+    """Overrides `model.seed` when set."""
+    check_numerics: bool = True
+    """Compare loss and gradients with the same model run eagerly without AC."""
+    measure_memory: bool = True
+    """Run one extra step to measure peak memory (profiler replay on CPU, allocator stats on CUDA)."""
+    steady_steps: int = 2
+    """Extra un-instrumented steps timed for the steady-state step time (0 skips them)."""
+    memory_snapshot: str | None = None
+    """CUDA only: write an allocator snapshot (for PyTorch's memory viewer) to this path."""
+
+    def __post_init__(self) -> None:
+        own = "Scenario"
+        for name, cls in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(own, name, f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
+                                  f"pass {cls.__name__}(...).")
+        if self.recipe is not None:
+            if self.recipe not in RECIPES:
+                raise ConfigError(own, "recipe", f"{self.recipe!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
+            if self.ac != ACConfig() or self.compile != CompileConfig():
+                raise ConfigError(own, "recipe", "a recipe applies its own AC and compile, but ac/compile were set too.",
+                                  "drop ac/compile, or drop recipe.")
+            if self.recipe_backend not in BACKENDS:
+                raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a backend.",
+                                  f"use one of {', '.join(BACKENDS)}.")
+        check_ac_compile(self.ac, self.compile)
+        if not isinstance(self.steady_steps, int) or self.steady_steps < 0:
+            raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
+        self.model_config  # validates device/seed overrides
+
+    @property
+    def model_config(self) -> ModelConfig:
+        changes = {}
+        if self.device is not None:
+            changes["device"] = self.device
+        if self.seed is not None:
+            changes["seed"] = self.seed
+        return self.model.replace(**changes) if changes else self.model
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.recipe:
+            return f"recipe {self.recipe}"
+        c = self.compile
+        comp = "eager" if not c.enabled else f"compile {c.scope if isinstance(c.scope, str) else ','.join(c.scope)} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
+        return f"{self.model.experts_impl if self.model.has_moe else 'dense'} | AC {self.ac.mode} | {comp}"
+
+    def replace(self, **changes) -> "Scenario":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.to_dict(), "ac": self.ac.to_dict(), "compile": self.compile.to_dict(),
+            "recipe": self.recipe, "recipe_backend": self.recipe_backend, "name": self.name, "device": self.device,
+            "seed": self.seed, "check_numerics": self.check_numerics, "measure_memory": self.measure_memory,
+            "steady_steps": self.steady_steps, "memory_snapshot": self.memory_snapshot,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Scenario":
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError("Scenario", unknown[0], "is not a field of Scenario.", f"use one of {', '.join(sorted(known))}.")
+        if "model" in data:
+            data["model"] = ModelConfig.from_dict(data["model"])
+        if "ac" in data:
+            data["ac"] = ACConfig.from_dict(data["ac"])
+        if "compile" in data:
+            data["compile"] = CompileConfig.from_dict(data["compile"])
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Scenario":
+        return cls.from_dict(json.loads(text))
+
+
+def check_structure(scenario: Scenario) -> None:
+    """Raise ConfigError for what only the model's structure can tell (a scope the model lacks, an order the
+    wrappers cannot give) — by building a 2-block model and applying the transforms, without running anything."""
+    if scenario.recipe:
+        return
+    model = build_model(scenario.model_config.replace(n_layers=min(2, scenario.model.n_layers), device="cpu"))
+    prepare(model, ac=scenario.ac, compile=scenario.compile)
+    reset(model, dynamo=False)

@@ -1,0 +1,204 @@
+"""The measured step: one instrumented forward + backward (compile happens here), then a bare memory step and bare steady steps."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from .. import compat
+from ..transforms.settings import torch_settings
+from . import memory as _memory
+from .numerics import grads as _grads
+from .probes import ProbeRecord, Probes
+from .probes.census import Census
+from .report import Memory
+
+
+class Stage:
+    """The stage a run is in ("build", "ac", "compile", "forward", "backward", "measure"), reported on change."""
+
+    def __init__(self, on_change: Callable[[str], None] | None = None):
+        self.name = "build"
+        self.on_change = on_change
+
+    def __call__(self, name: str) -> None:
+        self.name = name
+        if self.on_change:
+            self.on_change(name)
+
+
+@dataclass
+class StepResult:
+    """Everything the step showed, as typed records (the runner assembles the Report from it)."""
+
+    loss: float | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    census: Census | None = None
+    probes: ProbeRecord | None = None
+    compiled_in_step: int = 0
+    graph_breaks: int = 0
+    compiled_total: int = 0
+    """Graphs compiled over every step run here (recompiles in later steps included)."""
+    memory: Memory | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _output_bytes(out: Any) -> int:
+    seen, total = set(), 0
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            st = t.untyped_storage()
+            if st._cdata not in seen:
+                seen.add(st._cdata)
+                total += st.nbytes()
+    return total
+
+
+def measured_step(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor],
+                  inputs: Any, device: torch.device, stage: Stage, *, seed: int | None = None,
+                  measure_memory: bool = True, steady_steps: int = 0, snapshot_path: str | None = None,
+                  result: StepResult | None = None) -> StepResult:
+    """Step 1 with probes, then a memory step and `steady_steps` bare steps. `result` is filled as the step goes,
+    so a failure in a later stage keeps what the earlier ones measured."""
+    out = result if result is not None else StepResult()
+    before = compat.counters_snapshot()
+    probes = Probes(model, inputs)
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    with torch_settings(model):
+        counted = compat.counters_snapshot()
+        with probes.active():
+            stage("forward")
+            if seed is not None:
+                torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
+            with probes.phase_scope("forward"):
+                output = forward()
+            t_fwd = time.perf_counter()
+            out.census = probes.census(output)
+            loss = loss_of(output)
+            del output
+            stage("backward")
+            t_bwd = time.perf_counter()
+            with probes.phase_scope("backward"):
+                loss.backward()
+        out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
+    out.timings.update(first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0,
+                       first_backward_s=time.perf_counter() - t_bwd)
+    out.loss = float(loss.detach().float())
+    del loss
+    out.grads = _grads(model)
+    out.probes = probes.collect()
+    del probes
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    output_saved = out.census.output_saved
+    output_bytes = {}
+
+    def bare_step(mark=lambda: None, times=None):
+        model.zero_grad(set_to_none=True)
+        with torch_settings(model):
+            t = time.perf_counter()
+            res = forward()
+            sync()
+            t_f = time.perf_counter()
+            # The output is alive at the mark because we hold it; subtract it unless backward needs it too.
+            output_bytes.setdefault("v", 0 if output_saved else _output_bytes(res))
+            mark()
+            loss = loss_of(res)
+            del res
+            t_b = time.perf_counter()
+            loss.backward()
+            sync()
+            if times is not None:
+                times.append((t_f - t, time.perf_counter() - t_b, time.perf_counter() - t))
+
+    if measure_memory:
+        stage("measure")
+        if device.type == "cuda":
+            peak, held = _memory.cuda_step(bare_step, device, snapshot_path)
+            out.memory = Memory(device=str(device), peak_bytes=int(peak),
+                                held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
+                                method=_memory.CUDA_METHOD, snapshot_path=snapshot_path)
+        else:
+            measured = _memory.cpu_step(bare_step)
+            if measured is not None:
+                peak, held = measured
+                out.memory = Memory(device=str(device), peak_bytes=int(peak),
+                                    held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
+                                    method=_memory.CPU_METHOD)
+    steady: list[tuple[float, float, float]] = []
+    for _ in range(steady_steps):
+        bare_step(times=steady)
+    for i, name in enumerate(("steady_forward_s", "steady_backward_s", "steady_step_s")):
+        out.timings[name] = statistics.median(t[i] for t in steady) if steady else 0.0
+    out.compiled_total = compat.graphs_compiled(before)[0]
+    return out
+
+
+@contextlib.contextmanager
+def restoring_process_state(*, reset_dynamo: bool) -> Any:
+    """Restore what a measurement may change in the process: compiler configs, Dynamo's LRU switch (its real
+    state, read by experiment), the RNG, Dynamo's counters; `reset_dynamo` also forgets compiled graphs before and
+    after (tk.run: its model's code objects are shared with every earlier run)."""
+    configs = [(mod, mod.save_config()) for mod in compat.compiler_configs()]
+    counters = compat.counters_snapshot()
+    lru = compat.lru_cache_enabled()
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    early_stop = compat.checkpoint_early_stop()
+    grad_enabled = torch.is_grad_enabled()
+    if reset_dynamo:
+        compat.reset_dynamo()
+    try:
+        yield
+    finally:
+        if reset_dynamo:
+            compat.reset_dynamo()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # load_config warns about deprecated keys it sets back
+            for mod, blob in configs:
+                mod.load_config(blob)
+        if lru is not None and compat.lru_cache_enabled() != lru:
+            compat.set_lru_cache(lru)
+        compat.counters_restore(counters)
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        compat.set_checkpoint_early_stop(early_stop)
+        torch.set_grad_enabled(grad_enabled)
+
+
+@contextlib.contextmanager
+def restoring_model_state(model: nn.Module) -> Any:
+    """Restore what a training step changes on the model: each parameter's `.grad` (the same tensor object) and
+    every buffer's object and values (MoE token counters, running statistics)."""
+    grads = [(p, p.grad) for p in model.parameters()]
+    buffers = []
+    for m in model.modules():
+        for name, b in list(m._buffers.items()):
+            if isinstance(b, torch.Tensor) and not b.is_meta:
+                buffers.append((m, name, b, b.detach().clone()))
+    for p, _ in grads:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in grads:
+            p.grad = g
+        with torch.no_grad():
+            for m, name, b, value in buffers:
+                m._buffers[name] = b
+                if b.shape == value.shape:
+                    b.copy_(value)

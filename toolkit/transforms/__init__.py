@@ -1,0 +1,13 @@
+"""Transforms applied from outside the model: AC (`apply_ac`, SAC policies), compile (`apply_compile`), recipes, and the global torch settings they need."""
+
+from .ac import ACConfig, apply_ac, blocks, remove_ac
+from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
+from .naming import canonical_name, get_module, named_modules, unwrap
+from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_save_ops, record_policy_decisions
+from .recipes import RECIPES, Recipe, apply_recipe, prepare, reset
+from .settings import Applied, applied, global_state, torch_settings, train_step
+
+__all__ = ["ACConfig", "apply_ac", "blocks", "remove_ac", "BACKENDS", "SCOPES", "CompileConfig", "apply_compile",
+           "remove_compile", "canonical_name", "get_module", "named_modules", "unwrap", "PolicyDecision",
+           "SaveOpsPolicy", "SelectiveOpPolicy", "default_save_ops", "record_policy_decisions", "RECIPES", "Recipe",
+           "apply_recipe", "prepare", "reset", "Applied", "applied", "global_state", "torch_settings", "train_step"]
