@@ -112,7 +112,7 @@ def test_confirm_is_version_aware(monkeypatch):
     text = str(found)
     assert text.startswith("C27 not reproduced on torch 2.99.0") and "recorded as a finding" in text
     assert catalogue.findings() == {"C27": {"2.99.0": "not reproduced"}}
-    assert catalogue.versions(case) == "reproduced on 2.13.0; not reproduced on 2.99.0 (local finding)"
+    assert catalogue.versions(case) == "reproduced on 2.13.0; reproduced on 2.14.1; not reproduced on 2.99.0 (local finding)"
     assert "not reproduced on 2.99.0 (local finding)" in catalogue.markdown([case], with_findings=True)
     assert "local finding" not in catalogue.markdown([case])
     assert bugs.Finding.from_json(json.loads(json.dumps(found.to_json()))) == found

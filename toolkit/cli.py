@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--findings", action="store_true", help="add this machine's recorded verdicts to the torch column")
     c.add_argument("--check", nargs="+", metavar="CASE",
                    help="run the standalone repro of these cases (or 'all') and check their signatures on this torch")
+    sub.add_parser("env", help="this torch, and every private torch API the toolkit relies on: available or not")
     sub.add_parser("matrix", help="sweep AC x compile x MoE and write the composability matrix", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
@@ -175,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         return _run_command(args)
     if args.command == "cases":
         return _cases_command(args)
+    if args.command == "env":
+        from . import compat
+        from .measure import environment
+
+        print("\n".join(f"{k}: {v}" for k, v in environment().items()))
+        print(compat.table())
+        return 0
     if args.command == "demo":
         rows = demo_rows(args.backend, args.layers)
         print(json.dumps(rows, indent=2) if args.json else format_rows(rows))

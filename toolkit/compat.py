@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves  # a private module, used across the toolkit
+from torch.utils._python_dispatch import TorchDispatchMode  # the probes' dispatch tracker base
 
 CHECKED_ON = ("2.13.0", "2.14.1")
 """torch releases every feature here was checked on (CI runs the measurement tests on both)."""
@@ -312,12 +314,17 @@ def forward_graph_of(ctx: Any) -> torch.fx.GraphModule | None:
     return _find_graph_module(fn, depth=0, seen=set())
 
 
-def forward_graph_of_backward(ctx: Any) -> torch.fx.GraphModule | None:
-    """The backward FX graph of the same function, where the backend kept one and it has been compiled."""
-    if not _found["compiled_fw_graph"].ok:
+def compiled_function_of(ctx: Any) -> Any:
+    """The AOTAutograd function class behind a forward's ctx."""
+    return getattr(type(ctx), "_forward_cls", None)
+
+
+def backward_graph_of(function_cls: Any) -> torch.fx.GraphModule | None:
+    """The backward FX graph of an AOTAutograd function, where the backend kept one and it has been compiled
+    (backward compiles lazily: read it after the backward ran)."""
+    if not _found["compiled_fw_graph"].ok or function_cls is None:
         return None
-    fn = getattr(getattr(type(ctx), "_forward_cls", None), "compiled_bw", None)
-    return _find_graph_module(fn, depth=0, seen=set())
+    return _find_graph_module(getattr(function_cls, "compiled_bw", None), depth=0, seen=set())
 
 
 def _find_graph_module(obj: Any, depth: int, seen: set[int]) -> torch.fx.GraphModule | None:
@@ -345,8 +352,6 @@ def sac_mode_class() -> type | None:
 
 def sac_storage_tensors(storage: Any) -> Iterator[torch.Tensor]:
     """The tensors a SAC caching mode's storage holds (`{key: {index: pytree of _VersionWrapper}}`)."""
-    from torch.utils._pytree import tree_leaves
-
     for entries in list(storage.values()):
         values = entries.values() if isinstance(entries, dict) else entries
         for entry in list(values):
@@ -361,29 +366,91 @@ def checkpoint_generator_target() -> tuple[Any, str, inspect.Signature] | None:
     return f.value if f.ok else None
 
 
-def checkpoint_call_parts(sig: inspect.Signature, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict, dict]:
-    """`(fn, fn_args, fn_kwargs, options)` of a call to the checkpoint generator, whichever form it has."""
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = dict(bound.arguments)
-    fn = a.pop("fn")
-    if "args" in a and "kwargs" in a and sig.parameters["args"].kind is not inspect.Parameter.VAR_POSITIONAL:
-        fn_args, fn_kwargs = tuple(a.pop("args")), dict(a.pop("kwargs"))  # 2.14: explicit tuple/dict
-    else:
-        fn_args, fn_kwargs = tuple(a.pop("args", ())), dict(a.pop("kwargs", {}))
-    return fn, fn_args, fn_kwargs, a
+class CheckpointCall:
+    """One call of the checkpoint generator, whichever form this torch has: the checkpointed `fn`, its inputs,
+    and the options; `call(original)` runs the generator with whatever was changed."""
+
+    def __init__(self, sig: inspect.Signature, args: tuple, kwargs: dict):
+        # 2.14 `_impl(fn, args, kwargs, *, ...)` takes an explicit tuple/dict, 2.13 `(fn, ..., *args, **kwargs)`:
+        # both bind to arguments named fn / args / kwargs. Defaults applied, so `.args` never stops early.
+        self.bound = sig.bind(*args, **kwargs)
+        self.bound.apply_defaults()
+
+    @property
+    def fn(self) -> Any:
+        return self.bound.arguments["fn"]
+
+    @fn.setter
+    def fn(self, value: Any) -> None:
+        self.bound.arguments["fn"] = value
+
+    @property
+    def inputs(self) -> tuple[tuple, dict]:
+        a = self.bound.arguments
+        return tuple(a.get("args", ())), dict(a.get("kwargs", {}))
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return self.bound.arguments.get(name, default)
+
+    def has_option(self, name: str) -> bool:
+        return name in self.bound.signature.parameters
+
+    def set_option(self, name: str, value: Any) -> None:
+        self.bound.arguments[name] = value
+
+    def call(self, original: Callable) -> Any:
+        return original(*self.bound.args, **self.bound.kwargs)
 
 
-def rebuild_checkpoint_call(sig: inspect.Signature, fn: Any, fn_args: tuple, fn_kwargs: dict,
-                            options: dict) -> tuple[tuple, dict]:
-    """The positional/keyword arguments that call the checkpoint generator with `fn` replaced."""
-    params = sig.parameters
-    if "args" in params and params["args"].kind is not inspect.Parameter.VAR_POSITIONAL:
-        return (fn, fn_args, fn_kwargs), dict(options)
-    positional = [fn] + [options[p.name] for p in params.values()
-                         if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "fn"]
-    keyword = {k: v for k, v in options.items() if params[k].kind is inspect.Parameter.KEYWORD_ONLY}
-    return (*positional, *fn_args), {**keyword, **fn_kwargs}
+def top_saved_tensors_hooks_are(pack: Callable) -> bool:
+    """The innermost saved-tensor hooks a SAC cache would route through (torch >= 2.14) are `pack`'s."""
+    hooks = current_saved_tensors_hooks()
+    return hooks is not None and getattr(hooks[0], "__func__", hooks[0]) is pack
+
+
+def keep_sac_legacy_under(call: CheckpointCall, pack: Callable) -> None:
+    """A SAC region under the toolkit's own saved-tensor hooks (`pack`) keeps torch's legacy behaviour — SAC's
+    cache bypasses them — by passing `respect_saved_tensors_hooks=False` explicitly where the caller left None:
+    the same behaviour as None, without 2.14's FutureWarning about our hooks (C42)."""
+    if call.has_option("respect_saved_tensors_hooks") and call.option("respect_saved_tensors_hooks") is None \
+            and top_saved_tensors_hooks_are(pack):
+        call.set_option("respect_saved_tensors_hooks", False)
+
+
+@contextlib.contextmanager
+def sac_bypasses_hooks_of(pack: Callable) -> Iterator[None]:
+    """While active, SAC regions under `pack`'s saved-tensor hooks keep the legacy behaviour explicitly."""
+    target = checkpoint_generator_target()
+    if target is None or not _found["respect_saved_tensors_hooks"].ok:
+        yield
+        return
+    owner, name, sig = target
+    original = getattr(owner, name)
+
+    def generator(*args: Any, **kwargs: Any) -> Any:
+        call = CheckpointCall(sig, args, kwargs)
+        keep_sac_legacy_under(call, pack)
+        return (yield from call.call(original))
+
+    with patched(owner, name, generator):
+        yield
+
+
+@contextlib.contextmanager
+def non_reentrant_checkpoints_disabled() -> Iterator[bool]:
+    """Every non-reentrant checkpoint runs its function as a plain call (autograd saves everything, nothing is
+    recomputed), for a reference run; yields False when this torch's checkpoint cannot be reached."""
+    target = checkpoint_generator_target()
+    if target is None:
+        yield False
+        return
+    owner, name, _sig = target
+
+    def passthrough(*args: Any, **kwargs: Any) -> Iterator[None]:
+        yield
+
+    with patched(owner, name, passthrough):
+        yield True
 
 
 def current_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
@@ -445,6 +512,22 @@ def not_real_tensor_types() -> tuple[type, ...]:
     return f.value if f.ok else ()
 
 
+def cuda_memory_history(enabled: bool) -> None:
+    """Start (max 100000 entries) or stop recording CUDA allocator history for a snapshot."""
+    if enabled:
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+    else:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def cuda_dump_snapshot(path: str) -> None:
+    torch.cuda.memory._dump_snapshot(path)
+
+
+def dynamo_has_config(name: str) -> bool:
+    return hasattr(torch._dynamo.config, name)
+
+
 def fake_tensor_mode_class() -> type:
     """FakeTensorMode (estimates run a step on fake tensors)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -500,20 +583,39 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 _lru_probe_fn = None
 _lru_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+_lru_tracked: bool | None = None
+"""The switch as last set through `torch._C._dynamo.eval_frame._set_lru_cache` (tracked once read)."""
 
 
 def _lru_probe(x):
     return x + 1
 
 
+def _tracking_setter(original: Callable[[bool], None]) -> Callable[[bool], None]:
+    def set_lru_cache(enabled: bool) -> None:
+        global _lru_tracked
+        original(enabled)
+        _lru_tracked = bool(enabled)
+
+    set_lru_cache.__wrapped__ = original  # type: ignore[attr-defined]
+    return set_lru_cache
+
+
 def lru_cache_enabled() -> bool | None:
-    """Dynamo's real LRU switch, read by experiment: a private function with two cache entries is called with
-    each input in turn; with LRU on, the entry just hit moves to the front (torch has a setter, no getter).
-    None when it cannot be read. Costs two cache hits (~0.1 ms); the first call compiles twice (~0.2 s)."""
-    global _lru_probe_fn, _lru_inputs
+    """Dynamo's real LRU switch (torch has a setter, no getter), or None when it cannot be read.
+
+    Read by experiment: a private function with two cache entries is called with each input in turn; with LRU on,
+    the entry just hit moves to the front (two cache hits, ~0.1 ms). The first read compiles the probe (~0.2 s)
+    and from then on every call of `_set_lru_cache` through its module (how torchtitan and users call it) is
+    tracked, so after `torch._dynamo.reset()` drops the probe's entries the tracked value answers instead of
+    compiling again."""
+    global _lru_probe_fn, _lru_inputs, _lru_tracked
     if not _found["lru_cache"].ok:
         return None
-    entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
+    ev = torch._C._dynamo.eval_frame
+    entries = ev._debug_get_cache_entry_list
+    if _lru_tracked is not None and len(entries(_lru_probe.__code__)) < 2:
+        return _lru_tracked
     counted = counters_snapshot()  # compiling the probe must not show in anyone's graph counts
     try:
         if _lru_probe_fn is None:
@@ -522,14 +624,17 @@ def lru_cache_enabled() -> bool | None:
         a, b = _lru_inputs
         with torch.compiler.set_stance("default"), torch._dynamo.config.patch(recompile_limit=8):
             _lru_probe_fn(a)
-            _lru_probe_fn(b)  # both compiled now (after a Dynamo reset, again)
+            _lru_probe_fn(b)  # both compiled now (the first time only)
             _lru_probe_fn(a)
             first_after_a = entries(_lru_probe.__code__)[0].code
             _lru_probe_fn(b)
             first_after_b = entries(_lru_probe.__code__)[0].code
-        return first_after_a is not first_after_b
+        _lru_tracked = first_after_a is not first_after_b
+        if not hasattr(ev._set_lru_cache, "__wrapped__"):
+            ev._set_lru_cache = _tracking_setter(ev._set_lru_cache)
+        return _lru_tracked
     except Exception:
-        return None
+        return _lru_tracked
     finally:
         counters_restore(counted)
 
@@ -623,4 +728,5 @@ def checkpoint_wrapper(module: nn.Module, **kwargs: Any) -> nn.Module:
 
 refresh()
 
-__all__ = ["CHECKED_ON", "Feature", "FEATURES", "refresh", "available", "missing", "blind_spot", "table"]
+__all__ = ["CHECKED_ON", "Feature", "FEATURES", "refresh", "available", "missing", "blind_spot", "table", "tree_leaves",
+           "TorchDispatchMode"]

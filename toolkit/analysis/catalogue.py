@@ -16,6 +16,15 @@ _REPORT_KEYS = {"classification", "recipe", "ac_modes", "order", "error_contains
                 "recompute_op_contains"}
 
 
+def _shows(text: str, patterns) -> bool:
+    """Does `text` contain one of `patterns`? A pattern starting with "re:" is a regular expression, for a bug whose
+    wording changes between torch releases (C14: "Expected inputs of BF16 type" in 2.13, "Expected mat_a to be
+    BFloat16 …" in 2.14): match what the bug is, not how one release phrases it."""
+    import re
+
+    return any(re.search(p[3:], text) if p.startswith("re:") else p in text for p in patterns)
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -40,7 +49,8 @@ class Case:
         """Does a standalone repro's observation dict show this case's signature?
 
         `observed` in the signature: keys whose values must be equal; `observed_contains`: keys whose text must
-        contain one of the listed strings. A signature with neither never matches an observation dict."""
+        contain one of the listed strings ("re:…" for a regular expression). A signature with neither never
+        matches an observation dict."""
         sig = self.signature or {}
         want, contains = sig.get("observed"), sig.get("observed_contains")
         if not want and not contains:
@@ -49,7 +59,7 @@ class Case:
             if key not in observed or observed[key] != value:
                 return False
         for key, texts in (contains or {}).items():
-            if not any(t in str(observed.get(key, "")) for t in texts):
+            if not _shows(str(observed.get(key, "")), texts):
                 return False
         return True
 
@@ -71,15 +81,15 @@ class Case:
             return False
         if "error_contains" in sig:
             text = f"{report.error.type} {report.error.message}" if report.error else ""
-            if not any(s in text for s in sig["error_contains"]):
+            if not _shows(text, sig["error_contains"]):
                 return False
         if "break_reason_contains" in sig:
             reasons = " ".join(b.reason for b in report.compile.breaks)
-            if not any(s in reasons for s in sig["break_reason_contains"]):
+            if not _shows(reasons, sig["break_reason_contains"]):
                 return False
         if "recompute_op_contains" in sig:
             ops = " ".join(report.recompute.by_op)
-            if not any(s in ops for s in sig["recompute_op_contains"]):
+            if not _shows(ops, sig["recompute_op_contains"]):
                 return False
         return True
 

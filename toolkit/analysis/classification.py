@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 from dataclasses import dataclass
 
 from ..measure.report import Report, fmt_bytes, short_paths
@@ -82,7 +81,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
         if c.graph_breaks:
             flags.append("graph_breaks")
             b = c.breaks[0] if c.breaks else None
-            where = f" at {pathlib.Path(b.file).name}:{b.line}: {b.reason.splitlines()[0][:100]}" if b else ""
+            where = f" at {b.place}: {b.reason.splitlines()[0][:100]}" if b else ""
             why["graph_breaks"] = f"{c.graph_breaks} graph breaks{where}"
     if not flags:
         flags.append("works")

@@ -14,6 +14,7 @@ import torch
 
 from .._config import ConfigError
 from ..measure import Report, Scenario, check_structure, fmt_bytes
+from ..measure.report import fmt_measured_bytes
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
 from . import catalogue
@@ -197,7 +198,7 @@ class MatrixResult:
                             "compile": r.cell.compile_label,
                             "backend": r.cell.backend if r.cell.scope != "none" or r.cell.recipe else "eager",
                             "saved": fmt_bytes(rep.saved.total_bytes) if ok else "-",
-                            "peak": fmt_bytes(rep.memory.peak_bytes) if ok else "-",
+                            "peak": fmt_measured_bytes(rep.memory.peak_bytes) if ok else "-",
                             "breaks": str(rep.compile.graph_breaks) if ok else "-",
                             "explanation": r.classification.explanation, "cases": r.classification.cases})
             groups.append((label, out))
@@ -243,7 +244,7 @@ class MatrixResult:
                 cl, rep = r.classification, r.report
                 z[y][x] = cl.severity + 0.5
                 text[y][x] = (f"{r.cell.label}<br><b>{cl.label}</b>: {_html(cl.explanation)}"
-                              f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_bytes(rep.memory.peak_bytes)}, "
+                              f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_measured_bytes(rep.memory.peak_bytes)}, "
                               f"{rep.compile.graphs} graphs, {rep.compile.graph_breaks} breaks"
                               + (f"<br>known case: {', '.join(cl.cases)}" if cl.cases else ""))
             fig.add_trace(go.Heatmap(z=z, x=xs, y=ys, text=text, hoverinfo="text", zmin=0, zmax=n,

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from ..compat import TorchDispatchMode
+from ..compat import tree_leaves
 
 from .. import compat
 from .._config import ConfigError
@@ -198,7 +198,7 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
                     inputs[ref.cdata] = (ref, live.size(st.nbytes()), stack[-1] if stack else "", "input")
                 return t
 
-            with live, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with live, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compat.sac_bypasses_hooks_of(pack):
                 out = model(batch.tokens)
                 live.sweep()
                 out_key = StorageWeakRef(out.untyped_storage()).cdata

@@ -100,13 +100,13 @@ def cuda_step(step: Callable[[Callable[[], None]], None], device: torch.device,
 
     record = snapshot_path and compat.available("cuda_snapshot")
     if record:
-        torch.cuda.memory._record_memory_history(max_entries=100000)
+        compat.cuda_memory_history(True)
     try:
         step(mark)
         torch.cuda.synchronize(device)
         if record:
-            torch.cuda.memory._dump_snapshot(snapshot_path)
+            compat.cuda_dump_snapshot(snapshot_path)
     finally:
         if record:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            compat.cuda_memory_history(False)
     return torch.cuda.max_memory_allocated(device) - start, held.get("v", 0)

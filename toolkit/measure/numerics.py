@@ -71,13 +71,16 @@ def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
                 m._modules[name] = unwrap(child)
     if any(is_compiled(m) or is_wrapper(m) for m in ref.modules()):
         return None, "compile or checkpoint wrappers could not be removed from the copy"
-    return ref, "a deep copy run eagerly without checkpoint wrappers"
+    return ref, ""
 
 
-def reference_run(ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]) -> tuple[float, dict]:
-    """Run `forward` (which calls `ref`) under `force_eager`, so no compiled code or cache entry is touched."""
+def reference_run(ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]) -> tuple[float, dict, str]:
+    """Run `forward` (which calls `ref`) under `force_eager`, so no compiled code or cache entry is touched, with
+    function-form non-reentrant checkpoints running as plain calls; returns loss, grads and what the reference was."""
     ref.zero_grad(set_to_none=True)
-    with torch.compiler.set_stance("force_eager"):
+    with torch.compiler.set_stance("force_eager"), compat.non_reentrant_checkpoints_disabled() as disabled:
         loss = loss_of(forward())
         loss.backward()
-    return float(loss.detach().float()), grads(ref)
+    what = "a deep copy run eagerly without checkpointing" if disabled else \
+        "a deep copy run eagerly without checkpoint wrappers (function-form checkpoints kept)"
+    return float(loss.detach().float()), grads(ref), what

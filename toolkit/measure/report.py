@@ -101,6 +101,11 @@ class GraphBreak:
     file: str
     line: int
 
+    @property
+    def place(self) -> str:
+        """`toolkit/models/moe.py:96`: the same in every checkout and on every machine."""
+        return f"{short_path(self.file)}:{self.line}"
+
 
 @dataclass(frozen=True)
 class CompileInfo:
@@ -292,6 +297,13 @@ def fmt_bytes(n: int | float) -> str:
     return f"{int(n)} B"
 
 
+def fmt_measured_bytes(n: int | float) -> str:
+    """A memory figure that depends on the machine (kernel workspaces, thread count, allocator): `~1.01 MiB`.
+    The `~` marks it as approximate to the reader, and nbval's sanitizer (`notebooks/sanitize.cfg`) masks it, so a
+    committed notebook output is the same on every machine; claims about it are asserted with a tolerance."""
+    return "~" + fmt_bytes(n)
+
+
 def _top(d: dict[str, int], n: int = 6) -> str:
     items = sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
     more = len(d) - len(items)
@@ -333,13 +345,13 @@ def format_report(r: Report) -> str:
         lines.append(f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
                      + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else ""))
         for b in c.breaks[:5]:
-            lines.append(f"    break at {_short(b.file)}:{b.line}: {b.reason.splitlines()[0][:120]}")
+            lines.append(f"    break at {b.place}: {b.reason.splitlines()[0][:120]}")
     else:
         lines.append("  compile: not requested")
     m = r.memory
     if m.method:
-        lines.append(f"  memory ({m.device}, {m.method}): peak {fmt_bytes(m.peak_bytes)}, "
-                     f"held after forward {fmt_bytes(m.held_after_forward_bytes)}")
+        lines.append(f"  memory ({m.device}, {m.method}): peak {fmt_measured_bytes(m.peak_bytes)}, "
+                     f"held after forward {fmt_measured_bytes(m.held_after_forward_bytes)}")
     n = r.numerics
     if n.loss == n.loss:
         if n.compared:
@@ -354,7 +366,8 @@ def format_report(r: Report) -> str:
     return "\n".join(lines)
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
+    """A path from the innermost `toolkit` or `torch` folder on (else its last two parts): the same in every checkout."""
     parts = path.replace("\\", "/").split("/")
     for anchor in ("toolkit", "torch"):
         if anchor in parts:

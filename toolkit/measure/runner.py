@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from ..compat import tree_leaves
 
 from .. import compat
 from .._config import ConfigError
@@ -98,13 +98,15 @@ def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, er
                                   in_compiled_backward=p.in_compiled_backward)
             graphs = max(p.graphs_run, steps.compiled_total)
             without = p.regions_without_graphs if requested else ()
+            warm = p.warm_graphs + (p.unknown_age_graphs if not steps.compiled_in_step else 0)
             comp = CompileInfo(requested=requested, graphs=graphs, compiled_in_step=steps.compiled_in_step,
-                               warm_graphs=p.warm_graphs, graph_breaks=steps.graph_breaks, breaks=p.breaks,
+                               warm_graphs=warm, graph_breaks=steps.graph_breaks, breaks=p.breaks,
                                recompiles=p.recompiles,
                                fell_back_to_eager=bool(requested and (without or graphs == 0)),
                                regions_without_graphs=tuple(without), orders=orders)
-            blind = [compat.blind_spot(name) for name in p.blind_spots]
-            if p.warm_graphs and not steps.compiled_in_step:
+            names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
+            blind = [compat.blind_spot(name) for name in dict.fromkeys(names)]
+            if warm and not steps.compiled_in_step:
                 blind.append(_WARM_NOTE)
         if steps.memory is not None:
             memory = steps.memory
@@ -277,7 +279,7 @@ def measure(module_or_fn: nn.Module | Callable, *args: Any, loss_fn: Callable[[A
                           steady_steps=steady_steps, result=steps)
             if ref_result is not None:
                 numerics = _numerics.compare(steps.loss, steps.grads, ref_result[0], ref_result[1],
-                                             _numerics.param_dtype(model), why)
+                                             _numerics.param_dtype(model), ref_result[2])
             else:
                 numerics = _numerics.not_compared(steps.loss, why)
         except Exception as e:

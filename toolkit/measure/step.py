@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from ..compat import tree_leaves
 
 from .. import compat
 from ..transforms.settings import torch_settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..measure.report import KINDS, Report, fmt_bytes, short_paths
+from ..measure.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
 
 KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "checkpoint_input": "#b279a2",
                "other": "#9d9da0"}
@@ -70,8 +70,9 @@ def memory_text(reports: Mapping[str, Report]) -> str:
     width = max([5] + [len(k) for k in reports]) + 2
     lines = [f"{'run':<{width}}{'saved':>12}{'held':>12}{'peak':>12}{'recomputed':>12}"]
     for k, r in reports.items():
-        lines.append(f"{k:<{width}}{fmt_bytes(r.saved.total_bytes):>12}{fmt_bytes(r.memory.held_after_forward_bytes):>12}"
-                     f"{fmt_bytes(r.memory.peak_bytes):>12}{r.recompute.ops:>12}")
+        lines.append(f"{k:<{width}}{fmt_bytes(r.saved.total_bytes):>12}"
+                     f"{fmt_measured_bytes(r.memory.held_after_forward_bytes):>12}"
+                     f"{fmt_measured_bytes(r.memory.peak_bytes):>12}{r.recompute.ops:>12}")
     return "\n".join(lines)
 
 
@@ -94,7 +95,7 @@ def breaks_text(report: Report) -> str:
     lines = [f"{c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
              + (" — fell back to eager in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")]
     for b in c.breaks:
-        lines.append(f"  break  {b.file.rsplit('/', 1)[-1]}:{b.line}  {b.reason.splitlines()[0]}")
+        lines.append(f"  break  {b.place}  {b.reason.splitlines()[0]}")
     for r in c.recompiles:
         lines.append(f"  recompile  {short_paths(' '.join(r.splitlines()[0].split()))[:140]}")
     return "\n".join(lines)
@@ -104,7 +105,7 @@ def breaks_html(report: Report) -> str:
     import html
 
     c = report.compile
-    rows = "".join(f"<tr><td>{html.escape(b.file.rsplit('/', 1)[-1])}:{b.line}</td>"
+    rows = "".join(f"<tr><td>{html.escape(b.place)}</td>"
                    f"<td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks)
     rec = "".join(f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
                   for r in c.recompiles)
@@ -150,7 +151,7 @@ def compile_text(reports: Mapping[str, Report]) -> str:
             note = f"{r.error.type.rsplit('.', 1)[-1]}: {r.error.message.splitlines()[0][:70]}"
         elif c.breaks:
             b = c.breaks[0]
-            note = f"{b.file.rsplit('/', 1)[-1]}:{b.line} {b.reason.splitlines()[0][:60]}"
+            note = f"{b.place} {b.reason.splitlines()[0][:60]}"
         else:
             note = "fell back to eager" if c.fell_back_to_eager else ""
         if c.fell_back_to_eager and c.breaks:

@@ -35,7 +35,9 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
         autoreload = not os.environ.get("CI")
     if autoreload and not _done:
         try:
-            ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
+            from IPython import get_ipython
+
+            ip = get_ipython()
             ip.run_line_magic("load_ext", "autoreload")
             ip.run_line_magic("autoreload", "2")
         except Exception:  # not in IPython

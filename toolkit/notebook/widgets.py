@@ -12,7 +12,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from .._config import ConfigError
+from .._config import ConfigError, literal_choices
 from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
@@ -35,14 +35,14 @@ class Explorer:
                               description="dim", style=style),
             "n_experts": W.IntSlider(value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style),
             "top_k": W.IntSlider(value=m.top_k, min=1, max=8, description="top-k", continuous_update=False, style=style),
-            "experts_impl": W.Dropdown(options=["for_loop", "grouped_mm", "masked", "nonzero"], value=m.experts_impl,
+            "experts_impl": W.Dropdown(options=list(literal_choices(ModelConfig, "experts_impl")), value=m.experts_impl,
                                        description="experts impl", style=style),
-            "ac_mode": W.Dropdown(options=["none", "full", "selective_op", "selective_layer", "per_submodule",
-                                           "memory_budget"],
+            # "custom" needs a policy function, which a dropdown cannot give.
+            "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"],
                                   value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
             "layer_every": W.IntSlider(value=ac.layer_every, min=1, max=4, description="every N-th", style=style),
-            "submodule_ac": W.Dropdown(options=["selective", "full"], value=ac.submodule_ac, description="submodule AC",
-                                       style=style),
+            "submodule_ac": W.Dropdown(options=list(literal_choices(ACConfig, "submodule_ac")), value=ac.submodule_ac,
+                                       description="submodule AC", style=style),
             "memory_budget": W.FloatSlider(value=ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
                                            continuous_update=False, style=style),
             "scope": W.Dropdown(options=list(SCOPES), value=c.scope if isinstance(c.scope, str) else "none",

@@ -58,7 +58,7 @@ class PolicyDecision(NamedTuple):
 
 
 def _out_bytes(ctx) -> int | None:
-    from torch.utils._pytree import tree_leaves
+    from ..compat import tree_leaves
 
     out = getattr(ctx, "op_output", None)
     if out is None:

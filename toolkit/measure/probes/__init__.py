@@ -54,6 +54,8 @@ class ProbeRecord:
     """Distinct compiled autograd graphs that ran in the forward."""
     warm_graphs: int
     """Of those, graphs compiled before the step."""
+    unknown_age_graphs: int
+    """Of those, graphs that may have been compiled before the step or in it (the partition was not watched)."""
     blind_spots: tuple[str, ...]
     """Names of the `toolkit.compat` features this step needed and torch lacked."""
 
@@ -120,6 +122,7 @@ class Probes:
                             self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys())
 
     def collect(self) -> ProbeRecord:
+        self.compiled.finish()
         ran = self.modules.ran_forward()
         without = sorted(n for n in ran if self.compiled.region_compiled_runs[n] == 0)
         blind = self.compiled.blind | self.checkpoints.blind | self.trace.blind
@@ -136,7 +139,8 @@ class Probes:
             regions=tuple(self.modules.region_names),
             regions_without_graphs=tuple(without),
             graphs_run=len(self.compiled.graphs_run),
-            warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm),
+            warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is True),
+            unknown_age_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is None),
             blind_spots=tuple(sorted(blind)),
         )
 

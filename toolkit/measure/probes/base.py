@@ -7,17 +7,22 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves
+from ...compat import tree_leaves
 
 from ... import compat
 
 
+_NOT_REAL: tuple[type, ...] | None = None
+
+
 def is_real(t: Any) -> bool:
     """A tensor with a real storage (not fake, functional or meta: those exist only while tracing)."""
+    global _NOT_REAL
     if not isinstance(t, torch.Tensor):
         return False
-    not_real = compat.not_real_tensor_types()
-    return not (not_real and isinstance(t, not_real)) and not t.is_meta
+    if _NOT_REAL is None:  # the dispatch tracker calls this for every output: look the classes up once
+        _NOT_REAL = compat.not_real_tensor_types()
+    return not isinstance(t, _NOT_REAL) and not t.is_meta
 
 
 def tensors(out: Any) -> list[torch.Tensor]:

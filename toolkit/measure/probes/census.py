@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from ...compat import tree_leaves
 
 from ... import compat
 from ..report import SavedTensor
@@ -21,6 +21,8 @@ class Census:
     """Bytes of parameter and buffer storages that backward holds on to (not in `tensors`)."""
     output_saved: bool
     """The step's output is itself saved for backward (then it is not subtracted from held-after-forward)."""
+    blind: tuple[str, ...] = ()
+    """`toolkit.compat` features the census needed and torch lacked."""
 
 
 def parameter_storages(model: nn.Module) -> dict[int, int]:
@@ -87,4 +89,7 @@ def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[in
             "checkpoint_input")
     tensors = tuple(sorted(rows.values(), key=lambda t: (t.module, t.op, -t.bytes, t.shape)))
     output_saved = any(k in output_keys for k in rows)
-    return Census(tensors, sum(params[k] for k in held_params), output_saved)
+    blind = [] if compat.available("storage_weak_ptr") else ["storage_weak_ptr"]
+    if not compat.available("fsdp_state") and any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        blind.append("fsdp_state")
+    return Census(tensors, sum(params[k] for k in held_params), output_saved, tuple(blind))

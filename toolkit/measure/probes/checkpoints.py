@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves
+from ...compat import tree_leaves
 
 from ... import compat
 from .base import Produced, StepState, dtype_name, is_real, storage_key
@@ -52,20 +52,16 @@ class Checkpoints:
         probes = self
 
         def generator(*args, **kwargs):
-            fn, fn_args, fn_kwargs, options = compat.checkpoint_call_parts(sig, args, kwargs)
+            call = compat.CheckpointCall(sig, args, kwargs)
             if probes.state.phase == "forward":
                 # The function form included: its inputs are held to re-run it, and backward must be watched.
                 probes.saw_checkpoint = True
-                for t in tree_leaves((fn_args, fn_kwargs)):
+                for t in tree_leaves(call.inputs):
                     probes.state.hold(t)
-                if "respect_saved_tensors_hooks" in options and options["respect_saved_tensors_hooks"] is None:
-                    hooks = compat.current_saved_tensors_hooks()
-                    if hooks is not None and getattr(hooks[0], "__func__", hooks[0]) is probes.own_pack:
-                        options["respect_saved_tensors_hooks"] = False  # = the default's behaviour, without the warning
+                compat.keep_sac_legacy_under(call, probes.own_pack)
             # The generator calls `fn` only to recompute: a call of the wrapper means backward is re-running it.
-            new_args, new_kwargs = compat.rebuild_checkpoint_call(sig, probes._recompute_wrapper(fn), fn_args,
-                                                                  fn_kwargs, options)
-            return (yield from original(*new_args, **new_kwargs))
+            call.fn = probes._recompute_wrapper(call.fn)
+            return (yield from call.call(original))
         return generator
 
     def _recompute_wrapper(self, fn):

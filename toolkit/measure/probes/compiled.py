@@ -39,8 +39,10 @@ class GraphRecord:
     """Forward ops the partitioner placed in the backward graph (recomputed there), per run."""
     recompute_known: bool = True
     runs: int = 0
-    warm: bool = False
-    """Compiled before the step: read from the kept forward graph, not from the partition."""
+    warm: bool | None = False
+    """Compiled before the step (None: unknown, the partition was not watched)."""
+    function_cls: Any = None
+    """The AOTAutograd function, to read its kept backward graph once the backward ran."""
 
 
 @dataclass
@@ -62,21 +64,21 @@ class CompiledGraphs:
     saves: dict[int, CompiledSave] = field(default_factory=dict)
     graphs_run: set[int] = field(default_factory=set)
     region_compiled_runs: Counter = field(default_factory=Counter)
-    unattributed_warm: int = 0
-    """Warm graphs whose forward graph was not kept (inductor): saves attributed to the region only."""
+    unattributed: int = 0
+    """Graphs with neither a seen partition nor a kept forward graph (warm inductor): saves attributed to the region."""
     blind: set[str] = field(default_factory=set)
 
     @contextlib.contextmanager
     def patches(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
+            # Backends that keep their FX graphs (eager, aot_eager) are read directly when a graph runs; the
+            # partition is watched for the others (inductor keeps only generated code).
             target = compat.aot_partition_target()
             if target is not None:
                 owner, name = target
                 original = getattr(owner, name)
                 sig = inspect.signature(original)
                 stack.enter_context(compat.patched(owner, name, self._partition_wrapper(original, sig)))
-            else:
-                self.blind.add("aot_partition")
             target = compat.aot_saved_state_target()
             if target is not None:
                 owner, name = target
@@ -120,7 +122,7 @@ class CompiledGraphs:
         saved = [t for sl in compat.saved_slices(meta) for t in fw_outs[sl]]
         rec = self.records.get(id(meta))
         if rec is None:
-            rec = self.records[id(meta)] = self._warm_record(region, ctx, meta)
+            rec = self.records[id(meta)] = self._kept_graph_record(region, ctx, meta)
         rec.runs += 1
         for i, t in enumerate(saved):
             if not is_real(t):
@@ -134,19 +136,29 @@ class CompiledGraphs:
                 self.saves[key] = CompiledSave(StorageWeakRef(st), module, op, dtype_name(t), tuple(t.shape), region,
                                                st.nbytes())
 
-    def _warm_record(self, region: str, ctx: Any, meta: Any) -> GraphRecord:
-        """A graph compiled before the step: read its kept forward graph (eager/aot_eager), or attribute to the region."""
+    def _kept_graph_record(self, region: str, ctx: Any, meta: Any) -> GraphRecord:
+        """A graph whose partition was not seen — compiled before the step (a warm model), or on a torch without the
+        partition hook: read the forward graph the backend kept (eager/aot_eager), or attribute to the region."""
+        # With the partition watched, a graph without a record was compiled before the step; without it, unknown.
+        warm = True if compat.aot_partition_target() is not None else None
         fw = compat.forward_graph_of(ctx)
         if fw is None:
-            self.unattributed_warm += 1
-            self.blind.add("compiled_fw_graph")
-            return GraphRecord(region, [], Counter(), recompute_known=False, warm=True)
+            self.unattributed += 1
+            self.blind.add("compiled_fw_graph" if compat.aot_partition_target() is not None else "aot_partition")
+            return GraphRecord(region, [], Counter(), recompute_known=False, warm=warm)
         outs = list(fw.graph.output_node().args[0])
         saved_nodes = [node for sl in compat.saved_slices(meta) for node in outs[sl]]
-        bw = compat.forward_graph_of_backward(ctx)
-        recompute = _recompute_ops(bw) if bw is not None else Counter()
-        return GraphRecord(region, [_saved_entry(node) for node in saved_nodes], recompute,
-                           recompute_known=bw is not None, warm=True)
+        return GraphRecord(region, [_saved_entry(node) for node in saved_nodes], Counter(), recompute_known=False,
+                           warm=warm, function_cls=compat.compiled_function_of(ctx))
+
+    def finish(self) -> None:
+        """After the backward: read the kept backward graphs of the graphs whose partition was not seen."""
+        for rec in self.records.values():
+            if not rec.recompute_known and rec.function_cls is not None:
+                bw = compat.backward_graph_of(rec.function_cls)
+                if bw is not None:
+                    rec.recompute_ops, rec.recompute_known = _recompute_ops(bw), True
+            rec.function_cls = None
 
     def resolve(self, region: str, rel: str) -> str:
         # A resumed frame after a graph break (`torch_dynamo_resume_in_forward`) has a submodule as its `self`

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Iterator
 
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from ...compat import tree_leaves
 
 from ... import compat
 from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names

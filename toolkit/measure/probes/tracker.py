@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from ...compat import TorchDispatchMode
 
 from .base import Produced, StepState, dtype_name, is_real, tensors
 
@@ -53,7 +53,8 @@ class Tracker(TorchDispatchMode):
                 old = produced.get(key)
                 if old is None or old.ref.expired():
                     if module is None:
-                        module = state.module()
+                        stack = state.stack
+                        module = stack[-1] if stack else ""
                     produced[key] = Produced(StorageWeakRef(st), module, op_name(func), tuple(t.shape),
                                              dtype_name(t), st.nbytes())
         elif state.in_recompute:

@@ -1,0 +1,116 @@
+"""`toolkit.compat`: every private torch API in one place, detected on this torch, and nothing else reaching into torch internals."""
+
+import ast
+import inspect
+import pathlib
+
+import pytest
+import torch
+
+import toolkit as tk
+from toolkit import compat
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_feature_is_available_on_the_releases_it_was_checked_on():
+    release = torch.__version__.split("+")[0]
+    if release not in compat.CHECKED_ON:
+        pytest.skip(f"torch {release} is not one of the checked releases {compat.CHECKED_ON}")
+    missing = [f.name for f in compat.FEATURES.values() if not f.available and f.name != "cuda_snapshot"]
+    assert missing == [] or (missing == ["respect_saved_tensors_hooks"] and release == "2.13.0"), missing
+    assert "respect_saved_tensors_hooks" in compat.FEATURES
+    assert compat.FEATURES["respect_saved_tensors_hooks"].available == (release != "2.13.0")
+
+
+def test_the_feature_table_names_what_each_api_lets_the_toolkit_see():
+    text = compat.table()
+    assert text.startswith(f"torch {torch.__version__}; checked on 2.13.0, 2.14.1")
+    for f in compat.FEATURES.values():
+        assert f.name in text and f.sees and f.api
+    sentence = compat.blind_spot("sac_mode")
+    assert sentence.startswith("tensors cached by selective checkpointing are counted as kind 'other'")
+
+
+def test_no_module_but_compat_reaches_into_private_torch():
+    """The toolkit's own code (not the torch-only standalone repros) touches `torch._*`, private checkpoint or AOT
+    internals only through `toolkit.compat`."""
+    allowed = {"compat.py"}
+    offenders = []
+    for path in (ROOT / "toolkit").rglob("*.py"):
+        if path.name in allowed or "standalone" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+                base = node.value
+                chain = [name]
+                while isinstance(base, ast.Attribute):
+                    chain.append(base.attr)
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id == "torch" and any(p.startswith("_") and p not in (
+                        "__version__", "_grouped_mm") for p in chain):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} torch.{'.'.join(reversed(chain))}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                if mod and mod.startswith("torch") and any(p.startswith("_") for p in mod.split(".")):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} import {mod}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def _fake_2_13(fn, preserve_rng_state=True, context_fn=None, determinism_check="default", debug=False,
+               early_stop=True, *args, **kwargs):
+    yield
+
+
+def _fake_2_14(fn, args, kwargs, *, preserve_rng_state=True, context_fn=None, determinism_check="default",
+               debug=False, early_stop=True, respect_saved_tensors_hooks=None):
+    yield
+
+
+@pytest.mark.parametrize("form", [_fake_2_13, _fake_2_14])
+def test_checkpoint_calls_bind_by_name_in_both_forms(form):
+    """The probes never copy a private positional signature: 2.13 calls `(fn, options..., *args, **kwargs)`, 2.14
+    `(fn, args, kwargs, *, options...)`; both bind to the same fn / inputs / options."""
+    sig = inspect.signature(form)
+    x, y = torch.ones(1), torch.zeros(1)
+    if form is _fake_2_13:
+        call = compat.CheckpointCall(sig, (len, True, None, "default", False, True, x), {"y": y})
+    else:
+        call = compat.CheckpointCall(sig, (len, (x,), {"y": y}), {"preserve_rng_state": True})
+    assert call.fn is len and call.inputs[0][0] is x and call.inputs[1]["y"] is y
+    call.fn = abs
+    seen = {}
+
+    def original(*args, **kwargs):
+        seen["bound"] = sig.bind(*args, **kwargs).arguments
+        yield
+
+    list(call.call(original))
+    assert seen["bound"]["fn"] is abs and seen["bound"]["args"][0] is x
+    assert call.has_option("respect_saved_tensors_hooks") == (form is _fake_2_14)
+
+
+def test_a_reference_run_turns_function_form_checkpoints_into_plain_calls():
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def weight_saved(disable: bool) -> bool:
+        packed = []
+        with compat.non_reentrant_checkpoints_disabled() if disable else torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.untyped_storage()._cdata) or t,
+                                                         lambda t: t):
+            checkpoint(lin, x, use_reentrant=False).sum().backward()
+        return lin.weight.untyped_storage()._cdata in packed
+
+    # A real checkpoint keeps what it saves inside its own hooks; disabled, autograd saves the weight as usual.
+    assert not weight_saved(False) and weight_saved(True)
+
+
+def test_environment_records_cpu_cores_and_threads():
+    env = tk.measure(torch.nn.Linear(2, 2), torch.randn(1, 2)).environment
+    assert env["threads"] == torch.get_num_threads() and env["cores"] >= 1 and env["cpu"]
