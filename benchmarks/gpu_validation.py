@@ -32,7 +32,7 @@ def scenarios(quick: bool) -> dict[str, tk.Scenario]:
         "medium bf16 layer, selective_op": tk.Scenario(model=medium, ac=tk.ACConfig(mode="selective_op")),
         "bf16 grouped_mm, full AC": tk.Scenario(model=moe, ac=tk.ACConfig(mode="full")),
         "bf16 grouped_mm, selective_op": tk.Scenario(model=moe, ac=tk.ACConfig(mode="selective_op")),
-        "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(model=moe, recipe="torchtitan_today",
+        "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(model=moe, recipe="torchtitan_0_3_0",
                                                                   recipe_backend="inductor"),
     }
     if not quick:

@@ -67,6 +67,7 @@ def test_compiled_gradients_match_eager(moe_cfg, ac, compile):
 
 def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg):
     """C2 / pytorch#139989: for_loop experts call `.tolist()`; compile(AC(block)) with fullgraph=False runs eagerly."""
+    moe_cfg = moe_cfg.replace(experts_impl="for_loop")
     batch = tk.make_batch(moe_cfg)
     model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
     tk.train_step(model, batch)
@@ -144,12 +145,21 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
 
 
 def test_grouped_mm_fp32_under_compile_on_cpu_is_refused_bf16_works():
-    cfg = tk.ModelConfig(experts_impl="grouped_mm")
+    """C14: the 2025 layout runs `_grouped_mm` in the model's dtype, which compile refuses in float32 on CPU;
+    torchtitan 0.3.0 (and the default layout) cast to bfloat16 inside the experts, so a float32 model compiles."""
+    cfg = tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")
     with pytest.raises(ConfigError, match="CompileConfig.scope") as e:
         tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="blocks"))
     assert "bfloat16" in str(e.value) and "layers.0.moe.experts" in str(e.value)
     # A scope that leaves the experts eager is fine.
     tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="attention"))
+    fp32 = tk.ModelConfig()
+    batch = tk.make_batch(fp32)
+    ref_loss = tk.train_step(tk.build_model(fp32), batch)
+    compiled = tk.apply_compile(tk.build_model(fp32), CompileConfig(scope="experts", fullgraph=True))
+    torch.testing.assert_close(tk.train_step(compiled, batch), ref_loss, rtol=1e-5, atol=1e-5)
+    assert tk.applied(compiled).compiled == ["layers.0.moe.routed_experts", "layers.1.moe.routed_experts"]
+    torch._dynamo.reset()
     bf16 = cfg.replace(dtype="bfloat16")
     ref = tk.build_model(bf16)
     batch = tk.make_batch(bf16)

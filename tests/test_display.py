@@ -13,7 +13,8 @@ QUICK = dict(check_numerics=False, steady_steps=0)
 def reports():
     none = tk.run(tk.Scenario(**QUICK))
     sac = tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), **QUICK))
-    brk = tk.run(tk.Scenario(compile=tk.CompileConfig(scope="moe"), measure_memory=False, **QUICK))
+    brk = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="for_loop"), compile=tk.CompileConfig(scope="moe"),
+                             measure_memory=False, **QUICK))
     return none, sac, brk
 
 
@@ -38,12 +39,13 @@ def test_text_twins_are_deterministic(reports):
     none, sac, brk = reports
     text = display.saved_text(sac)
     assert text == display.saved_text(tk.Report.from_json(sac.to_json()))
-    assert "layers.0.moe.experts" in text and "sac_cache" in text
+    # SAC recomputes the grouped GEMMs (C15): the routed experts keep nothing; the shared experts' matmuls stay.
+    assert "layers.0.moe.shared_experts.w1" in text and "routed_experts" not in text and "sac_cache" in text
     mem = display.memory_text({"no AC": none, "SAC": sac})
     assert mem.splitlines()[0].split() == ["run", "saved", "held", "peak", "recomputed"]
     assert "no AC" in mem and "SAC" in mem
     diff = display.compare_text(none, sac, ("no AC", "SAC"))
-    assert "layers.0.moe.experts" in diff and "-" in diff
+    assert "layers.0.moe.routed_experts" in diff and "-" in diff  # kept without AC, not under SAC
     bt = display.breaks_text(brk)
     assert "moe.py:" in bt and "Data dependent operator" in bt and "recompile" in bt
     assert display.breaks_text(none) == "compile not requested"

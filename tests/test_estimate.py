@@ -45,9 +45,10 @@ def test_full_size_layers_in_seconds_without_memory():
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert est["none"].params_bytes > 20 * 2**30 and grown_mib < 512  # 25 GiB of weights, no real memory
     assert est["none"].saved_bytes > est["selective_op"].saved_bytes > est["full"].saved_bytes > 0
-    assert est["none"].saved_by_module["layers.0.moe.experts"] > 0
+    experts = "layers.0.moe.routed_experts.inner_experts"
+    assert est["none"].saved_by_module[experts] > 0
     # Under SAC the grouped GEMMs are recomputed (C15): nothing of the routed experts' own ops is kept.
-    assert est["selective_op"].saved_by_module.get("layers.0.moe.experts", 0) < est["none"].saved_by_module["layers.0.moe.experts"] / 4
+    assert est["selective_op"].saved_by_module.get(experts, 0) < est["none"].saved_by_module[experts] / 4
     text = str(est["full"])
     assert text.startswith("estimate estimate (CUDA rounding): saved") and "note: routed experts: grouped_mm" in text
     assert tk.Estimate.from_json(est["full"].to_json()) == est["full"]
@@ -55,10 +56,10 @@ def test_full_size_layers_in_seconds_without_memory():
 
 @pytest.mark.parametrize("change,field", [
     (dict(compile=tk.CompileConfig(scope="blocks")), "estimate.compile"),
-    (dict(recipe="torchtitan_today"), "estimate.recipe"),
+    (dict(recipe="torchtitan_0_3_0"), "estimate.recipe"),
     (dict(model=tk.ModelConfig(experts_impl="for_loop")), "estimate.model.experts_impl"),
     (dict(model=tk.ModelConfig(experts_impl="masked", token_count="bincount")), "estimate.model.token_count"),
-    (dict(model=tk.ModelConfig(experts_impl="grouped_mm")), "estimate.model.dtype"),
+    (dict(model=tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")), "estimate.model.dtype"),
 ])
 def test_what_fake_tensors_cannot_run_is_refused_up_front(change, field):
     scenario = tk.Scenario(**{"model": tk.ModelConfig(experts_impl="masked"), **change})

@@ -125,7 +125,8 @@ def test_classifier_silent_failures():
                              steady_steps=0))
     cl = classify(bad)
     assert cl.label == "grads_differ" and "C11" in cl.cases
-    breaks = tk.run(tk.Scenario(compile=tk.CompileConfig(scope="moe"), measure_memory=False, steady_steps=0))
+    breaks = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="for_loop"), compile=tk.CompileConfig(scope="moe"),
+                                measure_memory=False, steady_steps=0))
     cl = classify(breaks)
     # The `.tolist()` break splits the graph, and the resumed code specialises on the split sizes: the second
     # MoE layer routes differently and recompiles (a recompile per distinct routing).

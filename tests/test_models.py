@@ -8,14 +8,37 @@ import toolkit as tk
 from toolkit import ConfigError, ModelConfig
 
 
-def test_default_model_has_torchtitan_names(moe_cfg):
-    names = {n for n, _ in tk.named_modules(tk.build_model(moe_cfg))}
+def test_default_model_has_torchtitan_0_3_0_names(moe_cfg):
+    """The names torchtitan 0.3.0's Qwen3-MoE / DeepSeek-V3 use (tests/test_torchtitan.py compares with its
+    real models), so its FQN options (`force_recompute_mm_shapes_by_fqns`) apply unchanged."""
+    model = tk.build_model(moe_cfg)
+    names = {n for n, _ in tk.named_modules(model)}
     for i in range(moe_cfg.n_layers):
         for leaf in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "attention_norm", "ffn_norm",
-                     "moe.router.gate", "moe.experts", "moe.shared_experts.w1", "moe.shared_experts.w2",
-                     "moe.shared_experts.w3"):
+                     "moe.router.gate", "moe.routed_experts", "moe.routed_experts.inner_experts",
+                     "moe.shared_experts.w1", "moe.shared_experts.w2", "moe.shared_experts.w3"):
             assert f"layers.{i}.{leaf}" in names
-    assert {"tok_embeddings", "norm", "output"} <= names
+    assert {"tok_embeddings", "norm", "lm_head"} <= names and "output" not in names
+    params = dict(model.named_parameters())
+    E, D, F = moe_cfg.n_experts, moe_cfg.dim, moe_cfg.moe_hidden
+    assert params["layers.0.moe.routed_experts.inner_experts.w1_EFD"].shape == (E, F, D)
+    assert params["layers.0.moe.routed_experts.inner_experts.w2_EDF"].shape == (E, D, F)
+    assert params["layers.0.moe.routed_experts.inner_experts.w3_EFD"].shape == (E, F, D)
+    assert {n for n, _ in model.named_buffers()} >= {"layers.0.moe.expert_bias_E", "layers.0.moe.tokens_per_expert_E"}
+    # The dispatcher is a plain object, as in torchtitan: no module, no name.
+    assert type(model.layers["0"].moe.routed_experts.token_dispatcher).__name__ == "LocalTokenDispatcher"
+
+
+def test_the_2025_layout_keeps_the_names_of_pr_2052s_era():
+    model = tk.build_model(ModelConfig(layout="torchtitan_2025", experts_impl="for_loop"))
+    names = {n for n, _ in tk.named_modules(model)}
+    assert {"layers.0.moe.experts", "output"} <= names and "lm_head" not in names
+    assert {"layers.0.moe.experts.w1", "layers.0.moe.experts.w2"} <= {n for n, _ in model.named_parameters()}
+    assert {"layers.0.moe.expert_bias", "layers.0.moe.tokens_per_expert"} <= {n for n, _ in model.named_buffers()}
+    # Same seed, same weights, same step: the layouts differ only in names (and grouped_mm's dtype).
+    new = tk.build_model(ModelConfig(experts_impl="for_loop"))
+    batch = tk.make_batch(ModelConfig())
+    assert tk.train_step(model, batch).item() == tk.train_step(new, batch).item()
 
 
 def test_dense_and_interleaved_layers():
@@ -34,7 +57,7 @@ def test_same_seed_same_model_and_global_rng_untouched(moe_cfg):
     for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
         assert na == nb and torch.equal(pa, pb)
     c = tk.build_model(moe_cfg.replace(seed=1))
-    assert not torch.equal(a.output.weight, c.output.weight)
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
     assert torch.equal(tk.make_batch(moe_cfg).tokens, tk.make_batch(moe_cfg).tokens)
 
 
@@ -50,17 +73,21 @@ def test_training_step_is_one_call_and_deterministic(moe_cfg):
         torch.testing.assert_close(g1[k], g2[k], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl", ["grouped_mm", "masked", "nonzero"])
-def test_experts_implementations_agree_with_for_loop(moe_cfg, impl):
+@pytest.mark.parametrize("impl, layout, tol", [("masked", "torchtitan_0_3_0", 1e-4), ("nonzero", "torchtitan_0_3_0", 1e-4),
+                                               ("grouped_mm", "torchtitan_2025", 1e-4),
+                                               ("grouped_mm", "torchtitan_0_3_0", 2e-2)])
+def test_experts_implementations_agree_with_for_loop(moe_cfg, impl, layout, tol):
+    """fp32 implementations agree with the for-loop experts to fp32 precision; 0.3.0's grouped_mm computes the
+    experts in bfloat16 (as torchtitan does), so it agrees to bfloat16 precision."""
     batch = tk.make_batch(moe_cfg)
-    ref = tk.build_model(moe_cfg)
+    ref = tk.build_model(moe_cfg.replace(experts_impl="for_loop", layout=layout))
     ref_loss = tk.train_step(ref, batch)
-    m = tk.build_model(moe_cfg.replace(experts_impl=impl))
+    m = tk.build_model(moe_cfg.replace(experts_impl=impl, layout=layout))
     loss = tk.train_step(m, batch)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, ref_loss, rtol=tol / 100, atol=tol / 100)
     g, gr = grads(m), grads(ref)
     for k in gr:
-        torch.testing.assert_close(g[k], gr[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g[k], gr[k], rtol=tol, atol=tol / 100)
 
 
 @pytest.mark.parametrize("count", ["histc", "bincount"])
@@ -70,7 +97,7 @@ def test_token_count_methods_agree(moe_cfg, count):
     tk.train_step(ref, batch)
     tk.train_step(m, batch)
     for i in ("0", "1"):
-        assert torch.equal(m.layers[i].moe.tokens_per_expert, ref.layers[i].moe.tokens_per_expert)
+        assert torch.equal(m.layers[i].moe.tokens_per_expert_E, ref.layers[i].moe.tokens_per_expert_E)
 
 
 def test_tokens_per_expert_counts_every_routed_copy(moe_cfg):
@@ -78,12 +105,12 @@ def test_tokens_per_expert_counts_every_routed_copy(moe_cfg):
     tk.train_step(m, tk.make_batch(moe_cfg))
     T = moe_cfg.batch * moe_cfg.seq_len
     for block in m.layers.values():
-        counts = block.moe.tokens_per_expert
+        counts = block.moe.tokens_per_expert_E
         assert counts.dtype == torch.float32 and counts.sum().item() == T * moe_cfg.top_k
     m.eval()
     with torch.no_grad():
         m(tk.make_batch(moe_cfg).tokens)
-    assert m.layers["0"].moe.tokens_per_expert.sum().item() == T * moe_cfg.top_k  # no counting in eval
+    assert m.layers["0"].moe.tokens_per_expert_E.sum().item() == T * moe_cfg.top_k  # no counting in eval
 
 
 def test_expert_bias_steers_selection_not_weights(moe_cfg):
@@ -120,30 +147,35 @@ def test_router_noise_uses_rng_only_in_training():
     assert torch.equal(router(x)[1], router(x)[1])
 
 
-def test_shared_experts_optional():
+def test_shared_experts_and_balancing_optional():
     m = tk.build_model(ModelConfig(n_shared_experts=0, load_balance=False))
-    assert m.layers["0"].moe.shared_experts is None and m.layers["0"].moe.tokens_per_expert is None
+    moe = m.layers["0"].moe
+    # torchtitan 0.3.0 counts tokens per expert whether or not it balances; the 2025 layout only when it did.
+    assert moe.shared_experts is None and moe.expert_bias_E is None and moe.tokens_per_expert_E is not None
     tk.train_step(m, tk.make_batch(ModelConfig()))
+    old = tk.build_model(ModelConfig(n_shared_experts=0, load_balance=False, layout="torchtitan_2025"))
+    assert old.layers["0"].moe.tokens_per_expert is None
 
 
 def test_bfloat16_model_with_grouped_mm():
     cfg = ModelConfig(dtype="bfloat16", experts_impl="grouped_mm")
     m = tk.build_model(cfg)
-    assert m.output.weight.dtype == torch.bfloat16 and m.rope.dtype == torch.float32
-    assert m.layers["0"].moe.tokens_per_expert.dtype == torch.float32
+    assert m.lm_head.weight.dtype == torch.bfloat16 and m.rope.dtype == torch.float32
+    assert m.layers["0"].moe.tokens_per_expert_E.dtype == torch.float32
     loss = tk.train_step(m, tk.make_batch(cfg))
-    assert torch.isfinite(loss) and m.layers["0"].moe.experts.w1.grad.dtype == torch.bfloat16
+    assert torch.isfinite(loss)
+    assert m.layers["0"].moe.routed_experts.inner_experts.w1_EFD.grad.dtype == torch.bfloat16
 
 
 def test_experts_graph_break_hook_is_compile_disabled():
     m = tk.build_model(ModelConfig(experts_graph_break=True))
-    hooks = list(m.layers["0"].moe.experts._forward_pre_hooks.values())
+    hooks = list(m.layers["0"].moe.routed_experts.inner_experts._forward_pre_hooks.values())
     assert len(hooks) == 1 and getattr(hooks[0], "_torchdynamo_disable", False)
 
 
 def test_meta_model_builds_without_memory():
     m = tk.build_model(ModelConfig(device="meta", dim=4096, n_heads=32, moe_hidden=4096, n_experts=64))
-    assert m.output.weight.is_meta
+    assert m.lm_head.weight.is_meta
 
 
 @pytest.mark.parametrize(

@@ -60,9 +60,9 @@ def test_2025_12_recipe_runs_on_breaking_experts():
 
 def test_today_recipe_compiles_each_block_whole():
     cfg = ModelConfig()
-    model = tk.apply_recipe(tk.build_model(cfg), "torchtitan_today")
+    model = tk.apply_recipe(tk.build_model(cfg), "torchtitan_0_3_0")
     rec = tk.applied(model)
-    assert rec.recipe == "torchtitan_today" and rec.compiled == ["layers.0", "layers.1"]
+    assert rec.recipe == "torchtitan_0_3_0" and rec.compiled == ["layers.0", "layers.1"]
     assert rec.compile.fullgraph and rec.compile_orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
     assert rec.disable_lru_cache and rec.dynamo_config["capture_scalar_outputs"]
     _check_grads_match_eager(cfg, model)
@@ -71,7 +71,7 @@ def test_today_recipe_compiles_each_block_whole():
 
 def test_today_recipe_still_fails_if_the_experts_break():
     """Today's recipe relies on FSDP2 no longer hooking the experts (PR #2281)."""
-    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_today")
+    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_0_3_0")
     with pytest.raises(torch._dynamo.exc.Unsupported):
         tk.train_step(model, tk.make_batch(BREAKING))
 
@@ -87,9 +87,9 @@ def test_reset_undoes_a_recipe(name):
     tk.reset(model)
     assert [n for n, _ in model.named_modules()] == before
     assert tk.global_state() == state
-    assert tk.RECIPES[name].apply.__doc__ or name.endswith("see_through")
+    assert tk.RECIPES[name].apply.__doc__ or name.endswith(("see_through", "full_ac"))
 
 
 def test_unknown_recipe_names_the_field():
-    with pytest.raises(tk.ConfigError, match="recipe.name.*torchtitan_today"):
+    with pytest.raises(tk.ConfigError, match="recipe.name.*torchtitan_0_3_0"):
         tk.apply_recipe(tk.build_model(ModelConfig()), "torchtitan_2024")

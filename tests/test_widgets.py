@@ -50,7 +50,7 @@ def test_run_pin_compare_and_export(tmp_path):
     assert ex.run().ok
     ex.pin()
     text = ex.compare()
-    assert "layers.0.moe.experts" in text and "A = #1" in ex.comparison.value
+    assert "layers.0.moe.routed_experts" in text and "A = #1" in ex.comparison.value
     py, ipynb = ex.export(tmp_path / "repro")
     assert py.exists() and ipynb.exists()
     out = subprocess.run([sys.executable, str(py)], capture_output=True, text=True, timeout=300)

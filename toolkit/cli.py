@@ -31,7 +31,7 @@ def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
             scope="blocks", backend=backend))),
         ("full AC, compile(AC(block)), fullgraph=True", dict(ac=ACConfig(mode="full"), compile=CompileConfig(
             scope="blocks", backend=backend, fullgraph=True))),
-        ("recipe torchtitan_today", "torchtitan_today"),
+        ("recipe torchtitan_0_3_0", "torchtitan_0_3_0"),
     ]
     rows = []
     for label, setup in setups:

@@ -36,12 +36,14 @@ class Cell:
     recipe: str | None = None
 
     def model_config(self) -> ModelConfig:
+        # The 2025 recipes rebuild PR #2052's era: its layout (`moe.experts`), and for PR #2052 itself the
+        # FSDP-like graph-breaking hook on the experts. grouped_mm runs in bfloat16 in the 0.3.0 layout.
+        layout = "torchtitan_2025" if self.recipe and self.recipe.startswith("torchtitan_2025") else "torchtitan_0_3_0"
         if self.block == "dense":
-            return ModelConfig(moe_layers="none")
+            return ModelConfig(moe_layers="none", layout=layout)
         impl = self.block.split(":", 1)[1]
-        # torch._grouped_mm compiles only in bfloat16 on CPU (C14); the recipe for PR #2052 needs the
-        # FSDP-like graph-breaking hook on the experts.
-        return ModelConfig(experts_impl=impl, dtype="bfloat16" if impl == "grouped_mm" else "float32",
+        return ModelConfig(layout=layout, experts_impl=impl,
+                           dtype="bfloat16" if impl == "grouped_mm" and layout == "torchtitan_2025" else "float32",
                            experts_graph_break=self.recipe == "torchtitan_2025_09")
 
     def scenario(self) -> Scenario:
@@ -86,7 +88,7 @@ def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                 cells.append(Cell(block, ac))
                 for scope, fullgraph in (("blocks", False), ("blocks", True), ("attention", False)):
                     cells.append(Cell(block, ac, scope, fullgraph, backend=backend))
-        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_today"):
+        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_0_3_0"):
             cells.append(Cell("moe:for_loop", recipe=recipe, backend=backend))
     return _dedupe(cells)
 

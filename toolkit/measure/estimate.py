@@ -8,7 +8,7 @@ multiple of 512 bytes), so the numbers are what `torch.cuda.max_memory_allocated
 
 Limits, checked before any work: no compile (fake tensors run the eager graph — `compile(AC(x))` with full AC saves
 the same; per-op SAC and memory budgets need the compiled run), and routed experts with static shapes
-(`grouped_mm` in bfloat16, or `masked`): fake tensors have no values, so data-dependent split sizes (`for_loop`,
+(`grouped_mm`, or `masked`): fake tensors have no values, so data-dependent split sizes (`for_loop`,
 `nonzero`, `bincount` counts) cannot be known. Autograd never sums gradients in place into a tensor subclass, so
 where a parameter gets several gradient contributions (the `masked` experts' `w[e]` slices) the peak comes out a
 few percent high (3 % at the test size; `grouped_mm` agrees exactly). Attention saves what the CPU SDPA kernel saves; CUDA's flash /
@@ -104,11 +104,11 @@ def check(scenario: Scenario) -> list[str]:
     if m.has_moe:
         if m.experts_impl in ("for_loop", "nonzero"):
             raise ConfigError(own, "model.experts_impl", f"{m.experts_impl!r} experts split tokens by data-dependent "
-                              "counts, which fake tensors cannot know.", "use experts_impl='grouped_mm' (bfloat16) or 'masked'.")
+                              "counts, which fake tensors cannot know.", "use experts_impl='grouped_mm' or 'masked'.")
         if m.token_count == "bincount":
             raise ConfigError(own, "model.token_count", "bincount has a data-dependent output shape.",
                               "use token_count='scatter' (torchtitan) or 'histc'.")
-        if m.experts_impl == "grouped_mm" and m.dtype != "bfloat16":
+        if m.experts_impl == "grouped_mm" and m.dtype != "bfloat16" and m.layout == "torchtitan_2025":
             raise ConfigError(own, "model.dtype", "torch._grouped_mm's meta kernel accepts only bfloat16 on CPU (C14).",
                               "use ModelConfig(dtype='bfloat16') or experts_impl='masked'.")
     if m.attention == "flex":

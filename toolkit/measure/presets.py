@@ -8,6 +8,8 @@ from ..transforms import ACConfig, CompileConfig
 from .scenario import Scenario
 
 _MOE = ModelConfig()
+# PR #2052's era: the 2025 layout (`moe.experts`) with for-loop experts, whose `.tolist()` breaks graphs (C2).
+_MOE_2025 = ModelConfig(layout="torchtitan_2025", experts_impl="for_loop")
 
 PRESETS: dict[str, Scenario] = {
     s.name: s
@@ -16,13 +18,13 @@ PRESETS: dict[str, Scenario] = {
         Scenario(name="moe_full_ac", model=_MOE, ac=ACConfig(mode="full")),
         Scenario(name="moe_selective_ac", model=_MOE, ac=ACConfig(mode="selective_op")),
         Scenario(name="moe_compile_blocks", model=_MOE, compile=CompileConfig(scope="blocks", fullgraph=True)),
-        Scenario(name="graph_break_in_checkpoint", model=_MOE, ac=ACConfig(mode="full"),
+        Scenario(name="graph_break_in_checkpoint", model=_MOE_2025, ac=ACConfig(mode="full"),
                  compile=CompileConfig(scope="blocks")),
         Scenario(name="memory_budget", model=_MOE, ac=ACConfig(mode="memory_budget", memory_budget=0.3),
                  compile=CompileConfig(scope="blocks", fullgraph=True)),
         Scenario(name="dense_selective_ac", model=_MOE.replace(moe_layers="none"), ac=ACConfig(mode="selective_op")),
-        Scenario(name="torchtitan_today", model=_MOE, recipe="torchtitan_today"),
-        Scenario(name="pr2052", model=_MOE.replace(experts_graph_break=True), recipe="torchtitan_2025_09"),
+        Scenario(name="torchtitan_0_3_0", model=_MOE, recipe="torchtitan_0_3_0"),
+        Scenario(name="pr2052", model=_MOE_2025.replace(experts_graph_break=True), recipe="torchtitan_2025_09"),
     )
 }
 

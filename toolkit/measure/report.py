@@ -26,6 +26,9 @@ class ScenarioRecord:
     """The ACConfig mode ("recipe" when a recipe applied AC; "unknown" for a user's module)."""
     compile_scope: str = "none"
     backend: str = "eager"
+    stack: str = "toolkit"
+    """"toolkit", "torchtitan" (its own model and transforms) or "user" (`tk.measure`)."""
+    fsdp: str = "none"
     config: dict[str, Any] = field(default_factory=dict)
     """`Scenario.to_dict()` of a toolkit scenario (empty for a user's module): `to_scenario()` rebuilds it."""
 
@@ -39,7 +42,7 @@ class ScenarioRecord:
                    ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
                    compile_scope="recipe" if scenario.recipe else scope,
                    backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
-                   config=d)
+                   stack=scenario.stack, fsdp=scenario.fsdp, config=d)
 
     def to_scenario(self):
         """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -16,6 +17,7 @@ from .. import compat
 from .._config import ConfigError
 from ..models import build_model, loss_fn as model_loss_fn, make_batch
 from ..transforms import apply_ac, apply_compile
+from ..transforms.fsdp import apply_fsdp, process_group
 from ..transforms.naming import has_compiled
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import applied
@@ -157,52 +159,102 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
     record = ScenarioRecord.of(scenario)
     requested = scenario.recipe is not None or scenario.compile.enabled
     model = None
-    with restoring_process_state(reset_dynamo=True), capture_warnings(warn):
+    with restoring_process_state(reset_dynamo=True), capture_warnings(warn), contextlib.ExitStack() as group:
         try:
             stage("build")
             t = time.perf_counter()
-            cfg = scenario.model_config
-            model = build_model(cfg)
-            batch = make_batch(cfg)
+            world = group.enter_context(process_group())[1] if scenario.fsdp != "none" else 1
+            built = _build(scenario)
             timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
             if scenario.check_numerics:
-                ref = build_model(cfg)
-                torch.manual_seed(cfg.seed + 2)
-                l = model_loss_fn(ref(batch.tokens), batch.labels)
+                ref = _build(scenario)
+                torch.manual_seed(built.seed)
+                l = built.loss_of(ref.model(built.tokens))
                 l.backward()
-                ref_loss, ref_grads = float(l.detach().float()), _numerics.grads(ref)
+                ref_loss, ref_grads = float(l.detach().float()), _numerics.grads(ref.model)
                 del ref, l
+            model = built.model
             t = time.perf_counter()
-            if scenario.recipe is not None:
-                stage("compile")
-                apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
-            else:
-                stage("ac")
-                apply_ac(model, scenario.ac)
-                stage("compile")
-                apply_compile(model, scenario.compile)
+            orders = _transform(scenario, model, stage)
             timing["apply_s"] = time.perf_counter() - t
-            orders = dict(applied(model).compile_orders)
             steps = StepResult()
-            measured_step(model, lambda: model(batch.tokens), lambda logits: model_loss_fn(logits, batch.labels),
-                          batch.tokens, torch.device(cfg.device), stage, seed=cfg.seed + 2,
-                          measure_memory=scenario.measure_memory, steady_steps=scenario.steady_steps,
-                          snapshot_path=scenario.memory_snapshot, result=steps)
-            if ref_grads is not None:
-                numerics = _numerics.compare(steps.loss, steps.grads, ref_loss, ref_grads, cfg.torch_dtype,
-                                             "eager without AC")
-            else:
+            measured_step(model, lambda: model(built.tokens), built.loss_of, built.tokens, built.device, stage,
+                          seed=built.seed, measure_memory=scenario.measure_memory,
+                          steady_steps=scenario.steady_steps, snapshot_path=scenario.memory_snapshot, result=steps)
+            if ref_grads is None:
                 numerics = _numerics.not_compared(steps.loss, "check_numerics=False")
+            elif world > 1:
+                numerics = _numerics.not_compared(steps.loss, f"FSDP-sharded over {world} ranks: each holds a shard")
+            else:
+                numerics = _numerics.compare(steps.loss, steps.grads, ref_loss, ref_grads, built.dtype,
+                                             "eager without AC" + (" or FSDP" if scenario.fsdp != "none" else ""))
         except Exception as e:  # the scenario failing is a result
             err = e
             if steps is not None and steps.loss is not None:
                 numerics = Numerics(loss=steps.loss)
         finally:
-            if model is not None:
+            if model is not None and scenario.stack == "toolkit":
                 with contextlib.suppress(Exception):
                     reset(model, dynamo=False)
+            model = None  # the model (and FSDP's hold on the process group) goes before the group does
     return _assemble(record, stage, steps, err, warn, timing, requested, orders, numerics)
+
+
+@dataclass
+class _Built:
+    model: nn.Module
+    tokens: torch.Tensor
+    loss_of: Callable[[torch.Tensor], torch.Tensor]
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    """Seeds the RNG before the measured forward and the reference's (router noise, dropout)."""
+
+
+def _build(scenario: Scenario) -> _Built:
+    if scenario.stack == "torchtitan":
+        from ..stacks import torchtitan as titan
+
+        cfg = scenario.torchtitan
+        tokens, labels = titan.make_batch(cfg)
+        loss = titan.loss_fn(cfg)
+        model = titan.build(cfg)
+        return _Built(model, tokens, lambda logits: loss(logits, labels), torch.device(cfg.device),
+                      next(model.parameters()).dtype, cfg.seed + 2)
+    cfg = scenario.model_config
+    batch = make_batch(cfg)
+    return _Built(build_model(cfg), batch.tokens, lambda logits: model_loss_fn(logits, batch.labels),
+                  torch.device(cfg.device), cfg.torch_dtype, cfg.seed + 2)
+
+
+def _transform(scenario: Scenario, model: nn.Module, stage: Stage) -> dict[str, str]:
+    """AC, compile (or a recipe), then FSDP — the toolkit's transforms or torchtitan's own; returns the compile
+    orders (compile(AC(x)) / AC(compile(x))) per compile target."""
+    if scenario.stack == "torchtitan":
+        from ..stacks import torchtitan as titan
+
+        stage("ac")
+        titan.apply_ac(model, scenario.ac.mode)
+        stage("compile")
+        if scenario.compile.enabled:
+            titan.apply_compile(model, scenario.compile.backend)
+        if scenario.fsdp != "none":
+            titan.apply_fsdp(model)
+        n = len(list(model.layers.children()))
+        return {f"layers.{i}": "compile(AC(x))" for i in range(n)} if scenario.compile.enabled and \
+            scenario.ac.mode != "none" else {}
+    if scenario.recipe is not None:
+        stage("compile")
+        apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
+    else:
+        stage("ac")
+        apply_ac(model, scenario.ac)
+        stage("compile")
+        apply_compile(model, scenario.compile)
+    if scenario.fsdp != "none":
+        apply_fsdp(model, scenario.fsdp)
+    return dict(applied(model).compile_orders)
 
 
 def _default_loss(out: Any) -> torch.Tensor:
@@ -249,7 +301,7 @@ def measure(module_or_fn: nn.Module | Callable, *args: Any, loss_fn: Callable[[A
     device = next((t.device for t in leaves), None) or next((p.device for p in model.parameters()), torch.device("cpu"))
     requested = has_compiled(model) or hasattr(module_or_fn, "_torchdynamo_orig_callable")
     label = name or type(module_or_fn).__name__
-    record = ScenarioRecord(name=label, measured="module", ac_mode="unknown",
+    record = ScenarioRecord(name=label, measured="module", ac_mode="unknown", stack="user",
                             compile_scope="user" if requested else "none", backend="user" if requested else "eager")
     stage = Stage()
     warn: list[str] = []

@@ -7,19 +7,30 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import ConfigError
+from .._config import ConfigError, check_choice
 from ..models import ModelConfig, build_model
+from ..stacks.torchtitan import TorchtitanConfig
+from ..stacks.torchtitan import require as require_torchtitan
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, check_ac_compile
+from ..transforms.fsdp import FSDP_MODES
 from ..transforms.recipes import RECIPES, prepare, reset
+
+STACKS = ("toolkit", "torchtitan")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """Everything needed to rebuild and measure one training step."""
 
+    stack: str = "toolkit"
+    """Whose model and transforms: "toolkit" (its torchtitan-shaped model, its AC / compile / recipes) or
+    "torchtitan" (torchtitan 0.3.0's own model from `torchtitan`, and its own `FullAC` / `SelectiveAC`,
+    `apply_compile` and `apply_fsdp_to_decoder`, in the order its `parallelize_*` uses; an optional extra)."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    """The model to build."""
+    """The toolkit's model to build (stack "toolkit")."""
+    torchtitan: TorchtitanConfig | None = None
+    """torchtitan's model to build (stack "torchtitan"; default `TorchtitanConfig()`, a tiny Qwen3-MoE)."""
     ac: ACConfig = field(default_factory=ACConfig)
     """Activation checkpointing to apply (ignored when `recipe` is set)."""
     compile: CompileConfig = field(default_factory=CompileConfig)
@@ -42,9 +53,20 @@ class Scenario:
     """Extra un-instrumented steps timed for the steady-state step time (0 skips them)."""
     memory_snapshot: str | None = None
     """CUDA only: write an allocator snapshot (for PyTorch's memory viewer) to this path."""
+    fsdp: str = "none"
+    """Real FSDP2 after AC and compile: "none", "blocks" (torchtitan 0.3.0's units: embeddings, norm + head,
+    each block, the root) or "blocks+experts" (the MoE's routed experts a unit of their own first, as in PR
+    #2052's era: C4). On the default process group, or a 1-rank gloo group on 127.0.0.1 made for the run."""
 
     def __post_init__(self) -> None:
         own = "Scenario"
+        check_choice(own, "stack", self.stack, STACKS)
+        check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
+        if self.stack == "torchtitan":
+            self._check_torchtitan()
+        elif self.torchtitan is not None:
+            raise ConfigError(own, "torchtitan", "a torchtitan model config only applies to stack='torchtitan'.",
+                              "pass stack='torchtitan', or drop torchtitan=... and set model=ModelConfig(...).")
         for name, cls in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(own, name, f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
@@ -63,6 +85,34 @@ class Scenario:
             raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
         self.model_config  # validates device/seed overrides
 
+    def _check_torchtitan(self) -> None:
+        own = "Scenario"
+        if self.torchtitan is None:
+            object.__setattr__(self, "torchtitan", TorchtitanConfig())
+        if not isinstance(self.torchtitan, TorchtitanConfig):
+            raise ConfigError(own, "torchtitan", f"is a {type(self.torchtitan).__name__}, not a TorchtitanConfig.",
+                              "pass toolkit.stacks.torchtitan.TorchtitanConfig(...).")
+        if self.model != ModelConfig() or self.device is not None or self.seed is not None:
+            raise ConfigError(own, "model", "stack='torchtitan' builds torchtitan's own model, so the toolkit's "
+                              "ModelConfig / device / seed would be ignored.", "set them on torchtitan=TorchtitanConfig(...).")
+        if self.recipe is not None:
+            raise ConfigError(own, "recipe", "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
+                              "stack='torchtitan' its own code applies them.",
+                              "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).")
+        if self.ac.replace(mode="none") != ACConfig() or self.ac.mode not in ("none", "full", "selective_op"):
+            raise ConfigError(own, "ac", "torchtitan's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
+                              "its own defaults.", "pass ACConfig(mode='none' | 'full' | 'selective_op') only.")
+        c = self.compile
+        if c.enabled and (c.scope != "blocks" or not c.fullgraph or
+                          c.replace(backend="aot_eager") != CompileConfig(scope="blocks", fullgraph=True)):
+            raise ConfigError(own, "compile", "torchtitan's apply_compile compiles each block whole with "
+                              "fullgraph=True; only the backend is yours.",
+                              "pass CompileConfig(scope='blocks', fullgraph=True, backend=...).")
+        if self.fsdp == "blocks+experts":
+            raise ConfigError(own, "fsdp", "torchtitan 0.3.0 shards the experts inside each block's unit.",
+                              "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.")
+        require_torchtitan()
+
     @property
     def model_config(self) -> ModelConfig:
         changes = {}
@@ -76,17 +126,28 @@ class Scenario:
     def label(self) -> str:
         if self.name:
             return self.name
+        fsdp = f" | FSDP {self.fsdp}" if self.fsdp != "none" else ""
+        if self.stack == "torchtitan":
+            c = self.compile
+            comp = "eager" if not c.enabled else f"compile blocks ({c.backend_name}, fullgraph)"
+            return f"{self.torchtitan.label} | AC {self.ac.mode} | {comp}{fsdp}"
         if self.recipe:
-            return f"recipe {self.recipe}"
+            return f"recipe {self.recipe}{fsdp}"
         c = self.compile
         comp = "eager" if not c.enabled else f"compile {c.scope if isinstance(c.scope, str) else ','.join(c.scope)} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
-        return f"{self.model.experts_impl if self.model.has_moe else 'dense'} | AC {self.ac.mode} | {comp}"
+        return f"{self.model.experts_impl if self.model.has_moe else 'dense'} | AC {self.ac.mode} | {comp}{fsdp}"
 
     def replace(self, **changes) -> "Scenario":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stack": self.stack} if self.stack != "toolkit" else {}
+        if self.torchtitan is not None:
+            out["torchtitan"] = self.torchtitan.to_dict()
+        if self.fsdp != "none":
+            out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
         return {
+            **out,
             "model": self.model.to_dict(), "ac": self.ac.to_dict(), "compile": self.compile.to_dict(),
             "recipe": self.recipe, "recipe_backend": self.recipe_backend, "name": self.name, "device": self.device,
             "seed": self.seed, "check_numerics": self.check_numerics, "measure_memory": self.measure_memory,
@@ -106,6 +167,8 @@ class Scenario:
             data["ac"] = ACConfig.from_dict(data["ac"])
         if "compile" in data:
             data["compile"] = CompileConfig.from_dict(data["compile"])
+        if isinstance(data.get("torchtitan"), dict):
+            data["torchtitan"] = TorchtitanConfig.from_dict(data["torchtitan"])
         return cls(**data)
 
     def to_json(self) -> str:
@@ -119,7 +182,7 @@ class Scenario:
 def check_structure(scenario: Scenario) -> None:
     """Raise ConfigError for what only the model's structure can tell (a scope the model lacks, an order the
     wrappers cannot give) — by building a 2-block model and applying the transforms, without running anything."""
-    if scenario.recipe:
+    if scenario.recipe or scenario.stack != "toolkit":
         return
     model = build_model(scenario.model_config.replace(n_layers=min(2, scenario.model.n_layers), device="cpu"))
     prepare(model, ac=scenario.ac, compile=scenario.compile)

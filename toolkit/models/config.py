@@ -10,15 +10,23 @@ from .._config import ConfigError, check_choice, check_int, from_dict, literal_c
 
 ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
 TokenCount = Literal["scatter", "histc", "bincount"]
+Layout = Literal["torchtitan_0_3_0", "torchtitan_2025"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A small transformer laid out like torchtitan's (llama3 dense blocks, DeepSeek/llama4-style MoE).
 
-    The default is a 2-layer all-MoE model whose eager training step takes a few milliseconds on a CPU.
+    The default is a 2-layer all-MoE model with torchtitan 0.3.0's module, parameter and buffer names and its
+    experts (`_grouped_mm` in bfloat16), whose eager training step takes a few milliseconds on a CPU.
     """
 
+    layout: Layout = "torchtitan_0_3_0"
+    """Names as in a torchtitan release: "torchtitan_0_3_0" (`lm_head`; `moe.routed_experts.inner_experts` with
+    `w1_EFD`/`w2_EDF`/`w3_EFD` and a `token_dispatcher`; buffers `moe.expert_bias_E`, `moe.tokens_per_expert_E`,
+    the counter always kept) or the historical "torchtitan_2025" (`output`; `moe.experts` with `w1`/`w2`/`w3`,
+    `_grouped_mm` in the model's dtype; buffers `expert_bias`, `tokens_per_expert` with load balancing only), the
+    layout of PR #2052's era that the 2025 recipes and some bug notebooks rebuild."""
     n_layers: int = 2
     """Number of transformer blocks, registered as `layers.0` … `layers.{n-1}`."""
     dim: int = 64
@@ -53,21 +61,23 @@ class ModelConfig:
     n_shared_experts: int = 1
     """Shared experts always applied to every token (0 disables `moe.shared_experts`)."""
     load_balance: bool = True
-    """Aux-loss-free balancing as torchtitan keeps it: an `expert_bias` buffer added to the selection scores and
-    a `tokens_per_expert` buffer incremented in the forward (the in-place side effect AC recompute repeats)."""
+    """Aux-loss-free balancing as torchtitan keeps it: an expert-bias buffer added to the selection scores, and a
+    tokens-per-expert buffer incremented in the forward (the in-place side effect AC recompute repeats, C12)."""
     router_noise: float = 0.0
     """Uniform noise scale added to the selection scores in training (RNG-driven routing, for the
     non-deterministic-routing-under-recompute case C11). 0 disables it."""
-    experts_impl: ExpertsImpl = "for_loop"
-    """How routed experts run: "for_loop" (torchtitan's counts `.tolist()` + split: data-dependent),
-    "grouped_mm" (`torch._grouped_mm`, bfloat16 needed under compile on CPU), "masked" (every expert on every
-    row with a mask: static shapes, E× the FLOPs) or "nonzero" (per-expert `nonzero` gather: dynamic shapes)."""
+    experts_impl: ExpertsImpl = "grouped_mm"
+    """How routed experts run: "grouped_mm" (`torch._grouped_mm`, torchtitan 0.3.0's only path: in bfloat16 in
+    the 0.3.0 layout, in the model's dtype in the 2025 layout, where CPU compile needs bfloat16, C14), "for_loop"
+    (torchtitan's 2025 counts `.tolist()` + split: data-dependent, the graph break of C2), "masked" (every expert
+    on every row with a mask: static shapes, E× the FLOPs) or "nonzero" (per-expert `nonzero` gather: dynamic
+    shapes)."""
     token_count: TokenCount = "scatter"
     """How tokens per expert are counted: "scatter" (routing map + sum, static; torchtitan today), "histc"
     (static) or "bincount" (dynamic output shape: a graph break unless captured)."""
     experts_graph_break: bool = False
-    """Give `moe.experts` a `torch.compiler.disable`d forward pre-hook, standing in for the FSDP2 all-gather
-    hook that made tracing the experts fail in torchtitan PR #2052's era."""
+    """Give the routed experts' module a `torch.compiler.disable`d forward pre-hook, standing in for the FSDP2
+    all-gather hook that made tracing the experts fail in torchtitan PR #2052's era."""
     attention: Literal["sdpa", "flex"] = "sdpa"
     """Attention kernel: causal `scaled_dot_product_attention`, or FlexAttention (no CPU backward in torch
     2.13, so only on CUDA)."""
@@ -82,7 +92,7 @@ class ModelConfig:
                               ("seq_len", 1), ("batch", 1), ("n_experts", 1), ("top_k", 1), ("moe_hidden", 1),
                               ("n_shared_experts", 0), ("seed", 0)]:
             check_int(own, name, getattr(self, name), minimum)
-        for name in ["dtype", "score_func", "experts_impl", "token_count", "attention"]:
+        for name in ["layout", "dtype", "score_func", "experts_impl", "token_count", "attention"]:
             check_choice(own, name, getattr(self, name), literal_choices(ModelConfig, name))
         if self.dim % self.n_heads:
             raise ConfigError(own, "dim", f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",

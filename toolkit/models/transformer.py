@@ -84,7 +84,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """`tok_embeddings` → `layers.{i}` (a ModuleDict keyed "0", "1", …) → `norm` → `output`."""
+    """`tok_embeddings` → `layers.{i}` (a ModuleDict keyed "0", "1", …) → `norm` → `lm_head` (`output` in the
+    2025 layout)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -92,7 +93,8 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.n_layers)})
         self.norm = nn.RMSNorm(cfg.dim, eps=1e-6)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.head_name = "lm_head" if cfg.layout == "torchtitan_0_3_0" else "output"
+        self.add_module(self.head_name, nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
         self.register_buffer("rope", rope_cache(cfg.seq_len, cfg.head_dim), persistent=False)
 
     def forward(self, tokens_BS: torch.Tensor) -> torch.Tensor:
@@ -100,7 +102,7 @@ class Transformer(nn.Module):
         rope = self.rope[:, : tokens_BS.shape[1]]
         for layer in self.layers.values():
             h_BSD = layer(h_BSD, rope)
-        return self.output(self.norm(h_BSD))
+        return self.get_submodule(self.head_name)(self.norm(h_BSD))
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:
@@ -118,7 +120,7 @@ class Transformer(nn.Module):
                 for lin in ("w1", "w2", "w3"):
                     nn.init.trunc_normal_(getattr(block.feed_forward, lin).weight, std=std)
         nn.init.ones_(self.norm.weight)
-        nn.init.trunc_normal_(self.output.weight, std=self.config.dim ** -0.5)
+        nn.init.trunc_normal_(self.get_submodule(self.head_name).weight, std=self.config.dim ** -0.5)
 
 
 class Batch(NamedTuple):
@@ -141,9 +143,10 @@ def build_model(cfg: ModelConfig | None = None) -> Transformer:
     # Buffers that must stay float32 whatever the model dtype: RoPE angles and the balancing statistics.
     model.rope = model.rope.float()
     for block in model.layers.values():
-        if block.moe_enabled and block.moe.load_balance:
-            block.moe.expert_bias = block.moe.expert_bias.float()
-            block.moe.tokens_per_expert = block.moe.tokens_per_expert.float()
+        if block.moe_enabled:
+            for name in MoE.buffer_names(cfg.layout):
+                if getattr(block.moe, name) is not None:
+                    setattr(block.moe, name, getattr(block.moe, name).float())
     model.train()
     return model
 

@@ -97,10 +97,15 @@ class Explorer:
     def build_scenario(self) -> Scenario:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
+        layout = "torchtitan_2025" if (v["recipe"] or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
         model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
                             n_experts=v["n_experts"], top_k=v["top_k"], experts_impl=v["experts_impl"],
                             moe_hidden=v["dim"], ffn_hidden=2 * v["dim"],
-                            dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and v["scope"] != "none" else "float32",
+                            # The 2025 recipes rebuild PR #2052's era and its layout, whose grouped_mm experts
+                            # compile only in bfloat16 on CPU (C14); the 0.3.0 layout casts inside the experts.
+                            layout=layout,
+                            dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and layout == "torchtitan_2025"
+                            and (v["scope"] != "none" or v["recipe"]) else "float32",
                             experts_graph_break=v["recipe"] == "torchtitan_2025_09")
         if v["recipe"]:
             return Scenario(model=model, recipe=v["recipe"], recipe_backend=v["backend"])

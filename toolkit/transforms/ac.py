@@ -49,7 +49,8 @@ class ACConfig:
     """For "per_submodule": the AC each of attention and moe/feed_forward gets."""
     force_recompute_mm_shapes_by_fqns: tuple[str, ...] = ("moe.router.gate",)
     """Name substrings of `nn.Linear` modules whose weight shape is forced to recompute in the per-op policy —
-    any matmul with that shape, whichever module it belongs to (torchtitan's rule)."""
+    any matmul of that block with that shape, whichever module it belongs to (torchtitan's rule: shapes are
+    collected per block)."""
     extra_save_ops: tuple[Any, ...] = ()
     """Ops added to the per-op policy's save set, e.g. `torch.ops.aten._grouped_mm.default` (C15)."""
     memory_budget: float = 0.5
@@ -141,11 +142,12 @@ def op_from_name(name: Any):
 # --- applying and removing -------------------------------------------------------------------------------
 
 
-def _wrap(module: nn.Module, cfg: ACConfig, selective: bool, model: nn.Module) -> nn.Module:
+def _wrap(module: nn.Module, cfg: ACConfig, selective: bool, fqn: str) -> nn.Module:
+    """A non-reentrant CheckpointWrapper around `module` (named `fqn`), with the SAC policy if `selective`."""
     kwargs: dict[str, Any] = dict(preserve_rng_state=cfg.preserve_rng_state, determinism_check=cfg.determinism_check,
                                   early_stop=cfg.early_stop, debug=cfg.debug)
     if selective:
-        kwargs["context_fn"] = sac_context_fn(cfg, model)
+        kwargs["context_fn"] = sac_context_fn(cfg, module, fqn)
     return compat.checkpoint_wrapper(module, **kwargs)
 
 
@@ -177,18 +179,19 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
     wrapped: list[str] = []
     if cfg.mode in ("full", "selective_op", "custom"):
         for key, block in layer_items:
-            layers.register_module(key, _wrap(block, cfg, cfg.mode != "full", model))
+            layers.register_module(key, _wrap(block, cfg, cfg.mode != "full", f"layers.{key}"))
             wrapped.append(f"layers.{key}")
     elif cfg.mode == "selective_layer":
         for i, (key, block) in enumerate(layer_items):
             if (i + 1) % cfg.layer_every == 0:
-                layers.register_module(key, _wrap(block, cfg, False, model))
+                layers.register_module(key, _wrap(block, cfg, False, f"layers.{key}"))
                 wrapped.append(f"layers.{key}")
     elif cfg.mode == "per_submodule":
         for key, block in layer_items:
             for child in ("attention", "moe", "feed_forward"):
                 if isinstance(getattr(block, child, None), nn.Module):
-                    block.register_module(child, _wrap(getattr(block, child), cfg, cfg.submodule_ac == "selective", model))
+                    block.register_module(child, _wrap(getattr(block, child), cfg, cfg.submodule_ac == "selective",
+                                                       f"layers.{key}.{child}"))
                     wrapped.append(f"layers.{key}.{child}")
     elif cfg.mode == "memory_budget":
         rec.functorch_config["activation_memory_budget"] = float(cfg.memory_budget)

@@ -27,8 +27,9 @@ class CompileConfig:
     """What to compile and how."""
 
     scope: Scope | tuple[str, ...] = "none"
-    """"none", "model", "blocks" (each `layers.i`), "attention", "moe", "experts", "router", "shared_experts",
-    "feed_forward" (each such submodule of every block that has one), or a tuple of canonical module names."""
+    """"none", "model", "blocks" (each `layers.i`), "attention", "moe", "experts" (`moe.routed_experts`, or the
+    2025 layout's `moe.experts`), "router", "shared_experts", "feed_forward" (each such submodule of every block
+    that has one), or a tuple of canonical module names."""
     backend: str | Callable = "aot_eager"
     """"eager", "aot_eager" (AOTAutograd's partition without code generation, ~1 s per graph on CPU: it saves
     what inductor saves under full AC and SAC, but not always without AC — 750336 vs 783104 B on one model),
@@ -64,7 +65,7 @@ class CompileConfig:
         elif isinstance(self.scope, (tuple, list)):
             if not self.scope or not all(isinstance(s, str) for s in self.scope):
                 raise ConfigError(own, "scope", f"{self.scope!r} is not a non-empty tuple of module names.",
-                                  "pass e.g. ('layers.0.moe.experts',) or a named scope like 'blocks'.")
+                                  "pass e.g. ('layers.0.moe.routed_experts',) or a named scope like 'blocks'.")
             object.__setattr__(self, "scope", tuple(self.scope))
         else:
             raise ConfigError(own, "scope", f"{self.scope!r} has the wrong type.",
@@ -153,8 +154,11 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
                 names.append(f"{base}.{scope}")
         else:  # experts, router, shared_experts live under moe
             moe = getattr(block, "moe", None)
-            if isinstance(moe, nn.Module) and isinstance(getattr(unwrap(moe), scope, None), nn.Module):
-                names.append(f"{base}.moe.{scope}")
+            # "experts" are torchtitan 0.3.0's `routed_experts` (dispatch + inner experts), or 2025's `experts`.
+            child = next((c for c in ((scope,) if scope != "experts" else ("routed_experts", "experts"))
+                          if isinstance(moe, nn.Module) and isinstance(getattr(unwrap(moe), c, None), nn.Module)), None)
+            if child is not None:
+                names.append(f"{base}.moe.{child}")
     if not names:
         raise ConfigError("CompileConfig", "scope", f"scope {scope!r} matches no module of this model.",
                           "pick a scope the model has (dense models have no 'moe'/'experts'; all-MoE models no "
@@ -167,12 +171,13 @@ def _covers(target: str, name: str) -> bool:
 
 
 def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
+    """The 2025 layout runs `_grouped_mm` in the model's dtype: compiling it in float32 on CPU fails (C14).
+    (torchtitan 0.3.0, and the toolkit's 0.3.0 layout, cast to bfloat16 inside the experts for exactly this.)"""
     from ..models import ModelConfig
 
     cfg = getattr(unwrap(model), "config", None)
-    if not isinstance(cfg, ModelConfig) or cfg.experts_impl != "grouped_mm" or cfg.dtype != "float32" or not cfg.has_moe:
-        return
-    if cfg.device_type not in ("cpu", "meta"):
+    if not isinstance(cfg, ModelConfig) or cfg.layout != "torchtitan_2025" or cfg.experts_impl != "grouped_mm" \
+            or cfg.dtype != "float32" or not cfg.has_moe or cfg.device_type not in ("cpu", "meta"):
         return
     for i in cfg.moe_layer_ids:
         experts = f"layers.{i}.moe.experts"
@@ -181,7 +186,8 @@ def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
             raise ConfigError("CompileConfig", "scope",
                               f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel "
                               "accepts only bfloat16 on CPU ('Expected inputs of BF16 type', C14).",
-                              "use ModelConfig(dtype='bfloat16'), another experts_impl, or a scope that leaves the experts eager.")
+                              "use ModelConfig(dtype='bfloat16'), layout='torchtitan_0_3_0' (bfloat16 experts), "
+                              "another experts_impl, or a scope that leaves the experts eager.")
 
 
 def _check_order(model: nn.Module, cfg: CompileConfig, targets: list[str]) -> dict[str, str]:

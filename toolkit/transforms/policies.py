@@ -16,33 +16,41 @@ from .naming import named_modules
 aten = torch.ops.aten
 
 
-def _expand(packets) -> set[Any]:
-    ops = set()
-    for p in packets:
-        for o in p.overloads():
-            ops.add(getattr(p, o))
-    return ops
+def _resolve(root: Any, path: str) -> Any | None:
+    """An op by dotted path (`"torch_attn._varlen_attn.default"`), or None where this torch / install lacks it."""
+    obj = root
+    try:
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None
+    return obj
 
 
 def default_save_ops() -> frozenset[Any]:
-    """torchtitan's save set: the partitioner's compute-intensive ops plus SDPA variants, max, linear, topk,
-    FlexAttention and the Inductor region op where this torch has them. `_grouped_mm` is not in it (C15)."""
-    ops = _expand(compat.default_compute_intensive_ops())
-    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_attention_math", "_scaled_dot_product_fused_attention_overrideable",
-                 "max", "linear", "topk", "mm"):
-        packet = getattr(aten, name, None)
-        if packet is not None:
-            ops |= _expand([packet])
-    for hop in ("flex_attention", "inductor_compiled_code"):
-        if hasattr(torch.ops.higher_order, hop):
-            ops.add(getattr(torch.ops.higher_order, hop))
-    for ns, name in (("_c10d_functional", "reduce_scatter_tensor"), ("_c10d_functional", "all_to_all_single")):
-        try:
-            ops |= _expand([getattr(getattr(torch.ops, ns), name)])
-        except (AttributeError, RuntimeError):
-            pass
+    """torchtitan 0.3.0's SAC save set (`activation_checkpoint._get_default_save_ops`), rebuilt op for op: the
+    `.default` overload of each of the partitioner's compute-intensive ops; SDPA cudnn / math / fused-overrideable,
+    `max`, FlexAttention, `linear`, `topk`, the Inductor region op and torch_attn's varlen attention; and the
+    reduce-scatter / all-to-all collectives (DeepEP / HybridEP ones where installed). 22 ops on torch 2.13.
+    `_grouped_mm` and CPU's `_scaled_dot_product_flash_attention_for_cpu` are not in it, so both are recomputed
+    (C15; on CPU SDPA's output is recomputed)."""
+    ops = {packet.default for packet in compat.default_compute_intensive_ops()}
+    for root, path in ((torch.ops, "aten._scaled_dot_product_cudnn_attention.default"),
+                       (torch.ops, "aten._scaled_dot_product_attention_math.default"),
+                       (torch.ops, "aten._scaled_dot_product_fused_attention_overrideable.default"),
+                       (torch.ops, "aten.max.default"),
+                       (torch.ops, "higher_order.flex_attention"),
+                       (torch.ops, "aten.linear.default"),
+                       (torch.ops, "aten.topk.default"),
+                       (torch.ops, "higher_order.inductor_compiled_code"),
+                       (torch.ops, "torch_attn._varlen_attn.default"),
+                       (torch.ops, "_c10d_functional.reduce_scatter_tensor.default"),
+                       (torch.ops, "_c10d_functional.all_to_all_single.default"),
+                       (torch.ops, "deepep.dispatch.default"), (torch.ops, "deepep.combine.default"),
+                       (torch.ops, "hybridep.dispatch.default"), (torch.ops, "hybridep.combine.default")):
+        op = _resolve(root, path)
+        if op is not None:
+            ops.add(op)
     return frozenset(ops)
 
 
@@ -152,21 +160,26 @@ class SaveOpsPolicy:
         return decision
 
 
-def force_recompute_shapes(model: nn.Module, fqn_substrings: tuple[str, ...]) -> frozenset[tuple[int, ...]]:
-    """The matmul RHS shapes `(in, out)` of the `nn.Linear` modules whose canonical names contain a substring."""
+def force_recompute_shapes(module: nn.Module, fqn_substrings: tuple[str, ...],
+                           base_fqn: str = "") -> frozenset[tuple[int, ...]]:
+    """The matmul RHS shapes `(in, out)` of the `nn.Linear` modules under `module` (a block, named `base_fqn`,
+    e.g. "layers.3") whose canonical names contain a substring — collected per block, as torchtitan does, so a
+    dense block forces nothing even when an MoE block's router gate shares a shape with its matmuls."""
     shapes = set()
-    for name, m in named_modules(model):
-        if any(s in name for s in fqn_substrings):
+    for name, m in named_modules(module):
+        fqn = f"{base_fqn}.{name}" if base_fqn and name else (base_fqn or name)
+        if any(s in fqn for s in fqn_substrings):
             if not isinstance(m, nn.Linear):
                 raise ConfigError("ACConfig", "force_recompute_mm_shapes_by_fqns",
-                                  f"{name!r} matches but is a {type(m).__name__}, not nn.Linear.",
+                                  f"{fqn!r} matches but is a {type(m).__name__}, not nn.Linear.",
                                   "list substrings that only match nn.Linear modules (e.g. 'moe.router.gate').")
             shapes.add((m.weight.shape[1], m.weight.shape[0]))
     return frozenset(shapes)
 
 
-def sac_context_fn(cfg: Any, model: nn.Module) -> Callable[[], Any]:
-    """A `context_fn` for `torch.utils.checkpoint` that builds a fresh policy per checkpoint call."""
+def sac_context_fn(cfg: Any, module: nn.Module, base_fqn: str = "") -> Callable[[], Any]:
+    """A `context_fn` for `torch.utils.checkpoint` that builds a fresh policy per checkpoint call (its matmul
+    counters start at 0 in every block and every recompute, as torchtitan's do)."""
     if cfg.mode == "custom" and cfg.policy is not None:
         policy = cfg.policy
         return lambda: create_selective_checkpoint_contexts(policy)
@@ -174,5 +187,5 @@ def sac_context_fn(cfg: Any, model: nn.Module) -> Callable[[], Any]:
         ops = frozenset(cfg.save_ops)
         return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
     save = default_save_ops() | frozenset(cfg.extra_save_ops)
-    shapes = force_recompute_shapes(model, cfg.force_recompute_mm_shapes_by_fqns)
+    shapes = force_recompute_shapes(module, cfg.force_recompute_mm_shapes_by_fqns, base_fqn)
     return lambda: create_selective_checkpoint_contexts(SelectiveOpPolicy(save, shapes))

@@ -48,6 +48,9 @@ class Recipe:
     name: str
     summary: str
     apply: Callable[..., nn.Module]
+    release: str | None = None
+    """The torchtitan release the recipe claims to be; its real code is then the fidelity test's reference.
+    None for historical recipes rebuilt from PRs, with no release to compare with."""
 
     def __call__(self, model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
         return self.apply(model, backend=backend)
@@ -81,7 +84,7 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
                 moe = unwrap(child) if see_through else child
                 if _is_moe(moe):
                     for moe_attr, moe_child in list(moe.named_children()):
-                        if moe_attr == "experts":
+                        if moe_attr in ("experts", "routed_experts"):
                             continue  # the experts stay eager: FSDP's hooks must not be traced
                         moe.register_module(moe_attr, torch.compile(moe_child, backend=backend, fullgraph=True))
                         undo.append(("wrapper", (moe, moe_attr, moe_child)))
@@ -127,6 +130,9 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     `attention` is, since that structure is the bug. #2052 (warn and disable compile) was never merged.
     `see_through=True` is the fix that tests `isinstance` on the module under the wrapper: the MoE's router and
     shared experts are then compiled inside its SAC region and the experts stay eager.
+
+    Historical: rebuilt from PRs #1683, #1895 and #2052 and their discussion (no release holds this state to
+    compare with); build the model with `layout="torchtitan_2025"` for that era's names.
     """
     name = "torchtitan_2025_09_see_through" if see_through else "torchtitan_2025_09"
     _start(model, name)
@@ -136,10 +142,10 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     for key, block in blocks(model):
         if getattr(block, "moe_enabled", False):
             for child in ("moe", "attention"):
-                block.register_module(child, _wrap(getattr(block, child), ac_cfg, True, model))
+                block.register_module(child, _wrap(getattr(block, child), ac_cfg, True, f"layers.{key}.{child}"))
                 wrapped.append(f"layers.{key}.{child}")
         else:
-            layers.register_module(key, _wrap(block, ac_cfg, True, model))
+            layers.register_module(key, _wrap(block, ac_cfg, True, f"layers.{key}"))
             wrapped.append(f"layers.{key}")
     targets, undo = _compile_children_1895(model, backend, see_through)
     cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
@@ -159,6 +165,8 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     eager, attention and norms compiled — all inside the SAC region, i.e. SAC(compile(child)), whose policy can
     only save or recompute each compiled child whole (C7). LRU cache off (PR #1991) and
     `capture_scalar_outputs=True` (PR #1895).
+
+    Historical: rebuilt from PRs #2118, #1895 and #1991 (no release holds this state to compare with).
     """
     _start(model, "torchtitan_2025_12")
     ac_cfg = _sac("selective_op")
@@ -174,18 +182,24 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     return model
 
 
-def torchtitan_today(model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
-    """torchtitan main as of 2026-08 (PRs #2741, #2688, #2557, #2204, #2380, #3146): every block, dense or MoE,
-    wrapped whole with the per-op SAC policy (`preserve_rng_state=True`), then compiled whole in place with
-    `fullgraph=True` — compile(AC(block)); `capture_scalar_outputs=True`,
-    `skip_fwd_side_effects_in_bwd_under_checkpoint=True`, Dynamo LRU cache off. (Today FSDP2 no longer hooks the
-    experts, PR #2281, so a graph-breaking experts hook would fail here too: build without one.)
+def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = "selective_op") -> nn.Module:
+    """torchtitan 0.3.0 (PyPI, 2026-09), as `parallelize_qwen3` / `parallelize_deepseekv3` apply it, checked
+    against that release's own code by tests/test_torchtitan.py (same structure, graphs and saved bytes):
+
+    AC (`SelectiveAC`, the trainer's default, or `FullAC` with `ac="full"`): every block of `model.layers`, dense
+    or MoE, wrapped whole in a non-reentrant CheckpointWrapper — `preserve_rng_state=True`, `early_stop=False`,
+    determinism check "default" — with SAC's save list, every-other-matmul rule and per-block force-recompute
+    shapes (`moe.router.gate`); Dynamo's LRU cache off. Compile (`apply_compile`): each block compiled whole in
+    place with `Module.compile(fullgraph=True)` — compile(AC(block)) — with `capture_scalar_outputs=True` and
+    `skip_fwd_side_effects_in_bwd_under_checkpoint=True`. torchtitan sets those flags and the LRU switch for the
+    rest of the process; the toolkit applies them only while a step runs (`torch_settings`).
     """
-    _start(model, "torchtitan_today")
-    prepare(model, ac=ACConfig(mode="selective_op", preserve_rng_state=True),
+    name = "torchtitan_0_3_0" if ac == "selective_op" else "torchtitan_0_3_0_full_ac"
+    _start(model, name)
+    prepare(model, ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
             compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True, capture_scalar_outputs=True,
                                   skip_fwd_side_effects_in_bwd_under_checkpoint=True, order="compile_outside"))
-    record(model).recipe = "torchtitan_today"
+    record(model).recipe = name
     return model
 
 
@@ -198,8 +212,10 @@ RECIPES: dict[str, Recipe] = {
                "the wrapper", lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True)),
         Recipe("torchtitan_2025_12", "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
                torchtitan_2025_12),
-        Recipe("torchtitan_today", "per-block SAC, each block compiled whole with fullgraph=True: compile(SAC(block))",
-               torchtitan_today),
+        Recipe("torchtitan_0_3_0", "torchtitan 0.3.0: per-block SelectiveAC, each block compiled whole with "
+               "fullgraph=True: compile(SAC(block))", torchtitan_0_3_0, release="0.3.0"),
+        Recipe("torchtitan_0_3_0_full_ac", "torchtitan 0.3.0 with FullAC: compile(AC(block))",
+               lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"), release="0.3.0"),
     )
 }
 

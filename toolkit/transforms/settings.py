@@ -36,6 +36,8 @@ class Applied:
     functorch_config: dict[str, Any] = field(default_factory=dict)
     inductor_config: dict[str, Any] = field(default_factory=dict)
     disable_lru_cache: bool = False
+    fsdp: str = "none"
+    """FSDP2 layout applied by `apply_fsdp` ("none", "blocks", "blocks+experts"); it cannot be undone."""
     compile_undo: list = field(default_factory=list, repr=False)
     """How to undo each compile target: ("module", obj) for in-place compile, ("wrapper", (parent, attr, obj))."""
 

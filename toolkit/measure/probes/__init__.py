@@ -16,6 +16,7 @@ Every private torch API sits in `toolkit.compat`; what is missing becomes a blin
 from __future__ import annotations
 
 import contextlib
+import gc
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -117,7 +118,12 @@ class Probes:
             self.state.phase = "idle"
 
     def census(self, output: Any) -> _census.Census:
-        """Storages held for backward right now (call at the end of the forward, with the step's output)."""
+        """Storages held for backward right now (call at the end of the forward, with the step's output).
+
+        Cyclic garbage is collected first: a tensor that only a reference cycle keeps (a frame left behind by a
+        graph break, say) is not held for backward, and whether the collector had run yet would otherwise decide
+        whether it is counted (C13's for-loop run flipped between two totals)."""
+        gc.collect()
         return _census.take(self.model, [self.inputs], output, self.tracker.produced, self.compiled.saves,
                             self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys())
 

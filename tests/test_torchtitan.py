@@ -1,0 +1,151 @@
+"""torchtitan 0.3.0 in the loop: its real models, its own AC / compile / FSDP2, measured against an independent truth;
+the toolkit's recipes and save list checked against that release's own code."""
+
+import pytest
+import torch
+from _truth import Truth, patch_sac_contexts
+
+import toolkit as tk
+from toolkit.stacks import torchtitan as titan
+from toolkit.transforms.fsdp import process_group
+
+pytest.importorskip("torchtitan", reason="the torchtitan extra is not installed (see README)")
+import torchtitan.distributed.activation_checkpoint as titan_ac  # noqa: E402
+
+import toolkit.transforms.policies as policies  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:CPU Autocast only supports"),
+              pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:FutureWarning")]
+
+FAMILIES = {"qwen3": titan.TorchtitanConfig.qwen3(), "deepseek_v3": titan.TorchtitanConfig.deepseek_v3()}
+
+
+class CountingBackend:
+    """aot_eager with a count of the forward graphs it compiled: an independent graph count."""
+
+    def __init__(self):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self.graphs = 0
+
+        def fw(gm, example_inputs):
+            self.graphs += 1
+            return make_boxed_func(gm.forward)
+
+        self.backend = aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+                                    partition_fn=min_cut_rematerialization_partition)
+
+
+def truth_of(model, tokens, loss):
+    truth = Truth(model)
+    with patch_sac_contexts(truth, titan_ac, policies), truth:
+        out = model(tokens)
+        n = truth.bytes(out)
+    return n, out
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["no_fsdp", "fsdp"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("ac", ["none", "full", "selective_op"])
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_real_models_saved_bytes_and_graphs_equal_an_independent_truth(family, ac, compiled, fsdp):
+    cfg = FAMILIES[family]
+    tokens, labels = titan.make_batch(cfg)
+    loss = titan.loss_fn(cfg)
+    counter = CountingBackend()
+    with process_group():
+        model = titan.parallelize(titan.build(cfg), ac=ac, compile_backend=counter.backend if compiled else None,
+                                  fsdp=fsdp)
+        loss(model(tokens), labels).backward()  # a bare step: the graphs a plain training step compiles
+        true_graphs = counter.graphs
+        torch._dynamo.reset()
+        true_bytes, out = truth_of(model, tokens, loss)  # the truth's hooks may compile differently: not counted
+        loss(out, labels).backward()
+        del out
+        torch._dynamo.reset()  # the measured step compiles afresh, counted again
+        counter.graphs = 0
+        report = tk.measure(model, tokens, loss_fn=lambda o: loss(o, labels))
+    assert report.ok, report.error
+    assert report.saved.total_bytes == true_bytes
+    assert "other" not in report.saved.by_kind
+    if compiled:
+        assert report.compile.graphs == counter.graphs == true_graphs >= 1 and not report.compile.fell_back_to_eager
+    # torchtitan's FQNs, unchanged by its wrappers.
+    assert any(m.startswith("layers.") and ".moe." in m for m in report.saved.by_module) or ac != "none"
+
+
+@pytest.mark.parametrize("recipe, ac", [("torchtitan_0_3_0", "selective_op"), ("torchtitan_0_3_0_full_ac", "full")])
+@pytest.mark.parametrize("model_kind", ["qwen3", "deepseek_v3", "toolkit"])
+def test_recipes_that_claim_0_3_0_match_its_own_code_exactly(recipe, ac, model_kind):
+    """The recipe and torchtitan 0.3.0's own FullAC / SelectiveAC + apply_compile on identical models: the same
+    structure, the same graphs, the same saved bytes."""
+    assert tk.RECIPES[recipe].release == titan.RELEASE
+
+    def build():
+        if model_kind == "toolkit":
+            cfg = tk.ModelConfig(moe_layers=(1,), n_layers=3)  # dense and MoE blocks
+            batch = tk.make_batch(cfg)
+            return tk.build_model(cfg), batch.tokens, lambda o: tk.loss_fn(o, batch.labels)
+        cfg = FAMILIES[model_kind]
+        tokens, labels = titan.make_batch(cfg)
+        loss = titan.loss_fn(cfg)
+        return titan.build(cfg), tokens, lambda o: loss(o, labels)
+
+    def structure(model):
+        return [(name, type(m).__name__, getattr(m, "_compiled_call_impl", None) is not None)
+                for name, m in model.named_modules()]
+
+    ours, tokens, loss_of = build()
+    counter = CountingBackend()
+    tk.apply_recipe(ours, recipe, backend=counter.backend)
+    theirs, _, _ = build()
+    theirs_counter = CountingBackend()
+    titan.parallelize(theirs, ac=ac, compile_backend=theirs_counter.backend)
+    assert structure(ours) == structure(theirs)
+    mine = tk.measure(ours, tokens, loss_fn=loss_of)
+    torch._dynamo.reset()
+    real = tk.measure(theirs, tokens, loss_fn=loss_of)
+    assert mine.ok and real.ok
+    assert counter.graphs == theirs_counter.graphs == mine.compile.graphs == real.compile.graphs >= 1
+    assert mine.saved.total_bytes == real.saved.total_bytes
+    assert mine.saved.by_module == real.saved.by_module and mine.saved.by_op == real.saved.by_op
+    assert mine.recompute.in_compiled_backward == real.recompute.in_compiled_backward
+
+
+def test_the_save_list_is_torchtitans_op_for_op():
+    assert tk.default_save_ops() == frozenset(titan_ac._get_default_save_ops())
+
+
+def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
+    """torchtitan turns Dynamo's LRU cache off and two Dynamo flags on for the rest of the process; a toolkit run
+    puts them back."""
+    before = tk.global_state()
+    scenario = tk.Scenario(stack="torchtitan", torchtitan=FAMILIES["qwen3"], ac=tk.ACConfig(mode="selective_op"),
+                           compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
+    report = tk.run(scenario)
+    assert tk.global_state() == before
+    assert report.ok and report.numerics.grads_match, report.numerics
+    assert report.scenario.stack == "torchtitan" and report.scenario.fsdp == "blocks"
+    assert report.compile.orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
+    assert str(report).startswith("torchtitan qwen3_moe | AC selective_op | compile blocks (aot_eager, fullgraph) "
+                                  "| FSDP blocks: ok")
+    assert "layers.0.moe.routed_experts.inner_experts" in {n for n, _ in tk.named_modules(titan.build(FAMILIES["qwen3"]))}
+    assert tk.Scenario.from_json(scenario.to_json()) == scenario
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(recipe="torchtitan_0_3_0"), "Scenario.recipe"),
+    (dict(ac=tk.ACConfig(mode="per_submodule")), "Scenario.ac"),
+    (dict(ac=tk.ACConfig(mode="full", preserve_rng_state=False)), "Scenario.ac"),
+    (dict(compile=tk.CompileConfig(scope="moe", fullgraph=True)), "Scenario.compile"),
+    (dict(compile=tk.CompileConfig(scope="blocks")), "Scenario.compile"),
+    (dict(model=tk.ModelConfig(n_layers=4)), "Scenario.model"),
+    (dict(fsdp="blocks+experts"), "Scenario.fsdp"),
+])
+def test_what_torchtitans_own_transforms_cannot_take_is_refused_up_front(change, field):
+    with pytest.raises(tk.ConfigError, match=field.replace(".", r"\.") + ":.*Fix:"):
+        tk.Scenario(stack="torchtitan", **change)
+    with pytest.raises(tk.ConfigError, match="Scenario.torchtitan"):
+        tk.Scenario(torchtitan=FAMILIES["qwen3"])

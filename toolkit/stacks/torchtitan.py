@@ -1,0 +1,273 @@
+"""torchtitan 0.3.0 in the loop: its own Qwen3-MoE / DeepSeek-V3 at tiny sizes, its loss, and its own AC, compile and FSDP applied in the order its `parallelize_*` uses.
+
+Optional: `pip install -e ".[torchtitan]"` plus `pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3
+triton==3.9.0` (torchtitan's own dependencies would replace torch; these are all its model and parallelize code
+imports). On CPU, inner attention is swapped for SDPA (FlexAttention has no CPU backward); with CUDA, flex stays.
+
+What torchtitan changes for the rest of the process when applied — Dynamo's LRU switch off (`FullAC` /
+`SelectiveAC.apply`), `capture_scalar_outputs` and `skip_fwd_side_effects_in_bwd_under_checkpoint` on
+(`apply_compile`) — is undone after each toolkit run (`measure.step.restoring_process_state`); importing it also
+rebinds `FakeTensorMode.__init__` (pytorch#178887), which nothing can undo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Literal
+
+import torch
+from torch import nn
+
+from .._config import ConfigError, check_choice, check_int, from_dict, to_dict
+
+RELEASE = "0.3.0"
+Family = Literal["qwen3_moe", "deepseek_v3"]
+INSTALL = ('pip install -e ".[torchtitan]" && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 '
+           'triton==3.9.0')
+
+
+def available() -> bool:
+    return importlib.util.find_spec("torchtitan") is not None
+
+
+def version() -> str | None:
+    if not available():
+        return None
+    from importlib.metadata import PackageNotFoundError, version as pkg_version
+
+    try:
+        return pkg_version("torchtitan")
+    except PackageNotFoundError:
+        return None
+
+
+def require(owner: str = "Scenario", field: str = "stack") -> None:
+    """Raise ConfigError naming the install steps when torchtitan 0.3.0 is not importable."""
+    if not available():
+        raise ConfigError(owner, field, "torchtitan is not installed.", f"install it: {INSTALL}")
+    v = version()
+    if v is not None and v != RELEASE:
+        raise ConfigError(owner, field, f"torchtitan {v} is installed; the toolkit drives {RELEASE}.",
+                          f"install {RELEASE}: {INSTALL}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchtitanConfig:
+    """One of torchtitan 0.3.0's own MoE models at a size a CPU trains in milliseconds."""
+
+    family: Family = "qwen3_moe"
+    """"qwen3_moe" (GQA attention with fused `qkv_linear.wqkv`, all-MoE) or "deepseek_v3" (MLA attention, the
+    first `n_dense_layers` blocks dense)."""
+    n_layers: int = 2
+    """Blocks `layers.0` … `layers.{n-1}`."""
+    dim: int = 64
+    """Model width D."""
+    n_heads: int = 4
+    """Attention heads."""
+    n_experts: int = 4
+    """Routed experts E."""
+    top_k: int = 2
+    """Experts per token K."""
+    moe_hidden: int = 32
+    """Hidden width of each routed expert (and of the shared expert)."""
+    shared_experts: bool = True
+    """A shared expert beside the routed ones (Qwen3's builder has none: the toolkit adds torchtitan's
+    `FeedForward` config, as `MoE.Config.shared_experts` allows)."""
+    n_dense_layers: int = 0
+    """DeepSeek-V3: the first blocks with a dense `feed_forward` (`TorchtitanConfig.deepseek_v3()` takes its
+    flavours' 1); must be 0 for Qwen3."""
+    vocab_size: int = 128
+    seq_len: int = 16
+    """Sequence length of a batch (RoPE is built for 64 positions)."""
+    batch: int = 2
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype; torchtitan's experts compute in bfloat16 either way."""
+    seed: int = 0
+    """Seed for `init_states` and the batch."""
+    device: str = "cpu"
+    """"cpu" (SDPA inner attention) or "cuda" (FlexAttention kept)."""
+
+    def __post_init__(self) -> None:
+        own = "TorchtitanConfig"
+        check_choice(own, "family", self.family, ("qwen3_moe", "deepseek_v3"))
+        for name, minimum in (("n_layers", 1), ("dim", 8), ("n_heads", 1), ("n_experts", 1), ("top_k", 1),
+                              ("moe_hidden", 8), ("vocab_size", 2), ("seq_len", 1), ("batch", 1), ("seed", 0),
+                              ("n_dense_layers", 0)):
+            check_int(own, name, getattr(self, name), minimum)
+        check_choice(own, "dtype", self.dtype, ("float32", "bfloat16"))
+        check_choice(own, "device", self.device, ("cpu", "cuda"))
+        if not isinstance(self.shared_experts, bool):
+            raise ConfigError(own, "shared_experts", f"{self.shared_experts!r} is not a bool.", "pass True or False.")
+        if self.top_k > self.n_experts:
+            raise ConfigError(own, "top_k", f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
+                              f"use top_k <= {self.n_experts}.")
+        if self.seq_len > 64:
+            raise ConfigError(own, "seq_len", f"{self.seq_len} exceeds the 64 positions RoPE is built for.",
+                              "use seq_len <= 64.")
+        if self.family == "qwen3_moe" and self.n_dense_layers:
+            raise ConfigError(own, "n_dense_layers", "Qwen3-MoE has no dense blocks.", "pass n_dense_layers=0.")
+        if self.family == "deepseek_v3" and self.n_dense_layers >= self.n_layers:
+            raise ConfigError(own, "n_dense_layers", f"{self.n_dense_layers} dense of {self.n_layers} blocks leaves "
+                              "no MoE block.", f"use n_dense_layers < {self.n_layers}.")
+        if self.dim % self.n_heads:
+            raise ConfigError(own, "dim", f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
+                              "pick dim as a multiple of n_heads.")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(own, "device", "CUDA was asked for but torch.cuda.is_available() is False.",
+                              "use device='cpu'.")
+
+    @classmethod
+    def qwen3(cls, **kw: Any) -> "TorchtitanConfig":
+        return cls(family="qwen3_moe", **kw)
+
+    @classmethod
+    def deepseek_v3(cls, **kw: Any) -> "TorchtitanConfig":
+        return cls(family="deepseek_v3", **{"n_layers": 3, "n_dense_layers": 1, **kw})
+
+    @property
+    def label(self) -> str:
+        return f"torchtitan {self.family}"
+
+    def replace(self, **changes: Any) -> "TorchtitanConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TorchtitanConfig":
+        return from_dict(cls, data)
+
+
+def _model_config(cfg: TorchtitanConfig):
+    from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config
+
+    init = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+    head_dim = cfg.dim // cfg.n_heads
+    if cfg.family == "qwen3_moe":
+        from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers
+
+        layers = _build_qwen3_moe_layers(
+            n_layers=cfg.n_layers, dim=cfg.dim, n_heads=cfg.n_heads, n_kv_heads=max(1, cfg.n_heads // 2),
+            head_dim=head_dim, moe_hidden_dim=cfg.moe_hidden, num_experts=cfg.n_experts, top_k=cfg.top_k,
+            attn_backend="flex", moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=64, theta=1e6))
+        if cfg.shared_experts:  # the builder has no shared-expert option; MoE.Config takes one
+            for layer in layers:
+                layer.moe.shared_experts = make_ffn_config(dim=cfg.dim, hidden_dim=cfg.moe_hidden, w1_param_init=init,
+                                                           w2w3_param_init=init)
+        model_cls = Qwen3Model
+        embed_std = 0.02
+    else:
+        from torchtitan.models.deepseek_v3 import DeepSeekV3Model, _build_dsv3_layers
+
+        layers = _build_dsv3_layers(
+            n_layers=cfg.n_layers, n_dense_layers=cfg.n_dense_layers, dim=cfg.dim, n_heads=cfg.n_heads,
+            q_lora_rank=0, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, mscale=0.70,
+            dense_hidden_dim=2 * cfg.dim, moe_hidden_dim=cfg.moe_hidden, num_experts=cfg.n_experts,
+            num_shared_experts=1 if cfg.shared_experts else 0, router_top_k=cfg.top_k, router_score_func="softmax",
+            attn_backend="flex", moe_comm_backend="standard", non_blocking_capacity_factor=None,
+            rope=ComplexRoPE.Config(dim=8, max_seq_len=64, theta=10000.0))
+        model_cls = DeepSeekV3Model
+        embed_std = 1.0
+    if cfg.device == "cpu":  # FlexAttention has no backward on CPU
+        for layer in layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    return model_cls.Config(
+        vocab_size=cfg.vocab_size, dim=cfg.dim, layers=layers,
+        tok_embeddings=Embedding.Config(num_embeddings=cfg.vocab_size, embedding_dim=cfg.dim,
+                                        param_init={"weight": partial(nn.init.normal_, std=embed_std)}),
+        norm=RMSNorm.Config(normalized_shape=cfg.dim, eps=1e-6, param_init={"weight": nn.init.ones_}),
+        lm_head=Linear.Config(in_features=cfg.dim, out_features=cfg.vocab_size, param_init=init))
+
+
+def build(cfg: TorchtitanConfig) -> nn.Module:
+    """torchtitan's own model for `cfg`, initialised by its `init_states` (same seed → identical weights; the
+    global RNG is left as it was)."""
+    require()
+    with torch.random.fork_rng(devices=[]):
+        with torch.device(cfg.device):
+            model = _model_config(cfg).build()
+        torch.manual_seed(cfg.seed)
+        model.init_states(buffer_device=torch.device(cfg.device))
+    model = model.to(dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype])
+    model.train()
+    return model
+
+
+def make_batch(cfg: TorchtitanConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(tokens, labels)`, both [B, S] int64, deterministic for the seed."""
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    ids = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.seq_len + 1), generator=g).to(cfg.device)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def loss_fn(cfg: TorchtitanConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """torchtitan's `CrossEntropyLoss` (a sum over tokens), divided by the number of tokens as its trainer does."""
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    ce = CrossEntropyLoss(CrossEntropyLoss.Config())
+    tokens = torch.tensor(cfg.batch * cfg.seq_len)
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return ce(logits, labels, global_valid_tokens=tokens)[0]
+    return loss
+
+
+def apply_ac(model: nn.Module, mode: str) -> None:
+    """torchtitan's own `FullAC` / `SelectiveAC` (`mode` "full" / "selective_op"), as `parallelize_*` applies them."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    check_choice("torchtitan AC", "mode", mode, ("none", "full", "selective_op"))
+    if mode == "full":
+        FullAC.Config().build().apply(model)
+    elif mode == "selective_op":
+        SelectiveAC.Config().build().apply(model)
+
+
+def apply_compile(model: nn.Module, backend: Any) -> None:
+    """torchtitan's own `apply_compile`: each block compiled whole in place with `fullgraph=True`."""
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.compile import apply_compile as titan_compile
+
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+    titan_compile(model, compile_config=CompileConfig(enable=True, components=["model"], backend=backend),
+                  parallel_dims=dims)
+
+
+def apply_fsdp(model: nn.Module) -> None:
+    """torchtitan's own `apply_fsdp_to_decoder` on a CPU mesh over the default process group (gloo); with more
+    than one rank, gradients are reduced by sum (gloo has no PREMUL_SUM)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    device = "cuda" if next(model.parameters()).is_cuda else "cpu"
+    mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    dtype = next(model.parameters()).dtype
+    apply_fsdp_to_decoder(model, mesh, param_dtype=dtype, reduce_dtype=torch.float32, pp_enabled=False)
+    if dist.get_world_size() > 1:
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_force_sum_reduction_for_comms(True)
+
+
+def parallelize(model: nn.Module, *, ac: str = "none", compile_backend: Any = None, fsdp: bool = False) -> nn.Module:
+    """torchtitan's transforms in `parallelize_qwen3`'s order: AC → compile → FSDP (no TP / EP / PP here)."""
+    apply_ac(model, ac)
+    if compile_backend is not None:
+        apply_compile(model, compile_backend)
+    if fsdp:
+        apply_fsdp(model)
+    return model
+
+
+__all__ = ["RELEASE", "TorchtitanConfig", "available", "require", "build", "make_batch", "loss_fn", "apply_ac",
+           "apply_compile", "apply_fsdp", "parallelize"]
