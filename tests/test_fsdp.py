@@ -125,3 +125,27 @@ def test_fsdp2_world_size_two_under_torchrun(tmp_path):
             assert "other" not in row["by_kind"], row
     # Each rank shards differently but holds the same activations for its own batch shape.
     assert [r["saved"] for r in ranks[0]["rows"]] == [r["saved"] for r in ranks[1]["rows"]]
+
+
+@pytest.mark.parametrize("stack", ["toolkit", "torchtitan"])
+def test_two_ranks_merged_into_one_view(stack):
+    """`run_distributed` / `run --nproc 2`: each rank's Report side by side, FSDP2's collectives seen in both
+    passes, each rank holding what one rank holds alone (same batch, same activations)."""
+    if stack == "torchtitan":
+        pytest.importorskip("torchtitan")
+        scenario = tk.Scenario(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"),
+                               compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
+    else:
+        scenario = tk.Scenario(ac=tk.ACConfig(mode="full"), fsdp="blocks", steady_steps=0)
+    merged = tk.run_distributed(scenario, nproc=2, timeout_s=600)
+    assert merged.ok and [r.distributed.rank for r in merged.ranks] == [0, 1], merged.stderr_tail
+    alone = tk.run(scenario)
+    for r in merged.ranks:
+        assert r.distributed.world_size == 2 and r.saved.total_bytes == alone.saved.total_bytes
+        calls = r.distributed.collectives
+        assert calls.get("forward: c10d._allgather_base_.default", 0) >= 1
+        assert calls.get("backward: c10d._reduce_scatter_base_.default", 0) >= 1
+        assert not r.numerics.compared and "2 ranks" in r.numerics.reference
+    text = str(merged)
+    assert "2 ranks, ok" in text and text.count("c10d._allgather_base_") == 4
+    assert tk.DistributedReport.from_json(merged.to_json()) == merged

@@ -14,7 +14,9 @@ from .transforms import (RECIPES, ACConfig, CompileConfig, PolicyDecision, Selec
                          named_modules, prepare, record_policy_decisions, remove_ac, remove_compile, reset,
                          torch_settings, train_step, unwrap)
 from .transforms import naming
-from .measure import LAYER_SHAPES, PRESETS, Estimate, Report, Scenario, estimate, measure, preset, run
+from .measure import (LAYER_SHAPES, PRESETS, DistributedReport, Estimate, Report, Scenario, estimate, measure, preset, run,
+                      run_distributed)
+from .stacks.torchtitan import TorchtitanConfig
 from .measure import presets, report
 from .analysis import catalogue, classify, matrix, sweep
 from . import bugs
@@ -31,5 +33,5 @@ __all__ = [
     "named_modules", "unwrap", "naming", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
     "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "presets", "report",
     "setup_notebook", "display", "catalogue", "classify", "matrix", "sweep", "widgets", "bugs", "repro", "estimate",
-    "Estimate", "LAYER_SHAPES", "__version__",
+    "Estimate", "LAYER_SHAPES", "run_distributed", "DistributedReport", "TorchtitanConfig", "__version__",
 ]

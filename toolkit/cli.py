@@ -101,6 +101,15 @@ def _run_command(args) -> int:
     except (ConfigError, OSError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.nproc < 1:
+        print(f"error: --nproc must be 1 or more (got {args.nproc})", file=sys.stderr)
+        return 2
+    if args.nproc > 1:
+        from .measure import run_distributed
+
+        merged = run_distributed(scenario, nproc=args.nproc, timeout_s=args.timeout_s or 900)
+        print(merged.to_json() if args.json else str(merged))
+        return 0 if merged.ok else 1
     report = run(scenario, isolate=args.isolate, timeout_s=args.timeout_s)
     print(report.to_json() if args.json else str(report))
     return 0 if report.ok else 1
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", action="store_true", help="print the Report as JSON")
     r.add_argument("--isolate", action="store_true", help="run in a subprocess (crashes/hangs become results)")
     r.add_argument("--timeout-s", type=float, default=None, help="with --isolate: give up after this many seconds")
+    r.add_argument("--nproc", type=int, default=1,
+                   help="run on this many ranks under torchrun (gloo, 127.0.0.1) and print the ranks side by side")
     c = sub.add_parser("cases", help="the catalogue of known cases as markdown, or re-check them on this torch")
     c.add_argument("--cpu", choices=["reproduced", "plausible", "gpu_only"], help="only cases with this CPU status")
     c.add_argument("--text", help="only cases whose title/configuration/symptom/mechanism contain this text")

@@ -143,10 +143,12 @@ class Memory:
 
 @dataclass(frozen=True)
 class Numerics:
-    loss: float = float("nan")
-    reference_loss: float = float("nan")
-    loss_diff: float = float("nan")
-    max_grad_diff: float = float("nan")
+    loss: float | None = None
+    """The first step's loss; None when no step finished."""
+    reference_loss: float | None = None
+    loss_diff: float | None = None
+    max_grad_diff: float | None = None
+    """None (not nan) when nothing was compared, so Reports compare equal after a JSON round trip."""
     worst_param: str = ""
     grads_match: bool | None = None
     """Every gradient matches the reference within the dtype's tolerance; None when nothing was compared."""
@@ -157,6 +159,15 @@ class Numerics:
     @property
     def compared(self) -> bool:
         return self.grads_match is not None
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    collectives: dict[str, int] = field(default_factory=dict)
+    """"phase: op" → calls of the collectives dispatched eagerly (FSDP all-gathers / reduce-scatters, EP
+    all-to-alls); those inside compiled graphs are not seen."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,7 @@ class Report:
     timing: Timing = field(default_factory=Timing)
     blind_spots: tuple[str, ...] = ()
     """What this Report cannot see on this torch (a private API missing or changed), one sentence each."""
+    distributed: Distributed = field(default_factory=Distributed)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -322,7 +334,7 @@ def format_report(r: Report) -> str:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
     if r.outcome in ("crashed", "timeout") and r.error is None:
         return "\n".join(lines)
-    measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss == r.numerics.loss
+    measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss is not None
     if not measured:
         if r.compile.requested and r.compile.orders:
             lines.append("  compile orders: " + ", ".join(sorted(set(r.compile.orders.values()))))
@@ -356,12 +368,16 @@ def format_report(r: Report) -> str:
         lines.append(f"  memory ({m.device}, {m.method}): peak {fmt_measured_bytes(m.peak_bytes)}, "
                      f"held after forward {fmt_measured_bytes(m.held_after_forward_bytes)}")
     n = r.numerics
-    if n.loss == n.loss:
+    if n.loss is not None:
         if n.compared:
             lines.append(f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
                          f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}")
         else:
             lines.append(f"  numerics: loss {n.loss:.4f}; gradients not compared" + (f" ({n.reference})" if n.reference else ""))
+    d = r.distributed
+    if d.world_size > 1 or d.collectives:
+        calls = ", ".join(f"{k} x{v}" for k, v in d.collectives.items())
+        lines.append(f"  rank {d.rank} of {d.world_size}" + (f"; collectives: {calls}" if calls else ""))
     for b in r.blind_spots:
         lines.append(f"  cannot see: {b.split(' (', 1)[0]}")
     for w in r.warnings[:3]:

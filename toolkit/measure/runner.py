@@ -23,7 +23,8 @@ from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import applied
 from . import numerics as _numerics
 from .environment import environment
-from .report import (CompileInfo, ErrorInfo, Memory, Numerics, Recompute, Report, Saved, ScenarioRecord, Timing)
+from .report import (CompileInfo, Distributed, ErrorInfo, Memory, Numerics, Recompute, Report, Saved, ScenarioRecord,
+                     Timing)
 from .scenario import Scenario
 from .step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
 
@@ -115,10 +116,18 @@ def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, er
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
             blind.append(compat.blind_spot("profiler_allocations"))
     t = steps.timings if steps is not None else {}
+    dist_info = Distributed()
+    if steps is not None and steps.probes is not None:
+        import torch.distributed as dist
+
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
+            else (0, 1)
+        dist_info = Distributed(rank=rank, world_size=world, collectives=steps.probes.collectives)
     return Report(
         outcome="ok" if err is None else "error", error=error, warnings=tuple(dict.fromkeys(warn)),
         scenario=record, environment=environment(), saved=saved, recompute=recompute, compile=comp,
         memory=memory, numerics=numerics or Numerics(), blind_spots=tuple(dict.fromkeys(blind)),
+        distributed=dist_info,
         timing=Timing(build_s=round(timing.get("build_s", 0.0), 4), apply_s=round(timing.get("apply_s", 0.0), 4),
                       compile_s=round(steps.probes.compile_s, 4) if steps and steps.probes else 0.0,
                       **{k: round(t.get(k, 0.0), 4) for k in (

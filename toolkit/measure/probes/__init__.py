@@ -59,6 +59,8 @@ class ProbeRecord:
     """Of those, graphs that may have been compiled before the step or in it (the partition was not watched)."""
     blind_spots: tuple[str, ...]
     """Names of the `toolkit.compat` features this step needed and torch lacked."""
+    collectives: dict[str, int]
+    """"phase: op" → calls of collective ops dispatched eagerly during the step."""
 
 
 class Probes:
@@ -106,7 +108,9 @@ class Probes:
     def phase_scope(self, phase: str) -> Iterator[None]:
         """Run the forward or the backward under the probes. The tracker watches the backward only where
         something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
-        track = phase == "forward" or self.checkpoints.saw_checkpoint or has_checkpoint(self.model)
+        # FSDP's reduce-scatters happen in backward: watch it for collectives too.
+        track = phase == "forward" or self.checkpoints.saw_checkpoint or has_checkpoint(self.model) or \
+            any(compat.is_fsdp_module(m) for m in self.model.modules())
         self.state.phase = phase
         try:
             if track:
@@ -148,6 +152,7 @@ class Probes:
             warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is True),
             unknown_age_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is None),
             blind_spots=tuple(sorted(blind)),
+            collectives=dict(sorted(self.tracker.collectives.items())),
         )
 
 

@@ -11,6 +11,7 @@ from ...compat import TorchDispatchMode
 from .base import Produced, StepState, dtype_name, is_real, tensors
 
 _op_names: dict[Any, str] = {}
+_COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.")
 
 
 def op_name(func) -> str:
@@ -38,10 +39,15 @@ class Tracker(TorchDispatchMode):
         self.produced: dict[int, Produced] = {}
         self.recompute_by_op: Counter = Counter()
         self.recompute_by_module: Counter = Counter()
+        self.collectives: Counter = Counter()
+        """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         state = self.state
+        name = op_name(func)
+        if name.startswith(_COLLECTIVE_PREFIXES):
+            self.collectives[f"{state.phase}: {name}"] += 1
         if state.phase == "forward":
             produced = self.produced
             module = None
