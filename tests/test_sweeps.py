@@ -225,31 +225,37 @@ def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ kill -9
 
-@pytest.mark.parametrize("warm", [True, False])
-def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, warm):
+@pytest.mark.parametrize("how", ["warm", "cold", "submitit"])
+def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
+    if how == "submitit":
+        pytest.importorskip("submitit")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "out"
-    script = _sweep_script(out, [("dense",), ("dense", "full")], workers=2, warm=warm, timeout_s=300)
+    kw = dict(executor="submitit", cluster="local", cpus_per_cell=1, cells_per_job=2) if how == "submitit" else \
+        dict(workers=2, warm=how == "warm")
+    script = _sweep_script(out, [("dense",), ("dense", "full")], timeout_s=300, **kw)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
                             env=_env(TOOLKIT_WORKER_FAULT="hang@forward", TMPDIR=str(tmp)))
     sweep_proc = psutil.Process(proc.pid)
-    want = 3 if warm else 2  # warm: the server and its two children; cold: two workers
+    # warm: the server and its two forked children; cold: two workers; submitit: its controller, the task, the
+    # task's warm server and the cell forked from it.
+    want = {"warm": 3, "cold": 2, "submitit": 4}[how]
     deadline = time.time() + 180
     workers = []
     while time.time() < deadline:
         workers = [p for p in sweep_proc.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        if len(workers) >= want and all("python" in p.name() for p in workers):
+        if len(workers) >= want:
             break
         time.sleep(0.3)
     assert len(workers) >= want, [p.cmdline() for p in workers]
-    time.sleep(1.0)  # let them reach the hang
+    time.sleep(1.0)  # let the cells reach the hang
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 15
     while time.time() < deadline and any(_alive(p.pid) for p in workers):
         time.sleep(0.1)
-    assert [p.pid for p in workers if _alive(p.pid)] == []
+    assert [p.cmdline() for p in workers if _alive(p.pid)] == []
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("toolkit-run-")) == []
     assert load_results(out / "results.jsonl") == {}
 
@@ -454,3 +460,23 @@ def test_central_list_command_on_a_subset_of_the_full_sweep(tmp_path):
     md = (out / "matrix.md").read_text()
     assert md.startswith("# AC × compile × MoE: the central list") and f"torch {data['environment']['torch']}" in md
     assert "3 cells" in md and (out / "matrix.html").stat().st_size > 1_000_000
+    assert "Changed between torch releases" not in md
+    # The same folder regenerated on another torch release: its records sit beside these (the key holds the
+    # torch version), and the list marks the cells whose classification changed.
+    results = out / "results.jsonl"
+    recs = [json.loads(line) for line in _lines(results)]
+    with open(results, "a") as f:
+        for rec in recs:
+            other = dict(rec, key=rec["key"] + "-2.99")
+            if rec["cell"]["scope"] == "blocks" and not rec["cell"]["fullgraph"]:
+                other["report"] = crashed_report(Cell(**rec["cell"]).scenario(), "killed by SIGSEGV (-11)").to_dict()
+            other["report"]["environment"] = dict(other["report"]["environment"], torch="2.99.0")
+            f.write(json.dumps(other) + "\n")
+    p = _cli("--full", "--only", pattern, "--out", str(out), "--no-progress", timeout=300)
+    assert p.returncode == 0, p.stderr
+    md = (out / "matrix.md").read_text()
+    changed = md[md.index("## Changed between torch releases (1)"):md.index("### works")]
+    assert "| dense \\| AC none \\| blocks \\| aot_eager | works | crashed |" in changed
+    assert "eager | eager" not in changed and "fullgraph" not in changed
+    assert "changed from another torch release (1):" in p.stdout and "was crashed on 2.99.0" in p.stdout
+    assert "Changed between torch releases (1)" in (out / "matrix.html").read_text()

@@ -13,6 +13,7 @@ import contextlib
 import os
 import pathlib
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,13 +89,18 @@ class LocalExecutor(Executor):
         pool = None
         if self.runner is not None:
             one = lambda job: self.runner(job.scenario())  # noqa: E731
-        elif self._warm_ok():
-            from ..measure.forkserver import WarmPool
-
-            pool = WarmPool()
-            one = lambda job: pool.run(job.scenario(), job.timeout_s, threads)  # noqa: E731
         else:
             one = lambda job: run(job.scenario(), isolate=True, timeout_s=job.timeout_s, threads=threads)  # noqa: E731
+            if self._warm_ok() and jobs:
+                from ..measure.forkserver import WarmPool
+
+                pool = WarmPool()
+                try:
+                    pool.start()
+                    one = lambda job: pool.run(job.scenario(), job.timeout_s, threads)  # noqa: E731
+                except (RuntimeError, OSError) as e:  # the cells still run, each in a fresh Python
+                    print(f"warning: {e}; running each cell in a fresh Python instead", file=sys.stderr)
+                    pool = None
         ex = futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="toolkit-cell")
         todo = {ex.submit(one, job): job for job in jobs}
         finished = False
@@ -302,7 +308,9 @@ class RayExecutor(Executor):
                               "--executor submitit / local.") from None
         started = not ray.is_initialized()
         if started:
-            ray.init(address=self.address, **{"include_dashboard": False, "log_to_driver": False, **self.init})
+            # A private Ray needs no dashboard; an existing cluster keeps whatever it was started with.
+            own = {"include_dashboard": False} if self.address is None else {}
+            ray.init(address=self.address, **{**own, "log_to_driver": False, **self.init})
         task = ray.remote(max_retries=0)(run_chunk)  # a lost cell is recorded `crashed`; the next sweep retries it
         refs = {}
         for chunk in _chunks(jobs, self.cells_per_task):

@@ -242,6 +242,10 @@ def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None 
         records = _records(folder.results) if out is not None else {}
         done = {k: (r["_cell"], r["_report"]) for k, r in records.items()}
         pending = [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s)]
+        if progress and pending:
+            print(f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
+                  + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
+                  file=sys.stderr, flush=True)
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
         try:
             for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
@@ -252,10 +256,24 @@ def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None 
                 bar.finish(job.cell, classify(report).label)
         finally:
             bar.close()
-        result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment())
+        result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment(),
+                              _other_releases(records, set(runnable), set(keys.values())))
         if out is not None:
             result.write(out)
     return result
+
+
+def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) -> dict[str, MatrixResult]:
+    """The sweep's cells as measured on other torch releases, from the same results.jsonl (the central list is
+    regenerated once per release into one folder, and marks what changed)."""
+    by_torch: dict[str, dict[Cell, Row]] = {}
+    for key, rec in records.items():
+        cell, report = rec["_cell"], rec["_report"]
+        release = report.environment.get("torch")
+        if key in mine or cell not in cells or not release or release == torch.__version__:
+            continue
+        by_torch.setdefault(release, {})[cell] = Row(key, cell, report)
+    return {t: MatrixResult(list(rows.values()), {"torch": t}) for t, rows in sorted(by_torch.items())}
 
 
 def summary(result: MatrixResult, width: int | None = None) -> str:
@@ -275,6 +293,12 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
         lines.append(f"  {cl.label:20} {r.cell.label}{cases}")
         reason = " ".join(cl.explanation.split())
         lines.append(_cut(f"  {'':20} {reason}", width))
+    changes = result.torch_changes()
+    if changes:
+        lines.append(f"\nchanged from another torch release ({len(changes)}):")
+        for r, there in changes:
+            was = ", ".join(f"{lab} on {t}" for t, lab in there.items())
+            lines.append(_cut(f"  {r.classification.label:20} {r.cell.label}  (was {was})", width))
     return "\n".join(lines)
 
 

@@ -210,6 +210,10 @@ class WarmPool:
 
     # -- lifecycle
 
+    def start(self) -> None:
+        """Start the server now (else the first `run` does): RuntimeError saying why when it cannot."""
+        self._ensure()
+
     def _ensure(self) -> socket.socket:
         with self._lock:
             if self._ctrl is not None:
