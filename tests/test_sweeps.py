@@ -352,6 +352,16 @@ def test_submitit_local_executor_same_results_and_a_lost_task_is_retried(tmp_pat
     assert again.rows[0].classification.label == "works" and len(_lines(lost_out / "results.jsonl")) == 2
 
 
+@pytest.mark.parametrize("name", ["submitit", "ray"])
+def test_a_cluster_executor_without_its_package_says_how_to_install_it(tmp_path, monkeypatch, name):
+    monkeypatch.setitem(sys.modules, name, None)  # `import name` now fails as if it were not installed
+    with pytest.raises(tk.ConfigError) as e:
+        sweep([DENSE], out=tmp_path, progress=False, executor=name)
+    assert f"{name} is not installed" in str(e.value) and "pip install" in e.value.fix
+    assert _lines(tmp_path / "results.jsonl") == []  # nothing ran; the folder is free again
+    assert [r.classification.label for r in sweep([DENSE], out=tmp_path, progress=False, runner=_fast).rows] == ["works"]
+
+
 def _netns_ok():
     return shutil.which("unshare") is not None and subprocess.run(
         ["unshare", "-rn", "true"], capture_output=True).returncode == 0
