@@ -272,12 +272,10 @@ def test_mode_options_take_their_default_only_in_their_mode():
     assert ACConfig(mode="selective_op", extra_save_ops=("aten.mm.default",)).extra_save_ops == (aten.mm.default,)
 
 
-@pytest.mark.parametrize("cfg", EAGER_MODES + [ACConfig(mode="memory_budget", memory_budget=0.25),
+@pytest.mark.parametrize("cfg", [c for c in EAGER_MODES if c.policy is None] + [ACConfig(mode="memory_budget", memory_budget=0.25),
                                  ACConfig(mode="selective_op", extra_save_ops=(aten.topk.default,),
                                           force_recompute_mm_shapes_by_fqns=())], ids=_ids)
-def test_every_mode_round_trips_through_json(cfg):
-    if cfg.policy is not None:
-        pytest.skip("a callable does not travel through JSON")
+def test_every_mode_round_trips_through_json(cfg):  # a policy callable cannot travel through JSON
     data = json.loads(json.dumps(cfg.to_dict()))
     assert ACConfig.from_dict(data) == cfg
 

@@ -135,7 +135,7 @@ def compare_text(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top:
 
 
 # Run A in a muted blue, run B in orange; a difference is labelled red where B needs more, green where it needs less.
-COMPARE_COLORS = {"a": "#4c78a8", "b": "#f58518", "more": "#c0392b", "less": "#1e8449", "same": "#d0d0d0"}
+COMPARE_COLORS = {"a": "#4c78a8", "b": "#f58518", "more": "#c0392b", "less": "#1e8449", "same": "#7f7f7f"}
 
 
 def _signed(delta: int) -> str:
@@ -161,21 +161,27 @@ def compare_figure(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), to
         fig.add_bar(name=name, legendgroup=name, showlegend=False, x=[k for k, _ in metrics],
                     y=[get(run) / 2**20 for _, get in metrics], marker_color=color,
                     hovertemplate="%{x}<br>%{y:.3f} MiB<extra>" + name + "</extra>", row=1, col=2)
+    # Upright labels would overlap over a dozen narrow pairs: written upwards from the taller bar instead.
+    upright = len(mods) <= 5
     for m, key in zip(mods, keys):
         x, y = a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)
-        fig.add_annotation(x=key, y=max(x, y) / 2**10, text=_signed(y - x), showarrow=False, yshift=12,
-                           font=dict(size=11, color=COMPARE_COLORS["more" if y > x else "less"]), row=1, col=1)
+        fig.add_annotation(x=key, y=max(x, y) / 2**10, text=_signed(y - x), showarrow=False,
+                           textangle=0 if upright else -90, yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["more" if y > x else "less"]),
+                           row=1, col=1)
     for key, get in metrics:
         x, y = get(a), get(b)
         fig.add_annotation(x=key, y=max(x, y) / 2**20, text=_signed(y - x) if x != y else "same", showarrow=False,
-                           yshift=12, font=dict(size=11, color=COMPARE_COLORS["same" if x == y else
+                           yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["same" if x == y else
                                                                        "more" if y > x else "less"]), row=1, col=2)
     if not mods:
         fig.add_annotation(text="no module saves a different amount", showarrow=False, xref="x domain",
                            yref="y domain", x=0.5, y=0.5, row=1, col=1)
     fig.update_layout(barmode="group", height=440, title=f"{names[0]} vs {names[1]}", legend_title="run")
-    fig.update_yaxes(title_text="KiB", row=1, col=1)
-    fig.update_yaxes(title_text="MiB", row=1, col=2)
+    # Head room above the tallest pair for its label (annotations do not widen an axis' range).
+    top_kib = max([max(a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)) / 2**10 for m in mods] or [1])
+    top_mib = max(max(get(a), get(b)) / 2**20 for _, get in metrics) or 1
+    fig.update_yaxes(title_text="KiB", range=[0, top_kib * (1.18 if upright else 1.45)], row=1, col=1)
+    fig.update_yaxes(title_text="MiB", range=[0, top_mib * 1.18], row=1, col=2)
     fig.update_xaxes(tickangle=-40, row=1, col=1)
     return fig
 

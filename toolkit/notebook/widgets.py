@@ -13,7 +13,7 @@ from typing import Any
 import ipywidgets as W
 
 from .._config import ConfigError, literal_choices
-from ..analysis.classification import Classification, classify, headline, reference_scenarios
+from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
@@ -178,7 +178,7 @@ class Explorer:
         self.classification = cl = classify(report, refs)
         color = "#1e8449" if cl.label == "works" else "#b30000"
         self.stage.value = f"<span style='color:{color}'><b>{_esc(headline(report, cl, title='done'))}</b></span>"
-        self.summary.value = f"<pre>{_esc(str(report))}</pre>"
+        self.summary.value = f"<pre>{_esc(describe(report, cl))}</pre>"
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
         self.figures.outputs = ()
         if report.ok:

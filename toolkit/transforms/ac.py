@@ -91,21 +91,24 @@ class ACConfig:
         check_choice(own, "mode", self.mode, literal_choices(ACConfig, "mode"))
         self._check_types()
         # Only now, with every value well-formed: is it meaningful for this mode? Then fill the mode's defaults.
-        for name, modes in self._option_modes().items():
+        for name, modes in _option_modes(self.submodule_ac).items():
             if self.mode not in modes and self._is_set(name):
                 if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
-                    users = "the per-op policy (mode='selective_op', or 'per_submodule' with submodule_ac='selective')"
-                    fix = f"drop {name}, or use mode='selective_op'."
+                    users, fix = ("the per-op policy (mode='selective_op', or 'per_submodule' with "
+                                  "submodule_ac='selective')", "or use mode='selective_op'")
+                elif len(modes) == 1:
+                    users, fix = f"mode={modes[0]!r}", f"or set mode={modes[0]!r}"
                 else:
-                    users = f"mode={modes[0]!r}" if len(modes) == 1 else "the modes that wrap (" + ", ".join(modes) + ")"
-                    fix = f"drop {name}, or set mode={modes[0]!r}." if len(modes) == 1 else f"drop {name}, or pick a mode that wraps."
-                setting = f"mode={self.mode!r}" + (f" with submodule_ac={self.submodule_ac!r}" if self.mode == "per_submodule" else "")
+                    users, fix = f"the modes that wrap ({', '.join(modes)})", "or pick a mode that wraps"
+                setting = f"mode={self.mode!r}"
+                if self.mode == "per_submodule":
+                    setting += f" with submodule_ac={self.submodule_ac!r}"
                 raise ConfigError(own, name, f"is only used by {users}, not {setting}, which would ignore it "
-                                  f"({_IGNORED.get(self.mode, 'it never reads it')}).", fix)
+                                  f"({_IGNORED.get(self.mode, 'it never reads it')}).", f"drop {name}, {fix}.")
         if self.mode != "custom" and (self.policy is not None or self.save_ops is not None):
             raise ConfigError(own, "mode", f"policy/save_ops are only used by mode='custom', not {self.mode!r}.",
                               "set mode='custom' or drop policy/save_ops.")
-        for name, modes in self._option_modes().items():
+        for name, modes in _option_modes(self.submodule_ac).items():
             if self.mode in modes and getattr(self, name) is None:
                 object.__setattr__(self, name, MODE_DEFAULTS[name])
         if self.mode == "custom":
@@ -155,15 +158,6 @@ class ACConfig:
                 raise ConfigError(own, "memory_budget", f"{m!r} is not between 0 and 1.",
                                   "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
 
-    def _option_modes(self) -> dict[str, tuple[str, ...]]:
-        """Each mode-specific option → the modes that read it (the per-op policy's two depend on submodule_ac)."""
-        per_op = ("selective_op",) + (("per_submodule",) if self.submodule_ac in (None, "selective") else ())
-        return {"preserve_rng_state": WRAPPING_MODES, "early_stop": WRAPPING_MODES,
-                "determinism_check": WRAPPING_MODES, "debug": WRAPPING_MODES,
-                "wrap_inductor_compiled_regions": WRAPPING_MODES, "layer_every": ("selective_layer",),
-                "submodule_ac": ("per_submodule",), "force_recompute_mm_shapes_by_fqns": per_op,
-                "extra_save_ops": per_op, "memory_budget": ("memory_budget",)}
-
     def _is_set(self, name: str) -> bool:
         value = getattr(self, name)
         if name == "wrap_inductor_compiled_regions":
@@ -194,9 +188,7 @@ class ACConfig:
         check_object("ACConfig", data, '{"mode": "selective_op"}')
         data = dict(data)
         mode = data.get("mode", "none")
-        probe = cls.__new__(cls)  # only to ask which modes read which option, for this submodule_ac
-        object.__setattr__(probe, "submodule_ac", data.get("submodule_ac"))
-        for name, modes in probe._option_modes().items():
+        for name, modes in _option_modes(data.get("submodule_ac")).items():
             legacy = MODE_DEFAULTS.get(name, False if name == "wrap_inductor_compiled_regions" else ())
             value = data.get(name)
             if mode not in modes and isinstance(value, list):
@@ -204,6 +196,15 @@ class ACConfig:
             if name in data and mode not in modes and value == legacy:
                 data.pop(name)
         return from_dict(cls, data)
+
+
+def _option_modes(submodule_ac: str | None) -> dict[str, tuple[str, ...]]:
+    """Each mode-specific option → the modes that read it (the per-op policy's two depend on submodule_ac)."""
+    per_op = ("selective_op",) + (("per_submodule",) if submodule_ac in (None, "selective") else ())
+    return {"preserve_rng_state": WRAPPING_MODES, "early_stop": WRAPPING_MODES, "determinism_check": WRAPPING_MODES,
+            "debug": WRAPPING_MODES, "wrap_inductor_compiled_regions": WRAPPING_MODES,
+            "layer_every": ("selective_layer",), "submodule_ac": ("per_submodule",),
+            "force_recompute_mm_shapes_by_fqns": per_op, "extra_save_ops": per_op, "memory_budget": ("memory_budget",)}
 
 
 _IGNORED = {"none": "nothing is checkpointed", "full": "every block is wrapped whole",
