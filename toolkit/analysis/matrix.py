@@ -269,6 +269,12 @@ class MatrixResult:
             colorscale += [[i / n, COLORS[label]], [(i + 1) / n, COLORS[label]]]
         # Panel heights follow their number of rows (+1 for the title and the tick labels).
         heights = [len(ys) + 1 for _, _, ys, _ in panels] or [1]
+        # A full sweep has ~20 compile setups per block kind: past a dozen the page grows wider than the window
+        # (~80 px a column, room for "NO GAIN") instead of squeezing the labels out of their cells.
+        widest = max([len(xs) for _, xs, _, _ in panels] or [1])
+        crowded = widest > 8
+        font = 9 if crowded else 11
+        width = 80 * widest + 330 if widest > 12 else None
         fig = make_subplots(rows=len(heights), cols=1, subplot_titles=[p[0] for p in panels] or ["(no cells)"],
                             row_heights=heights, vertical_spacing=min(0.12, 0.4 / len(heights)))
         for pi, (title, xs, ys, cells) in enumerate(panels, start=1):
@@ -284,7 +290,7 @@ class MatrixResult:
                                  f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_measured_bytes(rep.memory.peak_bytes)}, "
                                  f"{rep.compile.graphs} graphs, {rep.compile.graph_breaks} breaks"
                                  + (f"<br>known case: {', '.join(cl.cases)}" if cl.cases else ""))
-            fig.add_trace(go.Heatmap(z=z, x=xs, y=ys, text=text, texttemplate="%{text}", textfont=dict(size=11),
+            fig.add_trace(go.Heatmap(z=z, x=xs, y=ys, text=text, texttemplate="%{text}", textfont=dict(size=font),
                                      customdata=hover, hovertemplate="%{customdata}<extra></extra>", zmin=0, zmax=n,
                                      colorscale=colorscale, showscale=pi == 1, xgap=3, ygap=3, name=title,
                                      colorbar=dict(tickvals=[i + 0.5 for i in range(n)],
@@ -295,8 +301,10 @@ class MatrixResult:
             fig.update_yaxes(autorange="reversed", row=pi, col=1)  # the first AC mode (or block kind) on top
         fig.update_layout(title=f"AC × compile × MoE composability (torch {self.environment.get('torch', '?')}, "
                                 f"{self.environment.get('device', 'cpu')}); white: not in this sweep",
-                          height=int(48 * sum(heights) + 60 * len(heights) + 120), plot_bgcolor="white",
-                          margin=dict(l=130, r=40, t=90, b=40))
+                          height=int(48 * sum(heights) + (110 if crowded else 60) * len(heights) + 120), width=width,
+                          plot_bgcolor="white", margin=dict(l=130, r=40, t=90, b=40))
+        # Slanted to the left, long setup names stay clear of the colour bar on the right.
+        fig.update_xaxes(tickangle=-35 if crowded else 0)
         return fig
 
     def grid_text(self) -> str:
