@@ -158,9 +158,11 @@ def describe(report: Report, cl: Classification, *, references: bool | None = No
     for cid in cl.cases:
         case = catalogue.get(cid)
         lines.append(f"  known case {cid}: {case.title}" + (f" ({case.links[0]})" if case.links else ""))
-    if references is False and report.ok and report.scenario.ac_mode not in ("none", "recipe", "unknown"):
-        lines.append(f"  not checked: {', '.join(NEED_REFERENCES)} (they compare with the same setup run without AC "
-                     "and with full AC)")
+    ac = report.scenario.ac_mode
+    if references is False and report.ok and ac not in ("none", "recipe", "unknown"):
+        unchecked = NEED_REFERENCES if ac in _SELECTIVE else ("ac_saves_nothing",)
+        lines.append(f"  not checked: {', '.join(unchecked)} (they compare with the same setup run without AC"
+                     + (" and with full AC)" if ac in _SELECTIVE else ")"))
     body = str(report).splitlines()
     lines.append(f"  step outcome: {report.outcome}")
     lines += body[1:]

@@ -1,7 +1,8 @@
 """`Explorer`: an ipywidgets app to build a scenario, run it on a button, pin and compare runs, and export a repro.
 
-Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `status.value`,
-`summary.value`; callbacks write into widgets and never print.
+Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `classification`,
+`stage_text` (the status line: `done: fell_back_to_eager [silent failure] — …`), `status.value`, `summary.value`;
+`compare()` returns the comparison's text twin. Callbacks write into widgets and never print.
 """
 
 from __future__ import annotations
