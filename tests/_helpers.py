@@ -18,3 +18,64 @@ def break_count():
     from torch._dynamo.utils import counters
 
     return int(sum(counters["graph_break"].values()))
+
+
+def synthetic_matrix():
+    """A MatrixResult with one cell of every classification, built from hand-made Reports (nothing runs): for the
+    heatmap, the page and its browser test. Returns `(result, {classification: cell})`."""
+    from toolkit.analysis.matrix import Cell, MatrixResult, Row
+    from toolkit.measure.report import (CompileInfo, ErrorInfo, GraphBreak, Memory, Numerics, Report, Saved,
+                                        ScenarioRecord)
+
+    def report(cell, *, outcome="ok", saved=100_000, compiled=None, grads_match=True, error=None, **compile_info):
+        record = ScenarioRecord(name=cell.label, recipe=cell.recipe, ac_mode="recipe" if cell.recipe else cell.ac,
+                                compile_scope=cell.scope, backend=cell.backend)
+        requested = compiled if compiled is not None else (cell.scope != "none" or bool(cell.recipe))
+        return Report(outcome=outcome, scenario=record, error=error, saved=Saved(total_bytes=saved),
+                      compile=CompileInfo(requested=requested, graphs=compile_info.pop("graphs", 1 if requested else 0),
+                                          **compile_info),
+                      memory=Memory(peak_bytes=4 * saved, held_after_forward_bytes=saved, method="synthetic"),
+                      numerics=Numerics(loss=5.0, reference_loss=5.0, loss_diff=0.0, max_grad_diff=0.0 if grads_match else 0.1,
+                                        worst_param="layers.0.moe.router.gate.weight", grads_match=grads_match,
+                                        reference="eager without AC"))
+
+    brk = GraphBreak(reason="Data dependent operator", file="toolkit/models/moe.py", line=96)
+    cells = {
+        "works": Cell("moe:for_loop", "none", "blocks", True),
+        "grads_differ": Cell("moe:for_loop", "full"),
+        "crashed": Cell("moe:for_loop", "full", "attention", True),
+        "timeout": Cell("moe:for_loop", "selective_op", "attention"),
+        "error": Cell("moe:for_loop", recipe="torchtitan_2025_09"),
+        "fell_back_to_eager": Cell("moe:for_loop", "full", "blocks"),
+        "sac_not_applied": Cell("moe:for_loop", "selective_op", "blocks", True),
+        "ac_saves_nothing": Cell("dense", "full"),
+        "recompiles": Cell("moe:for_loop", "none", "blocks"),
+        "graph_breaks": Cell("moe:for_loop", "none", "attention"),
+    }
+    extra = {"dense_none": Cell("dense"), "moe_none": Cell("moe:for_loop"), "full_ref": Cell("moe:for_loop", "full", "blocks", True),
+             "recipe_ok": Cell("moe:for_loop", recipe="torchtitan_0_3_0")}
+    reports = {
+        "works": report(cells["works"], saved=200_000),
+        "grads_differ": report(cells["grads_differ"], saved=50_000, grads_match=False),
+        "crashed": report(cells["crashed"], outcome="crashed", error=ErrorInfo("crashed", "worker died: SIGABRT", "forward")),
+        "timeout": report(cells["timeout"], outcome="timeout", error=ErrorInfo("timeout", "no result within 15 s", "forward")),
+        "error": report(cells["error"], outcome="error",
+                        error=ErrorInfo("torch._dynamo.exc.Unsupported", "Skip calling `torch.compiler.disable()`d function",
+                                        "forward")),
+        "fell_back_to_eager": report(cells["fell_back_to_eager"], graphs=0, graph_breaks=1, breaks=(brk,),
+                                     fell_back_to_eager=True, regions_without_graphs=("layers.0", "layers.1"),
+                                     orders={"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}),
+        "sac_not_applied": report(cells["sac_not_applied"], saved=60_000),
+        "ac_saves_nothing": report(cells["ac_saves_nothing"], saved=120_000),
+        "recompiles": report(cells["recompiles"], graphs=4, graph_breaks=1, breaks=(brk,),
+                             recompiles=("tensor 'L['x']' size mismatch at index 0",)),
+        "graph_breaks": report(cells["graph_breaks"], graphs=2, graph_breaks=1, breaks=(brk,)),
+        "dense_none": report(extra["dense_none"], saved=120_000),
+        "moe_none": report(extra["moe_none"], saved=200_000),
+        "full_ref": report(extra["full_ref"], saved=60_000),
+        "recipe_ok": report(extra["recipe_ok"], saved=90_000),
+    }
+    every = {**cells, **extra}
+    rows = [Row(key=name, cell=every[name], report=reports[name]) for name in every]
+    result = MatrixResult(rows, environment={"torch": "2.13.0", "device": "cpu"})
+    return result, cells

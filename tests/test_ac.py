@@ -1,5 +1,7 @@
 """apply_ac: names, exact gradients, the exact FLOP recompute ladder, torchtitan's per-op policy op by op, validation."""
 
+import json
+
 import pytest
 import torch
 from _helpers import grads
@@ -241,6 +243,21 @@ def test_memory_budget_without_compile_is_refused(moe_cfg):
         (dict(force_recompute_mm_shapes_by_fqns="moe.router.gate"), "force_recompute_mm_shapes_by_fqns", "tuple"),
         (dict(determinism_check="strict"), "determinism_check", "not one of"),
         (dict(preserve_rng_state="yes"), "preserve_rng_state", "not a bool"),
+        # Options of one mode set for another, which would ignore them (accepted silently before).
+        (dict(mode="full", layer_every=3), "layer_every", "only used by mode='selective_layer'"),
+        (dict(mode="none", memory_budget=0.2), "memory_budget", "only used by mode='memory_budget'"),
+        (dict(mode="full", submodule_ac="full"), "submodule_ac", "only used by mode='per_submodule'"),
+        (dict(mode="full", extra_save_ops=(aten.mm.default,)), "extra_save_ops", "per-op policy"),
+        (dict(mode="per_submodule", submodule_ac="full", force_recompute_mm_shapes_by_fqns=()),
+         "force_recompute_mm_shapes_by_fqns", "submodule_ac='full'"),
+        (dict(mode="none", preserve_rng_state=False), "preserve_rng_state", "the modes that wrap"),
+        (dict(mode="memory_budget", early_stop=True), "early_stop", "the modes that wrap"),
+        # Ops a policy can never match.
+        (dict(mode="selective_op", extra_save_ops=("not_an_op",)), "extra_save_ops", "not a torch op"),
+        (dict(mode="selective_op", extra_save_ops=(aten.mm,)), "extra_save_ops", "overload packet"),
+        (dict(mode="selective_op", extra_save_ops=(print,)), "extra_save_ops", "not a torch op"),
+        (dict(mode="custom", save_ops=("aten.nothing_like_this.default",)), "save_ops", "not a torch op"),
+        (dict(mode="memory_budget", memory_budget=float("nan")), "memory_budget", "between 0 and 1"),
     ],
 )
 def test_ac_config_validation_names_the_field(kwargs, field, words):
@@ -251,6 +268,44 @@ def test_ac_config_validation_names_the_field(kwargs, field, words):
 
 def test_full_ac_with_debug_is_allowed():
     ACConfig(mode="full", debug=True)
+
+
+def test_mode_options_take_their_default_only_in_their_mode():
+    assert ACConfig(mode="selective_layer").layer_every == 2 == ACConfig(mode="selective_layer", layer_every=2).layer_every
+    assert ACConfig(mode="selective_layer") == ACConfig(mode="selective_layer", layer_every=2)
+    assert ACConfig(mode="memory_budget").memory_budget == 0.5 and ACConfig().memory_budget is None
+    assert ACConfig(mode="per_submodule").submodule_ac == "selective"
+    assert ACConfig(mode="selective_op").force_recompute_mm_shapes_by_fqns == ("moe.router.gate",)
+    assert ACConfig(mode="per_submodule", submodule_ac="full").force_recompute_mm_shapes_by_fqns is None
+    full = ACConfig(mode="full")
+    assert (full.preserve_rng_state, full.early_stop, full.determinism_check, full.debug) == (True, False, "default", False)
+    assert full.layer_every is None and ACConfig().preserve_rng_state is None
+    assert ACConfig(mode="selective_op", extra_save_ops=("aten.mm.default",)).extra_save_ops == (aten.mm.default,)
+
+
+@pytest.mark.parametrize("cfg", [c for c in EAGER_MODES if c.policy is None] + [ACConfig(mode="memory_budget", memory_budget=0.25),
+                                 ACConfig(mode="selective_op", extra_save_ops=(aten.topk.default,),
+                                          force_recompute_mm_shapes_by_fqns=())], ids=_ids)
+def test_every_mode_round_trips_through_json(cfg):  # a policy callable cannot travel through JSON
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert ACConfig.from_dict(data) == cfg
+
+
+def test_files_written_before_options_became_mode_specific_still_load():
+    """Older `to_dict` output carries every option at its default whatever the mode: those defaults are dropped for
+    the modes that ignore them, any other value is still refused."""
+    legacy = {"mode": "full", "preserve_rng_state": True, "early_stop": False, "determinism_check": "default",
+              "debug": False, "layer_every": 2, "submodule_ac": "selective",
+              "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"], "extra_save_ops": [], "memory_budget": 0.5,
+              "policy": None, "save_ops": None, "wrap_inductor_compiled_regions": False}
+    assert ACConfig.from_dict(legacy) == ACConfig(mode="full")
+    assert ACConfig.from_dict({**legacy, "mode": "none"}) == ACConfig()
+    assert ACConfig.from_dict({**legacy, "mode": "memory_budget", "memory_budget": 0.3}) == \
+        ACConfig(mode="memory_budget", memory_budget=0.3)
+    with pytest.raises(ConfigError, match="ACConfig.layer_every"):
+        ACConfig.from_dict({**legacy, "layer_every": 3})
+    with pytest.raises(ConfigError, match="ACConfig: "):
+        ACConfig.from_dict(["full"])
 
 
 def test_force_recompute_must_name_linear_modules(moe_cfg):

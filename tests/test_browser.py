@@ -1,7 +1,8 @@
 """The Explorer in a real browser: JupyterLab + headless Chromium (Debian's, driven by Playwright), no browser download.
 
 Opens notebooks/00_quickstart.ipynb, runs all cells, unticks `fullgraph`, clicks Run, and checks that the Explorer's
-plotly figures and graph-break table render and that the browser console shows no errors. Widget or plotly versions
+plotly figures (the pinned-run comparison among them) and graph-break table render, that the status line names the
+silent failure, that no dropdown shows a blank at its default, and that the browser console shows no errors. Widget or plotly versions
 that render nothing in JupyterLab fail here. Outside CI it skips when Playwright or Chromium is missing; in CI
 (`CI` set) it fails instead, since `.ci/run` installs both.
 """
@@ -116,6 +117,14 @@ def test_explorer_renders_and_runs_in_jupyterlab(lab, tmp_path):
             explorer = page.locator(".jp-OutputArea-output .widget-vbox").first
             explorer.scroll_into_view_if_needed()
             assert explorer.locator(".widget-dropdown").count() >= 8 and explorer.locator("button.widget-button").count() >= 4
+            # Every dropdown shows its choice: value None used to select nothing ("order", "recipe" blank).
+            shown = explorer.locator(".widget-dropdown select").evaluate_all(
+                "els => els.map(s => [s.parentElement.querySelector('label').textContent, "
+                "s.selectedIndex >= 0 ? s.options[s.selectedIndex].text : ''])")
+            shown = [[label.replace("\xa0", " "), text.replace("\xa0", " ")] for label, text in shown]  # ipywidgets' nbsp
+            assert all(text.strip() for _, text in shown), shown
+            assert dict(shown).get("order") == "as the scope implies"
+            assert dict(shown).get("recipe") == "(none: use the controls)"
             # The notebook's last run was fullgraph=True (one graph, no break); untick it and run from the browser.
             box = explorer.locator(".widget-checkbox:has-text('fullgraph') input[type=checkbox]")
             assert box.is_checked()
@@ -125,10 +134,19 @@ def test_explorer_renders_and_runs_in_jupyterlab(lab, tmp_path):
             table.locator("td:has-text('Data dependent operator')").wait_for(timeout=300_000)
             assert "moe.py:96" in table.inner_text()
             assert "fell back to eager" in explorer.inner_text()  # C2, seen from the browser
+            assert "done: fell_back_to_eager [silent failure]" in explorer.inner_text()  # the status line says so
             plots = explorer.locator(".widget-output .js-plotly-plot")
-            plots.nth(2).locator(".main-svg").first.wait_for(timeout=60_000)
-            assert plots.count() >= 3
+            plots.nth(3).locator(".main-svg").first.wait_for(timeout=60_000)
+            assert plots.count() >= 4
             assert "saved for backward by module" in plots.first.inner_text()
+            # The notebook compared its two pinned runs: the comparison is drawn as well as written.
+            compare = explorer.locator(".js-plotly-plot:has-text('A vs B')")
+            assert compare.count() == 1 and "where the runs differ" in compare.inner_text()
+            page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
+            compare.screenshot(path=str(tmp_path / "compare.png"))
+            if os.environ.get("TOOLKIT_SCREENSHOTS"):
+                for name in ("explorer.png", "compare.png"):
+                    shutil.copy(tmp_path / name, os.path.join(os.environ["TOOLKIT_SCREENSHOTS"], name))
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"))
             raise

@@ -204,9 +204,12 @@ def test_repro_export_bundle_with_trace(tmp_path):
 def test_cases_cli(capsys):
     from toolkit.__main__ import main
 
-    assert main(["cases", "--cpu", "gpu_only"]) == 0
+    assert main(["cases", "--cpu", "gpu_only", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("| id | case |") and "| C23 |" in out and "| C1 |" not in out
+    assert main(["cases", "--cpu", "gpu_only"]) == 0  # the terminal table
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:] if line[:1] == "C"]
+    assert "C23" in rows and "C1" not in rows
     assert main(["cases", "--check", "C27", "C24"]) == 0
     out = capsys.readouterr().out
     assert "C27 reproduced on torch" in out and "C24 reproduced on torch" in out

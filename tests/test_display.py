@@ -5,6 +5,7 @@ import torch
 
 import toolkit as tk
 from toolkit import display
+from toolkit.measure.report import fmt_bytes
 
 QUICK = dict(check_numerics=False, steady_steps=0)
 
@@ -50,6 +51,35 @@ def test_text_twins_are_deterministic(reports):
     assert "moe.py:" in bt and "Data dependent operator" in bt and "recompile" in bt
     assert display.breaks_text(none) == "compile not requested"
     assert "<table>" in display.breaks_html(brk)
+
+
+def test_breaks_html_has_no_empty_table(reports):
+    """No break and no recompile: the head line alone, never a where / reason header over nothing."""
+    none, sac, _ = reports
+    fake = tk.Report.from_dict({**sac.to_dict(), "compile": {**sac.to_dict()["compile"], "requested": True, "graphs": 1}})
+    html = display.breaks_html(fake)
+    assert html == "<b>1 graphs, 0 graph breaks, 0 recompiles</b>" and "<th>" not in html
+
+
+def test_compare_figure_shows_both_runs_and_highlights_the_differences(reports):
+    none, sac, _ = reports
+    fig = display.compare_figure(none, sac, ("no AC", "SAC"))
+    by_module = [t for t in fig.data if t.xaxis == "x"]
+    memory = [t for t in fig.data if t.xaxis == "x2"]
+    assert [t.name for t in by_module] == ["no AC", "SAC"] and [t.name for t in memory] == ["no AC", "SAC"]
+    assert list(memory[0].x) == ["saved", "held after forward", "peak"]
+    assert memory[1].y[0] == sac.saved.total_bytes / 2**20
+    # The modules shown are exactly the text twin's rows, in its order, each with its difference written over it.
+    rows = [line.split()[0] for line in display.compare_text(none, sac, ("no AC", "SAC")).splitlines()[5:]]
+    assert list(by_module[0].x) == rows and rows
+    notes = {a.x: a for a in fig.layout.annotations if a.xref == "x"}
+    for m in rows:
+        delta = sac.saved.by_module.get(m, 0) - none.saved.by_module.get(m, 0)
+        assert notes[m].text == ("+" if delta > 0 else "−") + fmt_bytes(abs(delta))
+        assert notes[m].font.color == display.COMPARE_COLORS["more" if delta > 0 else "less"]
+    same = display.compare_figure(none, none)
+    assert not [t for t in same.data if t.xaxis == "x"][0].x
+    assert any(a.text == "no module saves a different amount" for a in same.layout.annotations)
 
 
 def test_memory_and_recompute_figures(reports):

@@ -14,7 +14,9 @@ import pytest
 
 import toolkit as tk
 from toolkit.analysis.matrix import Cell, MatrixResult, quick_cells
-from toolkit.analysis.classification import classify
+from toolkit.analysis.classification import EXPLAIN, SILENT, classify, describe, headline, reference_scenarios
+from toolkit.analysis.matrix import COLORS, SYMBOLS
+from _helpers import synthetic_matrix
 from toolkit.analysis.sweeps import load_results, sweep
 
 FOUR = [
@@ -50,7 +52,9 @@ def test_four_cell_sweep_end_to_end(tmp_path):
     assert not re.search(r"<script[^>]*\bsrc\s*=", html) and "Plotly.newPlot" in html
     assert len(html) > 1_000_000  # plotly.js embedded: opens offline
     fig = result.heatmap()
-    assert len(fig.data) == 2 and fig.data[0].type == "heatmap"  # one panel per block kind
+    # One panel per block kind, and the recipe in a panel of its own.
+    assert [t.name for t in fig.data] == ["dense", "moe:for_loop", "recipes"] and fig.data[0].type == "heatmap"
+    assert "<th>backend</th>" in html
     assert "fell_back_to_eager" in str(result.filter(label="fell_back_to_eager").table())
     assert len(load_results(tmp_path / "results.jsonl")) == 4
 
@@ -145,3 +149,60 @@ def test_quick_sweep_size():
     cells = quick_cells()
     assert len(cells) >= 24
     assert {c.block for c in cells} >= {"dense", "moe:for_loop"} and any(c.recipe for c in cells)
+
+
+def test_works_is_explained_per_cell_kind():
+    """An eager cell is never said to be "compiled as requested"; a compiled cell and a recipe say how many graphs."""
+    result, _ = synthetic_matrix()
+    why = {r.key: r.classification.explanation for r in result.rows if r.classification.label == "works"}
+    assert why["moe_none"] == "ran eagerly (no compile requested), gradients match eager"
+    assert why["works"] == "ran compiled as requested (1 graph, no graph break), gradients match eager"
+    assert why["recipe_ok"] == "the recipe ran compiled (1 graph, no graph break), gradients match eager"
+    assert "compiled as requested" not in EXPLAIN["works"]
+    eager = tk.run(tk.Scenario(check_numerics=False, measure_memory=False, steady_steps=0))
+    assert classify(eager).explanation.startswith("ran eagerly (no compile requested), gradients not compared")
+
+
+def test_heatmap_cells_carry_their_label_and_the_grid_text_twin():
+    result, cells = synthetic_matrix()
+    fig = result.heatmap()
+    assert [t.name for t in fig.data] == ["moe:for_loop", "dense", "recipes"]
+    moe, dense, recipes = fig.data
+    assert list(moe.y) == ["none", "full", "selective_op"] and list(moe.x)[0] == "eager"  # no AC and eager first
+    assert list(recipes.x) == ["torchtitan_2025_09", "torchtitan_0_3_0"] and list(recipes.y) == ["moe:for_loop"]
+    texts = [t for trace in fig.data for row in trace.text for t in row if t]
+    assert {t.split("<br>")[0] for t in texts} == {SYMBOLS[k] for k in cells}
+    assert "EAGER<br>C2" in texts and moe.texttemplate == "%{text}"
+    # Discrete colours: each classification's band of the colour scale is its own colour.
+    scale = {round(v, 3): c for v, c in moe.colorscale}
+    from toolkit.analysis.classification import SEVERITY
+
+    assert [scale[round(i / len(SEVERITY), 3)] for i in range(len(SEVERITY))] == [COLORS[k] for k in SEVERITY]
+    grid = result.grid_text()
+    assert grid.splitlines()[0].split()[:3] == ["moe:for_loop", "eager", "blocks"]
+    assert "EAGER C2" in grid and "NO SAC" in grid and "ERROR C4" in grid and "recipes" in grid
+    assert grid == synthetic_matrix()[0].grid_text()  # deterministic
+
+
+def test_headline_and_describe_lead_with_the_classification():
+    result, _ = synthetic_matrix()
+    row = next(r for r in result.rows if r.key == "fell_back_to_eager")
+    line = headline(row.report, row.classification)
+    assert line.startswith(f"{row.cell.label}: fell_back_to_eager [silent failure] — compile requested")
+    assert line.endswith("known case C2, C13") and "fell_back_to_eager" in SILENT and "error" not in SILENT
+    text = describe(row.report, row.classification, references=False)
+    assert text.splitlines()[0] == line and "  also: graph_breaks" in text and "  step outcome: ok" in text
+    assert "not checked: ac_saves_nothing" in text  # full AC: sac_not_applied is never a question
+    sac = next(r for r in result.rows if r.key == "sac_not_applied")
+    assert "not checked: sac_not_applied, ac_saves_nothing" in describe(sac.report, sac.classification, references=False)
+    assert "https://github.com/pytorch/pytorch/issues/139989" in text
+
+
+def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
+    sc = tk.Scenario(ac=tk.ACConfig(mode="selective_op"), compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
+    refs = reference_scenarios(sc)
+    assert refs["none"].ac == tk.ACConfig() and refs["none"].compile.order is None
+    assert refs["full"].ac == tk.ACConfig(mode="full") and refs["full"].compile == sc.compile
+    assert all(not r.check_numerics and not r.measure_memory for r in refs.values())
+    assert set(reference_scenarios(sc.replace(ac=tk.ACConfig(mode="full")))) == {"none"}
+    assert reference_scenarios(tk.Scenario()) == {} and reference_scenarios(tk.Scenario(recipe="torchtitan_0_3_0")) == {}

@@ -247,6 +247,21 @@ def test_run_restores_global_state():
     assert tk.global_state() == before
 
 
+@pytest.mark.parametrize("data, field, words", [
+    ([1, 2, 3], "", "holds a list"),
+    ({"compile": "blocks"}, "compile", 'write "compile": {"scope": "blocks"}'),
+    ({"model": None}, "model", "is null"),
+    ({"ac": "full"}, "ac", 'write "ac": {"mode": "full"}'),
+    ({"ac": {"mode": "none", "memory_budget": 0.2}}, "memory_budget", "only used by mode='memory_budget'"),
+    ({"check_numerics": "yes"}, "check_numerics", "not a bool"),
+    ({"recipe": ["torchtitan_0_3_0"]}, "recipe", "not a string"),
+])
+def test_scenario_from_dict_refuses_what_is_not_a_scenario(data, field, words):
+    with pytest.raises(tk.ConfigError) as e:
+        Scenario.from_dict(data)
+    assert e.value.field == field and words in str(e.value) and "Fix:" in str(e.value)
+
+
 def test_scenario_json_round_trip():
     s = Scenario(model=ModelConfig(n_layers=3, moe_layers=(1,)), ac=ACConfig(mode="per_submodule"),
                  compile=CompileConfig(scope="attention", order="ac_outside"), name="x", steady_steps=1)

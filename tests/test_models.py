@@ -194,6 +194,14 @@ def test_meta_model_builds_without_memory():
         (dict(device="cuda"), "device", "CUDA"),
         (dict(device="potato"), "device", "not a device"),
         (dict(router_noise=-1.0), "router_noise", ">= 0"),
+        # Accepted silently before: a truthy string or 1 switched a bool option on; inf / NaN passed range checks
+        # (NaN noise even ran "ok" with the loss of no noise at all).
+        (dict(route_norm="yes"), "route_norm", "not a bool"),
+        (dict(load_balance=1), "load_balance", "not a bool"),
+        (dict(experts_graph_break="no"), "experts_graph_break", "not a bool"),
+        (dict(route_scale=float("inf")), "route_scale", "not a finite number"),
+        (dict(route_scale=0.0), "route_scale", "not > 0"),
+        (dict(router_noise=float("nan")), "router_noise", "not a finite number"),
     ],
 )
 def test_model_config_validation_names_the_field(kwargs, field, words):

@@ -39,7 +39,9 @@ def test_run_pin_compare_and_export(tmp_path):
     ex = Explorer()
     ex.controls["n_layers"].value = 2
     r1 = ex.run()
-    assert r1.ok and ex.report is r1 and "saved for backward" in ex.summary.value and ex.stage.value == "done: ok"
+    assert r1.ok and ex.report is r1 and "saved for backward" in ex.summary.value
+    # The status line carries the classification, and says what "works" meant for this (eager) run.
+    assert ex.stage_text == "done: works — ran eagerly (no compile requested), gradients match eager"
     # Figures went into the Output widget's state as plotly bundles (not displayed as a side effect).
     assert len(ex.figures.outputs) >= 3
     for out in ex.figures.outputs:
@@ -51,6 +53,12 @@ def test_run_pin_compare_and_export(tmp_path):
     ex.pin()
     text = ex.compare()
     assert "layers.0.moe.routed_experts" in text and "A = #1" in ex.comparison.value
+    # ... and as figures: the two runs side by side, saved by module and memory, differences written in colour.
+    (out,) = ex.comparison_figures.outputs
+    fig = out["data"]["application/vnd.plotly.v1+json"]
+    assert [t["name"] for t in fig["data"]] == ["A", "A", "B", "B"] and "A vs B" in out["data"]["text/plain"]
+    assert "layers.0.moe.routed_experts" in fig["data"][0]["x"]
+    assert any(a["text"].startswith("−") for a in fig["layout"]["annotations"])  # full AC saves less than no AC
     py, ipynb = ex.export(tmp_path / "repro")
     assert py.exists() and ipynb.exists()
     out = subprocess.run([sys.executable, str(py)], capture_output=True, text=True, timeout=300)
@@ -65,3 +73,62 @@ def test_recipe_disables_the_ac_and_compile_controls():
     assert ex.scenario.recipe == "torchtitan_2025_09" and ex.scenario.model.experts_graph_break
     r = ex.run()
     assert r.outcome == "error" and "error at forward" in ex.summary.value
+
+
+def test_not_set_choices_show_a_label_not_a_blank():
+    """ipywidgets selects nothing for an option whose value is None: the defaults carry sentinel strings instead."""
+    ex = Explorer()
+    for name, label in (("order", "as the scope implies"), ("recipe", "(none: use the controls)")):
+        w = ex.controls[name]
+        assert w.index == 0 and w.label == label and w.value is not None
+    assert ex.scenario.compile.order is None and ex.scenario.recipe is None
+    ex.controls["order"].value = "ac_outside"
+    ex.controls["order"].value = "auto"
+    assert ex.scenario.compile.order is None
+
+
+def test_mode_options_reach_only_their_mode():
+    ex = Explorer()
+    c = ex.controls
+    c["ac_mode"].value, c["layer_every"].value = "selective_layer", 3
+    assert ex.scenario.ac.layer_every == 3
+    c["ac_mode"].value = "full"  # the slider keeps 3, but full AC must not be handed layer_every
+    assert ex.scenario.ac.layer_every is None and not ex.run_button.disabled
+
+
+def test_status_line_names_a_silent_failure_and_the_break_table_only_when_needed():
+    ex = Explorer()
+    c = ex.controls
+    c["n_layers"].value, c["ac_mode"].value, c["scope"].value = 2, "full", "blocks"
+    c["experts_impl"].value = "for_loop"  # .tolist() inside the checkpointed block: a graph break
+    r = ex.run()
+    assert r.ok  # the step ran ...
+    # ... but it is no success: C2, compile silently fell back to eager.
+    assert ex.stage_text.startswith("done: fell_back_to_eager [silent failure] — compile requested, but layers.0, "
+                                    "layers.1 ran eagerly (0 graphs); known case C2")
+    assert "#b30000" in ex.stage.value and "<th>where</th>" in ex.breaks.value
+    c["fullgraph"].value = True
+    ex.run()
+    assert ex.stage_text.startswith("done: works — ran compiled as requested (1 graph, no graph break)")
+    assert "<table>" not in ex.breaks.value and ex.breaks.value.startswith("<b>1 graphs, 0 graph breaks")
+
+
+def test_references_from_earlier_runs_classify_selective_ac(monkeypatch):
+    """A selective run is compared with the same setup's earlier runs without AC and with full AC (what
+    sac_not_applied and ac_saves_nothing need); the Explorer never runs them itself."""
+    import toolkit.notebook.widgets as widgets
+
+    seen = []
+    real = widgets.classify
+    monkeypatch.setattr(widgets, "classify", lambda report, refs: seen.append(dict(refs)) or real(report, refs))
+    ex = Explorer()
+    c = ex.controls
+    c["n_layers"].value, c["block"].value = 2, "dense"
+    c["ac_mode"].value = "selective_op"
+    ex.run()
+    for mode in ("none", "full", "selective_op"):
+        c["ac_mode"].value = mode
+        ex.run()
+    assert [set(refs) for refs in seen] == [set(), set(), {"none"}, {"none", "full"}]
+    assert seen[-1]["none"].scenario.ac_mode == "none" and seen[-1]["full"].scenario.ac_mode == "full"
+    assert ex.classification.label == "works"

@@ -12,7 +12,8 @@ class ConfigError(ValueError):
 
     def __init__(self, owner: str, field: str, problem: str, fix: str):
         self.owner, self.field, self.problem, self.fix = owner, field, problem, fix
-        super().__init__(f"{owner}.{field}: {problem} Fix: {fix}")
+        # A problem with the whole value (a JSON file holding a list) has no field to name.
+        super().__init__(f"{owner}{'.' + field if field else ''}: {problem} Fix: {fix}")
 
 
 def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[Any]) -> None:
@@ -29,10 +30,36 @@ def check_int(owner: str, field: str, value: Any, minimum: int | None = None) ->
         raise ConfigError(owner, field, f"{value} is below {minimum}.", f"pass a value >= {minimum}.")
 
 
+def check_bool(owner: str, field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(owner, field, f"{value!r} is not a bool.", "pass True or False.")
+
+
+def check_number(owner: str, field: str, value: Any, *, minimum: float, inclusive: bool = True,
+                 example: str = "1.0") -> None:
+    """A finite real number at or above `minimum` (above it when not `inclusive`): NaN and inf never pass,
+    since every comparison with NaN is False and a check written as `value < 0` would let it through."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(owner, field, f"{value!r} is not a finite number.", f"pass e.g. {example}.")
+    if value < minimum or (not inclusive and value == minimum):
+        bound = f">= {minimum}" if inclusive else f"> {minimum}"
+        raise ConfigError(owner, field, f"{value!r} is not {bound}.", f"pass e.g. {example}.")
+
+
 def literal_choices(cls: type, field: str) -> tuple[Any, ...]:
-    """The allowed values of a `Literal[...]`-annotated dataclass field (used by validation and widgets)."""
+    """The allowed values of a `Literal[...]`-annotated dataclass field (used by validation and widgets); for
+    `Literal[...] | None` (an option that may be left unset) the Literal's values, without None."""
     hints = typing.get_type_hints(cls)
-    return typing.get_args(hints[field])
+    tp = hints[field]
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    out: list[Any] = []
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is typing.Literal:
+            out += typing.get_args(arg)
+    return tuple(out)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -50,8 +77,15 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
+def check_object(owner: str, data: Any, example: str) -> None:
+    """`data` (read from JSON) is an object of fields, not a list, a string or null."""
+    if not isinstance(data, dict):
+        raise ConfigError(owner, "", f"{data!r} is not an object of {owner} fields.", f"write e.g. {example}.")
+
+
 def from_dict(cls: type, data: dict[str, Any]):
     """Rebuild a config from `to_dict` output; unknown keys are an error naming the key."""
+    check_object(cls.__name__, data, "{...} as to_dict() writes it")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:

@@ -675,6 +675,19 @@ def default_compute_intensive_ops() -> list[Any]:
     return list(get_default_op_list().compute_intensive_ops)
 
 
+def op_kind(obj: Any) -> str | None:
+    """"op" for an op overload (`torch.ops.aten.mm.default`) or a higher-order op (`inductor_compiled_code`): what a
+    SAC policy's `func` can be; "packet" for an overload packet (`torch.ops.aten.mm`), which never equals a
+    `func`; None for anything else."""
+    import torch._ops as ops
+
+    if isinstance(obj, ops.OpOverloadPacket):
+        return "packet"
+    if isinstance(obj, (ops.OpOverload, ops.HigherOrderOperator)):
+        return "op"
+    return None
+
+
 def compile_signature_has(name: str) -> bool:
     return name in inspect.signature(torch.compile).parameters
 

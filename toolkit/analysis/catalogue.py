@@ -194,3 +194,41 @@ def markdown(selection: list[Case] | None = None, *, with_findings: bool = False
         nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
         rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |")
     return "\n".join(rows)
+
+
+def verdict(case: Case, release: str | None = None, *, recorded: dict[str, dict[str, str]] | None = None) -> str:
+    """The case on one torch release (default: the installed one): the catalogue's verdict, else this machine's
+    recorded finding (`recorded`, from `findings()`), else "not checked"."""
+    release = release or torch_release()
+    if release in case.verified:
+        return case.verified[release]
+    local = (recorded or {}).get(case.id, {}).get(release)
+    return f"{local} (local)" if local else "not checked"
+
+
+def text(selection: list[Case] | None = None, *, width: int = 100, with_findings: bool = False) -> str:
+    """The catalogue as a plain-text table for a terminal `width` columns wide (titles and statuses wrapped), with a
+    column for the installed torch release; `markdown()` has the links and every release's verdict."""
+    import textwrap
+
+    release = torch_release()
+    recorded = findings() if with_findings else {}
+    rows = [(c.id, c.title, c.status, c.cpu, verdict(c, release, recorded=recorded))
+            for c in (selection if selection is not None else cases())]
+    heads = ("id", "case", "status", "CPU", f"torch {release}")
+    fixed = [max([len(heads[i])] + [len(r[i]) for r in rows]) for i in (0, 3, 4)]
+    # What the fixed columns and the four two-space gaps leave goes to the two text columns, 3:2.
+    free = max(40, width - sum(fixed) - 8)
+    w_case, w_status = free * 3 // 5, free - free * 3 // 5
+    widths = (fixed[0], w_case, w_status, fixed[1], fixed[2])
+    out = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip(),
+           "  ".join("-" * w for w in widths)]
+    for r in rows:
+        cols = [[r[0]], textwrap.wrap(r[1], w_case, break_on_hyphens=False) or [""], textwrap.wrap(r[2], w_status, break_on_hyphens=False) or [""], [r[3]], [r[4]]]
+        for i in range(max(len(col) for col in cols)):
+            out.append("  ".join((col[i] if i < len(col) else "").ljust(w) for col, w in zip(cols, widths)).rstrip())
+    out.append("")
+    out += textwrap.wrap(f"{len(rows)} cases. torch {release}: the verdict recorded for the installed release"
+                         + (" (local: a finding of this machine)" if with_findings else "") + ". --markdown: the "
+                         "table with upstream links and notebooks; --check CASE: re-run a repro here.", max(40, width))
+    return "\n".join(out)

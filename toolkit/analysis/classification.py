@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..measure.report import Report, fmt_bytes, short_paths
 from . import catalogue
@@ -20,8 +21,14 @@ EXPLAIN = {
     "ac_saves_nothing": "activation checkpointing saved no memory: saved >= the same setup without AC",
     "recompiles": "compiled code was recompiled",
     "graph_breaks": "the compiled region was split by graph breaks",
-    "works": "ran, compiled as requested, gradients match eager",
+    # Per cell, `classify` says what "works" meant: ran eagerly or compiled (how many graphs), gradients compared.
+    "works": "no failure found: compiled where compile was asked for, gradients match eager where compared",
 }
+# The failures no exception announces: a run can end "ok" and still be one of these.
+SILENT = tuple(label for label in SEVERITY if label not in ("works", "error", "crashed", "timeout"))
+# The classifications that need the same setup run without AC (and with full AC): `reference_scenarios`.
+NEED_REFERENCES = ("sac_not_applied", "ac_saves_nothing")
+_SELECTIVE = ("selective_op", "custom", "per_submodule")
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
         ac = report.scenario.ac_mode
         saved = report.saved.total_bytes
         none_ref, full_ref = refs.get("none"), refs.get("full")
-        selective = ac in ("selective_op", "custom") or (ac == "per_submodule")
+        selective = ac in _SELECTIVE
         if selective and none_ref is not None and full_ref is not None and none_ref.ok and full_ref.ok:
             s_none, s_full = none_ref.saved.total_bytes, full_ref.saved.total_bytes
             if s_none != s_full and (_close(saved, s_full) or _close(saved, s_none)):
@@ -85,7 +92,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
             why["graph_breaks"] = f"{c.graph_breaks} graph breaks{where}"
     if not flags:
         flags.append("works")
-        why["works"] = EXPLAIN["works"]
+        why["works"] = _works(report)
     flags.sort(key=SEVERITY.index)
     label = flags[0]
     matched = []
@@ -95,6 +102,71 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
                 matched.append(case.id)
     links = tuple(dict.fromkeys(link for cid in matched for link in catalogue.get(cid).links))
     return Classification(label, why[label], tuple(flags), tuple(matched), links)
+
+
+def _works(report: Report) -> str:
+    """What "works" means for this cell: an eager cell was not compiled, and gradients may not have been compared."""
+    c, n = report.compile, report.numerics
+    graphs = f"{c.graphs} graph{'' if c.graphs == 1 else 's'}"
+    if report.scenario.recipe:
+        ran = f"the recipe ran compiled ({graphs}, no graph break)"
+    elif c.requested:
+        ran = f"ran compiled as requested ({graphs}, no graph break)"
+    else:
+        ran = "ran eagerly (no compile requested)"
+    if n.compared:
+        grads = "gradients match eager"
+    else:
+        grads = "gradients not compared" + (f" ({n.reference})" if n.reference else "")
+    return f"{ran}, {grads}"
+
+
+def reference_scenarios(scenario) -> dict[str, Any]:
+    """The runs `classify` compares a scenario with, to see `sac_not_applied` and `ac_saves_nothing`: the same model
+    and compile setup without AC ("none") and, for a selective mode, with full AC ("full"). Empty for a recipe or
+    AC "none". They measure saved bytes only (no numerics, no memory step)."""
+    from ..transforms import ACConfig
+
+    if scenario.recipe or scenario.ac.mode == "none":
+        return {}
+    quick = dict(check_numerics=False, measure_memory=False, steady_steps=0, memory_snapshot=None)
+    label = scenario.label
+    # Without AC there is no wrapper for `order` to place compile around, so the scope decides alone.
+    refs = {"none": scenario.replace(ac=ACConfig(), compile=scenario.compile.replace(order=None),
+                                     name=f"{label} [reference: no AC]", **quick)}
+    if scenario.ac.mode in _SELECTIVE:
+        refs["full"] = scenario.replace(ac=ACConfig(mode="full"), name=f"{label} [reference: full AC]", **quick)
+    return refs
+
+
+def headline(report: Report, cl: Classification, title: str | None = None) -> str:
+    """One line that leads with the classification, not the outcome: `name: fell_back_to_eager [silent failure] —
+    compile requested, but layers.0, layers.1 ran eagerly (0 graphs); known case C2` (`title` replaces the name)."""
+    tag = " [silent failure]" if cl.label in SILENT else ""
+    cases = f"; known case {', '.join(cl.cases)}" if cl.cases else ""
+    return f"{title or report.scenario.name or 'scenario'}: {cl.label}{tag} — {cl.explanation}{cases}"
+
+
+def describe(report: Report, cl: Classification, *, references: bool | None = None) -> str:
+    """`str(report)` led by the classification: the headline, the other flags, the known cases with their first link,
+    what was not checked (`references=False`: `sac_not_applied` / `ac_saves_nothing` need reference runs), then
+    the report's own lines."""
+    lines = [headline(report, cl)]
+    others = [f for f in cl.flags if f != cl.label]
+    if others:
+        lines.append("  also: " + ", ".join(others))
+    for cid in cl.cases:
+        case = catalogue.get(cid)
+        lines.append(f"  known case {cid}: {case.title}" + (f" ({case.links[0]})" if case.links else ""))
+    ac = report.scenario.ac_mode
+    if references is False and report.ok and ac not in ("none", "recipe", "unknown"):
+        unchecked = NEED_REFERENCES if ac in _SELECTIVE else ("ac_saves_nothing",)
+        lines.append(f"  not checked: {', '.join(unchecked)} (they compare with the same setup run without AC"
+                     + (" and with full AC)" if ac in _SELECTIVE else ")"))
+    body = str(report).splitlines()
+    lines.append(f"  step outcome: {report.outcome}")
+    lines += body[1:]
+    return "\n".join(lines)
 
 
 def _close(a: int, b: int, rel: float = 0.01) -> bool:

@@ -7,12 +7,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import ConfigError, check_choice
+from .._config import ConfigError, check_bool, check_choice
 from ..models import ModelConfig, build_model
 from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
 from ..transforms import ACConfig, CompileConfig
-from ..transforms.compile import BACKENDS, check_ac_compile
+from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
 from ..transforms.fsdp import FSDP_MODES
 from ..transforms.recipes import RECIPES, prepare, reset
 
@@ -71,6 +71,14 @@ class Scenario:
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(own, name, f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
                                   f"pass {cls.__name__}(...).")
+        for name in ("check_numerics", "measure_memory"):
+            check_bool(own, name, getattr(self, name))
+        for name in ("name", "recipe_backend"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text.")
+        for name in ("recipe", "device", "memory_snapshot"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text, or None.")
         if self.recipe is not None:
             if self.recipe not in RECIPES:
                 raise ConfigError(own, "recipe", f"{self.recipe!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
@@ -81,7 +89,7 @@ class Scenario:
                 raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a backend.",
                                   f"use one of {', '.join(BACKENDS)}.")
         check_ac_compile(self.ac, self.compile)
-        if not isinstance(self.steady_steps, int) or self.steady_steps < 0:
+        if isinstance(self.steady_steps, bool) or not isinstance(self.steady_steps, int) or self.steady_steps < 0:
             raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
         self.model_config  # validates device/seed overrides
 
@@ -99,7 +107,7 @@ class Scenario:
             raise ConfigError(own, "recipe", "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
                               "stack='torchtitan' its own code applies them.",
                               "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).")
-        if self.ac.replace(mode="none") != ACConfig() or self.ac.mode not in ("none", "full", "selective_op"):
+        if self.ac.mode not in ("none", "full", "selective_op") or self.ac != ACConfig(mode=self.ac.mode):
             raise ConfigError(own, "ac", "torchtitan's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
                               "its own defaults.", "pass ACConfig(mode='none' | 'full' | 'selective_op') only.")
         c = self.compile
@@ -156,17 +164,29 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Scenario":
+        if not isinstance(data, dict):
+            raise ConfigError("Scenario", "", f"the JSON holds a {_json_type(data)}, not an object of Scenario fields.",
+                              'write an object such as {"ac": {"mode": "full"}, "compile": {"scope": "blocks"}} '
+                              "(Scenario.to_json() writes one).")
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError("Scenario", unknown[0], "is not a field of Scenario.", f"use one of {', '.join(sorted(known))}.")
-        if "model" in data:
-            data["model"] = ModelConfig.from_dict(data["model"])
-        if "ac" in data:
-            data["ac"] = ACConfig.from_dict(data["ac"])
-        if "compile" in data:
-            data["compile"] = CompileConfig.from_dict(data["compile"])
+        for name, sub in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
+            if name not in data:
+                continue
+            value = data[name]
+            if not isinstance(value, dict):
+                example = {"model": '{"n_layers": 4}', "ac": '{"mode": "full"}', "compile": '{"scope": "blocks"}'}[name]
+                if name == "compile" and value in SCOPES:  # `"compile": "blocks"` meant the scope
+                    example = json.dumps({"scope": value})
+                elif name == "ac" and isinstance(value, str):
+                    example = json.dumps({"mode": value})
+                what = "null" if value is None else f"the {_json_type(value)} {json.dumps(value)}"
+                raise ConfigError("Scenario", name, f"is {what}, not an object of {sub.__name__} fields.",
+                                  f"write \"{name}\": {example}, or leave \"{name}\" out for the default {sub.__name__}().")
+            data[name] = sub.from_dict(value)
         if isinstance(data.get("torchtitan"), dict):
             data["torchtitan"] = TorchtitanConfig.from_dict(data["torchtitan"])
         return cls(**data)
@@ -177,6 +197,11 @@ class Scenario:
     @classmethod
     def from_json(cls, text: str) -> "Scenario":
         return cls.from_dict(json.loads(text))
+
+
+def _json_type(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
+        type(value), type(value).__name__)
 
 
 def check_structure(scenario: Scenario) -> None:

@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from .._config import ConfigError, check_choice, check_int, from_dict, literal_choices, to_dict
+from .._config import (ConfigError, check_bool, check_choice, check_int, check_number, check_object, from_dict,
+                       literal_choices, to_dict)
 
 ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
 TokenCount = Literal["scatter", "histc", "bincount"]
@@ -104,10 +105,13 @@ class ModelConfig:
         if self.top_k > self.n_experts:
             raise ConfigError(own, "top_k", f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
                               f"use top_k <= {self.n_experts} or raise n_experts.")
-        if not isinstance(self.route_scale, (int, float)) or isinstance(self.route_scale, bool) or self.route_scale <= 0:
-            raise ConfigError(own, "route_scale", f"{self.route_scale!r} is not a positive number.", "pass e.g. 1.0.")
-        if not isinstance(self.router_noise, (int, float)) or isinstance(self.router_noise, bool) or self.router_noise < 0:
-            raise ConfigError(own, "router_noise", f"{self.router_noise!r} is not a number >= 0.", "pass 0.0 to disable it.")
+        # Truthy stand-ins ("yes", 1) would switch these on without saying so: only real bools pass.
+        for name in ("route_norm", "load_balance", "experts_graph_break"):
+            check_bool(own, name, getattr(self, name))
+        # inf scales every routing weight to inf (NaN loss); NaN noise compares False with everything, so the
+        # `> 0` that enables it skips it and the run looks like no noise at all.
+        check_number(own, "route_scale", self.route_scale, minimum=0.0, inclusive=False, example="1.0")
+        check_number(own, "router_noise", self.router_noise, minimum=0.0, example="0.0 (off) or 0.5")
         self._check_moe_layers()
         self._check_device()
         if self.experts_impl == "grouped_mm" and self.has_moe:
@@ -195,6 +199,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
+        check_object("ModelConfig", data, '{"n_layers": 4, "experts_impl": "for_loop"}')
         if isinstance(data.get("moe_layers"), list):
             data = {**data, "moe_layers": tuple(data["moe_layers"])}
         return from_dict(cls, data)

@@ -102,29 +102,88 @@ def breaks_text(report: Report) -> str:
 
 
 def breaks_html(report: Report) -> str:
+    """`breaks_text` as HTML: its first line, and a where / reason table only when there is a break or recompile."""
     import html
 
     c = report.compile
+    head = html.escape(breaks_text(report).splitlines()[0])
+    if not c.breaks and not c.recompiles:
+        return f"<b>{head}</b>"  # an empty table would only be a header
     rows = "".join(f"<tr><td>{html.escape(b.place)}</td>"
                    f"<td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks)
     rec = "".join(f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
                   for r in c.recompiles)
-    head = html.escape(breaks_text(report).splitlines()[0])
     return f"<b>{head}</b><table><tr><th>where</th><th>reason</th></tr>{rows}{rec}</table>"
 
 
-def compare_text(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top: int = 12) -> str:
-    """Two runs side by side: memory, and the modules whose saved bytes differ most."""
-    lines = [memory_text({names[0]: a, names[1]: b}), "", f"{'module':<36}{names[0]:>12}{names[1]:>12}{'diff':>12}"]
+def _module_diffs(a: Report, b: Report, top: int) -> list[str]:
+    """The modules whose saved bytes differ most between two runs (largest difference first; equal ones left out)."""
     mods = set(a.saved.by_module) | set(b.saved.by_module)
     diffs = sorted(mods, key=lambda m: (-abs(b.saved.by_module.get(m, 0) - a.saved.by_module.get(m, 0)), m))[:top]
-    for m in diffs:
+    return [m for m in diffs if a.saved.by_module.get(m, 0) != b.saved.by_module.get(m, 0)]
+
+
+def compare_text(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top: int = 12) -> str:
+    """Two runs side by side: memory, and the modules whose saved bytes differ most (the text twin of
+    `compare_figure`)."""
+    lines = [memory_text({names[0]: a, names[1]: b}), "", f"{'module':<36}{names[0]:>12}{names[1]:>12}{'diff':>12}"]
+    for m in _module_diffs(a, b, top):
         x, y = a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)
-        if x == y:
-            continue
         sign = "+" if y > x else "-"
         lines.append(f"{m or '<model>':<36}{fmt_bytes(x):>12}{fmt_bytes(y):>12}{sign + fmt_bytes(abs(y - x)):>12}")
     return "\n".join(lines)
+
+
+# Run A in a muted blue, run B in orange; a difference is labelled red where B needs more, green where it needs less.
+COMPARE_COLORS = {"a": "#4c78a8", "b": "#f58518", "more": "#c0392b", "less": "#1e8449", "same": "#7f7f7f"}
+
+
+def _signed(delta: int) -> str:
+    return ("+" if delta > 0 else "−") + fmt_bytes(abs(delta))
+
+
+def compare_figure(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), top: int = 12):
+    """Two runs side by side as bars: saved bytes per module (the modules that differ most) and memory (saved,
+    held after forward, peak), each difference written over its pair in red (B needs more) or green (less).
+    Its plain-text twin is `compare_text` with the same arguments."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    mods = _module_diffs(a, b, top)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.1,
+                        subplot_titles=["saved for backward by module: where the runs differ", "memory"])
+    keys = [m or "<model>" for m in mods]
+    metrics = [("saved", lambda r: r.saved.total_bytes), ("held after forward", lambda r: r.memory.held_after_forward_bytes),
+               ("peak", lambda r: r.memory.peak_bytes)]
+    for name, run, color in ((names[0], a, COMPARE_COLORS["a"]), (names[1], b, COMPARE_COLORS["b"])):
+        fig.add_bar(name=name, legendgroup=name, x=keys, y=[run.saved.by_module.get(m, 0) / 2**10 for m in mods],
+                    marker_color=color, hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + name + "</extra>", row=1, col=1)
+        fig.add_bar(name=name, legendgroup=name, showlegend=False, x=[k for k, _ in metrics],
+                    y=[get(run) / 2**20 for _, get in metrics], marker_color=color,
+                    hovertemplate="%{x}<br>%{y:.3f} MiB<extra>" + name + "</extra>", row=1, col=2)
+    # Upright labels would overlap over a dozen narrow pairs: written upwards from the taller bar instead.
+    upright = len(mods) <= 5
+    for m, key in zip(mods, keys):
+        x, y = a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)
+        fig.add_annotation(x=key, y=max(x, y) / 2**10, text=_signed(y - x), showarrow=False,
+                           textangle=0 if upright else -90, yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["more" if y > x else "less"]),
+                           row=1, col=1)
+    for key, get in metrics:
+        x, y = get(a), get(b)
+        fig.add_annotation(x=key, y=max(x, y) / 2**20, text=_signed(y - x) if x != y else "same", showarrow=False,
+                           yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["same" if x == y else
+                                                                       "more" if y > x else "less"]), row=1, col=2)
+    if not mods:
+        fig.add_annotation(text="no module saves a different amount", showarrow=False, xref="x domain",
+                           yref="y domain", x=0.5, y=0.5, row=1, col=1)
+    fig.update_layout(barmode="group", height=440, title=f"{names[0]} vs {names[1]}", legend_title="run")
+    # Head room above the tallest pair for its label (annotations do not widen an axis' range).
+    top_kib = max([max(a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)) / 2**10 for m in mods] or [1])
+    top_mib = max(max(get(a), get(b)) / 2**20 for _, get in metrics) or 1
+    fig.update_yaxes(title_text="KiB", range=[0, top_kib * (1.18 if upright else 1.45)], row=1, col=1)
+    fig.update_yaxes(title_text="MiB", range=[0, top_mib * 1.18], row=1, col=2)
+    fig.update_xaxes(tickangle=-40, row=1, col=1)
+    return fig
 
 
 def tradeoff_figure(reports: Mapping[str, Report], memory: str = "saved"):

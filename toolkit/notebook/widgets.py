@@ -1,7 +1,8 @@
 """`Explorer`: an ipywidgets app to build a scenario, run it on a button, pin and compare runs, and export a repro.
 
-Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `status.value`,
-`summary.value`; callbacks write into widgets and never print.
+Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `classification`,
+`stage_text` (the status line: `done: fell_back_to_eager [silent failure] — …`), `status.value`, `summary.value`;
+`compare()` returns the comparison's text twin. Callbacks write into widgets and never print.
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ from typing import Any
 import ipywidgets as W
 
 from .._config import ConfigError, literal_choices
+from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
+from ..transforms.ac import MODE_DEFAULTS
 from ..transforms.compile import BACKENDS, SCOPES
 from ..transforms.recipes import RECIPES
 from . import display
+
+# ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
+# `order` and `recipe` carry these strings and `build_scenario` maps them back to None.
+AUTO_ORDER, NO_RECIPE = "auto", "none"
 
 
 class Explorer:
@@ -40,23 +47,28 @@ class Explorer:
             # "custom" needs a policy function, which a dropdown cannot give.
             "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"],
                                   value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
-            "layer_every": W.IntSlider(value=ac.layer_every, min=1, max=4, description="every N-th", style=style),
-            "submodule_ac": W.Dropdown(options=list(literal_choices(ACConfig, "submodule_ac")), value=ac.submodule_ac,
+            # Mode-specific options are None unless their mode is chosen; the controls show the mode's default.
+            "layer_every": W.IntSlider(value=ac.layer_every or MODE_DEFAULTS["layer_every"], min=1, max=4,
+                                       description="every N-th", style=style),
+            "submodule_ac": W.Dropdown(options=list(literal_choices(ACConfig, "submodule_ac")),
+                                       value=ac.submodule_ac or MODE_DEFAULTS["submodule_ac"],
                                        description="submodule AC", style=style),
-            "memory_budget": W.FloatSlider(value=ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
+            "memory_budget": W.FloatSlider(value=MODE_DEFAULTS["memory_budget"] if ac.memory_budget is None
+                                           else ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
                                            continuous_update=False, style=style),
             "scope": W.Dropdown(options=list(SCOPES), value=c.scope if isinstance(c.scope, str) else "none",
                                 description="compile scope", style=style),
             "backend": W.Dropdown(options=list(BACKENDS), value=c.backend if isinstance(c.backend, str) else "aot_eager",
                                   description="backend", style=style),
             "fullgraph": W.Checkbox(value=c.fullgraph, description="fullgraph"),
-            "order": W.Dropdown(options=[("as the scope implies", None), ("compile(AC(x))", "compile_outside"),
-                                         ("AC(compile(x))", "ac_outside")], value=c.order, description="order", style=style),
+            "order": W.Dropdown(options=[("as the scope implies", AUTO_ORDER), ("compile(AC(x))", "compile_outside"),
+                                         ("AC(compile(x))", "ac_outside")], value=c.order or AUTO_ORDER,
+                                description="order", style=style),
             "capture_scalar_outputs": W.Checkbox(value=c.capture_scalar_outputs, description="capture scalars"),
             "capture_dynamic_output_shape_ops": W.Checkbox(value=c.capture_dynamic_output_shape_ops,
                                                            description="capture dynamic shapes"),
-            "recipe": W.Dropdown(options=[("(none: use the controls)", None)] + [(k, k) for k in RECIPES],
-                                 value=s.recipe, description="recipe", style=style),
+            "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] + [(k, k) for k in RECIPES],
+                                 value=s.recipe or NO_RECIPE, description="recipe", style=style),
         }
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.pin_button = W.Button(description="Pin", icon="thumb-tack")
@@ -69,9 +81,14 @@ class Explorer:
         self.breaks = W.HTML()
         self.figures = W.Output()
         self.comparison = W.HTML()
+        self.comparison_figures = W.Output()
         self.report: Report | None = None
+        self.classification: Classification | None = None
         self.pinned: list[tuple[str, Report]] = []
         self.scenario: Scenario | None = None
+        # Every run's report by its setup, so a later run finds the references `classify` compares with
+        # (the same setup without AC / with full AC) when they were run before, without running them itself.
+        self.history: dict[tuple, Report] = {}
         for w in self.controls.values():
             w.observe(self._validate, names="value")
         self.run_button.on_click(lambda _: self.run())
@@ -89,7 +106,7 @@ class Explorer:
             W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
             ctl["recipe"], self.status, W.HBox([self.run_button, self.pin_button, self.compare_button]),
             W.HBox([self.export_path, self.export_button]), self.stage, self.summary, self.breaks, self.figures,
-            self.comparison,
+            self.comparison, self.comparison_figures,
         ])
 
     # --- state --------------------------------------------------------------------------------------------
@@ -97,7 +114,8 @@ class Explorer:
     def build_scenario(self) -> Scenario:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
-        layout = "torchtitan_2025" if (v["recipe"] or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
+        recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
+        layout = "torchtitan_2025" if (recipe or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
         model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
                             n_experts=v["n_experts"], top_k=v["top_k"], experts_impl=v["experts_impl"],
                             moe_hidden=v["dim"], ffn_hidden=2 * v["dim"],
@@ -105,20 +123,24 @@ class Explorer:
                             # compile only in bfloat16 on CPU (C14); the 0.3.0 layout casts inside the experts.
                             layout=layout,
                             dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and layout == "torchtitan_2025"
-                            and (v["scope"] != "none" or v["recipe"]) else "float32",
-                            experts_graph_break=v["recipe"] == "torchtitan_2025_09")
-        if v["recipe"]:
-            return Scenario(model=model, recipe=v["recipe"], recipe_backend=v["backend"])
-        ac = ACConfig(mode=v["ac_mode"], layer_every=v["layer_every"], submodule_ac=v["submodule_ac"],
-                      memory_budget=v["memory_budget"])
-        comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"], order=v["order"],
+                            and (v["scope"] != "none" or recipe) else "float32",
+                            experts_graph_break=recipe == "torchtitan_2025_09")
+        if recipe:
+            return Scenario(model=model, recipe=recipe, recipe_backend=v["backend"])
+        mode = v["ac_mode"]
+        # Only the options the chosen mode reads: ACConfig refuses the others.
+        options = {"selective_layer": {"layer_every": v["layer_every"]}, "per_submodule": {"submodule_ac": v["submodule_ac"]},
+                   "memory_budget": {"memory_budget": v["memory_budget"]}}.get(mode, {})
+        ac = ACConfig(mode=mode, **options)
+        comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"],
+                             order=None if v["order"] == AUTO_ORDER else v["order"],
                              capture_scalar_outputs=v["capture_scalar_outputs"],
                              capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"])
         return Scenario(model=model, ac=ac, compile=comp)
 
     def _validate(self, *_: Any) -> None:
         ctl = self.controls
-        recipe = ctl["recipe"].value is not None
+        recipe = ctl["recipe"].value != NO_RECIPE
         for name in ("ac_mode", "layer_every", "submodule_ac", "memory_budget", "scope", "fullgraph", "order",
                      "capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
             ctl[name].disabled = recipe
@@ -156,8 +178,13 @@ class Explorer:
         finally:
             self.run_button.disabled = False
         self.report = report
-        self.stage.value = f"done: {report.outcome}"
-        self.summary.value = f"<pre>{_esc(str(report))}</pre>"
+        self.history[_setup(self.scenario)] = report
+        refs = {key: self.history[_setup(ref)] for key, ref in reference_scenarios(self.scenario).items()
+                if _setup(ref) in self.history}
+        self.classification = cl = classify(report, refs)
+        color = "#1e8449" if cl.label == "works" else "#b30000"
+        self.stage.value = f"<span style='color:{color}'><b>{_esc(headline(report, cl, title='done'))}</b></span>"
+        self.summary.value = f"<pre>{_esc(describe(report, cl))}</pre>"
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
         self.figures.outputs = ()
         if report.ok:
@@ -167,6 +194,14 @@ class Explorer:
                 figs.append(display.recompute_figure(report))
             self.figures.outputs = tuple(_figure_output(fig) for fig in figs)
         return report
+
+    @property
+    def stage_text(self) -> str:
+        """The status line without its markup: `done: fell_back_to_eager [silent failure] — …`."""
+        import html
+        import re
+
+        return html.unescape(re.sub(r"<[^>]+>", "", self.stage.value))
 
     def _on_stage(self, stage: str) -> None:
         self.stage.value = f"running: {stage}…"
@@ -187,6 +222,7 @@ class Explorer:
         (na, a), (nb, b) = runs[-2], runs[-1]
         text = display.compare_text(a, b, ("A", "B"))
         self.comparison.value = f"<pre>A = {_esc(na)}\nB = {_esc(nb)}\n\n{_esc(text)}</pre>"
+        self.comparison_figures.outputs = (_figure_output(display.compare_figure(a, b, ("A", "B"))),)
         return text
 
     def export(self, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -202,6 +238,11 @@ def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -
 
     bundle = export(report, path, scenario=scenario)
     return bundle.script, bundle.notebook
+
+
+def _setup(scenario: Scenario) -> tuple:
+    """What makes two scenarios the same measurement, whatever their names and extra steps."""
+    return (scenario.model_config, scenario.ac, scenario.compile, scenario.recipe, scenario.recipe_backend)
 
 
 def _figure_output(fig) -> dict:

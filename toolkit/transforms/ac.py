@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .. import compat
-from .._config import ConfigError, check_choice, check_int, from_dict, literal_choices, to_dict
+from .._config import ConfigError, check_bool, check_choice, check_int, check_object, from_dict, literal_choices, to_dict
 from .naming import get_slot, has_checkpoint, is_checkpoint_wrapper, unwrap
 from .policies import sac_context_fn
 from .settings import applied, forget, record
@@ -25,9 +25,25 @@ def _has_wrapped_regions_option() -> bool:
     return hasattr(compat.compiler_configs()[2], "wrap_inductor_compiled_regions")
 
 
+# Modes that put blocks (or submodules) into a CheckpointWrapper; the wrapper's options mean nothing elsewhere.
+WRAPPING_MODES = ("full", "selective_op", "selective_layer", "per_submodule", "custom")
+
+# What each mode-specific option takes when its mode is chosen and it is left unset (None). Also what every
+# `to_dict` wrote before options became mode-specific, which `from_dict` therefore accepts for any mode.
+MODE_DEFAULTS: dict[str, Any] = {
+    "preserve_rng_state": True, "early_stop": False, "determinism_check": "default", "debug": False,
+    "layer_every": 2, "submodule_ac": "selective", "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
+    "memory_budget": 0.5,
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ACConfig:
-    """How to checkpoint activations. Applied per block of `model.layers`, like torchtitan's `apply_ac`."""
+    """How to checkpoint activations. Applied per block of `model.layers`, like torchtitan's `apply_ac`.
+
+    Options that only one mode reads default to None ("not set") and take their default when that mode is
+    chosen; setting one for a mode that would ignore it is a ConfigError (`ACConfig(mode="full", layer_every=3)`
+    would otherwise wrap every block and say nothing)."""
 
     mode: ACMode = "none"
     """"none"; "full" (each block in a non-reentrant `checkpoint_wrapper`); "selective_op" (each block with
@@ -35,52 +51,66 @@ class ACConfig:
     "per_submodule" (attention and moe/feed_forward wrapped separately, as torchtitan's 2025 FlexAttention
     workaround did); "memory_budget" (no wrapping: the compile partitioner's activation budget); "custom"
     (each block with `policy` or `save_ops`)."""
-    preserve_rng_state: bool = True
-    """Stash and restore the RNG state around recompute (torchtitan's default since PR #2380)."""
-    early_stop: bool = False
-    """Stop the recompute once every needed tensor exists (torchtitan hard-codes False: leak C19)."""
-    determinism_check: Literal["default", "none"] = "default"
-    """"default" compares shape/dtype/device of recomputed tensors with the forward's; "none" skips it."""
-    debug: bool = False
-    """torch.utils.checkpoint's debug traces; torch refuses it together with a SAC policy (C24)."""
-    layer_every: int = 2
-    """For "selective_layer": block i is fully checkpointed when (i + 1) % layer_every == 0 (1 = every block)."""
-    submodule_ac: Literal["selective", "full"] = "selective"
-    """For "per_submodule": the AC each of attention and moe/feed_forward gets."""
-    force_recompute_mm_shapes_by_fqns: tuple[str, ...] = ("moe.router.gate",)
-    """Name substrings of `nn.Linear` modules whose weight shape is forced to recompute in the per-op policy —
-    any matmul of that block with that shape, whichever module it belongs to (torchtitan's rule: shapes are
-    collected per block)."""
+    preserve_rng_state: bool | None = None
+    """Modes that wrap: stash and restore the RNG state around recompute (default True, torchtitan's since
+    PR #2380)."""
+    early_stop: bool | None = None
+    """Modes that wrap: stop the recompute once every needed tensor exists (default False, as torchtitan
+    hard-codes: leak C19)."""
+    determinism_check: Literal["default", "none"] | None = None
+    """Modes that wrap: "default" (the default) compares shape/dtype/device of recomputed tensors with the
+    forward's; "none" skips it."""
+    debug: bool | None = None
+    """Modes that wrap: torch.utils.checkpoint's debug traces (default False); torch refuses it together with a
+    SAC policy (C24)."""
+    layer_every: int | None = None
+    """"selective_layer" only: block i is fully checkpointed when (i + 1) % layer_every == 0 (default 2; 1 = every
+    block)."""
+    submodule_ac: Literal["selective", "full"] | None = None
+    """"per_submodule" only: the AC each of attention and moe/feed_forward gets (default "selective")."""
+    force_recompute_mm_shapes_by_fqns: tuple[str, ...] | None = None
+    """The per-op policy only ("selective_op", or "per_submodule" with submodule_ac="selective"): name substrings
+    of `nn.Linear` modules whose weight shape is forced to recompute — any matmul with that shape, whichever
+    module it belongs to (torchtitan's rule). Default ("moe.router.gate",)."""
     extra_save_ops: tuple[Any, ...] = ()
-    """Ops added to the per-op policy's save set, e.g. `torch.ops.aten._grouped_mm.default` (C15)."""
-    memory_budget: float = 0.5
-    """For "memory_budget": `activation_memory_budget` between 0 (recompute all) and 1 (runtime optimal)."""
+    """The per-op policy only: ops added to its save set, e.g. `torch.ops.aten._grouped_mm.default` (C15), or
+    their names ("aten._grouped_mm.default")."""
+    memory_budget: float | None = None
+    """"memory_budget" only: `activation_memory_budget` between 0 (recompute all) and 1 (runtime optimal);
+    default 0.5."""
     policy: Callable[..., CheckpointPolicy] | None = None
-    """For "custom": a SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
+    """"custom" only: a SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
     save_ops: tuple[Any, ...] | None = None
-    """For "custom": ops to save (MUST_SAVE); every other op is recomputed."""
+    """"custom" only: ops to save (MUST_SAVE); every other op is recomputed."""
     wrap_inductor_compiled_regions: bool = False
-    """Make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see (C7); only
-    for torch versions that have the option and only with the inductor backend."""
+    """Modes that wrap: make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see
+    (C7); only for torch versions that have the option and only with the inductor backend."""
 
     def __post_init__(self) -> None:
         own = "ACConfig"
         check_choice(own, "mode", self.mode, literal_choices(ACConfig, "mode"))
-        check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
-        check_choice(own, "submodule_ac", self.submodule_ac, ("selective", "full"))
-        check_int(own, "layer_every", self.layer_every, 1)
-        for name in ("preserve_rng_state", "early_stop", "debug", "wrap_inductor_compiled_regions"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a bool.", "pass True or False.")
-        if isinstance(self.force_recompute_mm_shapes_by_fqns, str):
-            raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", "is a single string, not a tuple.",
-                              f"pass ({self.force_recompute_mm_shapes_by_fqns!r},).")
-        object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(self.force_recompute_mm_shapes_by_fqns))
-        object.__setattr__(self, "extra_save_ops", tuple(self.extra_save_ops))
-        if not isinstance(self.memory_budget, (int, float)) or isinstance(self.memory_budget, bool) \
-                or not 0.0 <= self.memory_budget <= 1.0:
-            raise ConfigError(own, "memory_budget", f"{self.memory_budget!r} is not between 0 and 1.",
-                              "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
+        self._check_types()
+        # Only now, with every value well-formed: is it meaningful for this mode? Then fill the mode's defaults.
+        for name, modes in _option_modes(self.submodule_ac).items():
+            if self.mode not in modes and self._is_set(name):
+                if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
+                    users, fix = ("the per-op policy (mode='selective_op', or 'per_submodule' with "
+                                  "submodule_ac='selective')", "or use mode='selective_op'")
+                elif len(modes) == 1:
+                    users, fix = f"mode={modes[0]!r}", f"or set mode={modes[0]!r}"
+                else:
+                    users, fix = f"the modes that wrap ({', '.join(modes)})", "or pick a mode that wraps"
+                setting = f"mode={self.mode!r}"
+                if self.mode == "per_submodule":
+                    setting += f" with submodule_ac={self.submodule_ac!r}"
+                raise ConfigError(own, name, f"is only used by {users}, not {setting}, which would ignore it "
+                                  f"({_IGNORED.get(self.mode, 'it never reads it')}).", f"drop {name}, {fix}.")
+        if self.mode != "custom" and (self.policy is not None or self.save_ops is not None):
+            raise ConfigError(own, "mode", f"policy/save_ops are only used by mode='custom', not {self.mode!r}.",
+                              "set mode='custom' or drop policy/save_ops.")
+        for name, modes in _option_modes(self.submodule_ac).items():
+            if self.mode in modes and getattr(self, name) is None:
+                object.__setattr__(self, name, MODE_DEFAULTS[name])
         if self.mode == "custom":
             if (self.policy is None) == (self.save_ops is None):
                 raise ConfigError(own, "policy", "mode='custom' needs exactly one of policy and save_ops.",
@@ -88,11 +118,6 @@ class ACConfig:
             if self.policy is not None and not callable(self.policy):
                 raise ConfigError(own, "policy", f"{self.policy!r} is not callable.",
                                   "pass a function (ctx, func, *args, **kwargs) -> CheckpointPolicy.")
-        elif self.policy is not None or self.save_ops is not None:
-            raise ConfigError(own, "mode", f"policy/save_ops are only used by mode='custom', not {self.mode!r}.",
-                              "set mode='custom' or drop policy/save_ops.")
-        if self.save_ops is not None:
-            object.__setattr__(self, "save_ops", tuple(self.save_ops))
         if self.debug and self.uses_sac:
             raise ConfigError(own, "debug", "torch.utils.checkpoint rejects debug=True together with a selective "
                               "policy ('debug=True is incompatible with non-default context_fn', C24).",
@@ -102,15 +127,65 @@ class ACConfig:
                               f"torch {torch.__version__} has no inductor option wrap_inductor_compiled_regions.",
                               "upgrade torch (the option arrived with pytorch#167844) or leave it False.")
 
+    def _check_types(self) -> None:
+        """Each value that is set has the right type and range (whatever the mode)."""
+        own = "ACConfig"
+        for name in ("preserve_rng_state", "early_stop", "debug"):
+            if getattr(self, name) is not None:
+                check_bool(own, name, getattr(self, name))
+        check_bool(own, "wrap_inductor_compiled_regions", self.wrap_inductor_compiled_regions)
+        if self.determinism_check is not None:
+            check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
+        if self.submodule_ac is not None:
+            check_choice(own, "submodule_ac", self.submodule_ac, literal_choices(ACConfig, "submodule_ac"))
+        if self.layer_every is not None:
+            check_int(own, "layer_every", self.layer_every, 1)
+        fqns = self.force_recompute_mm_shapes_by_fqns
+        if isinstance(fqns, str):
+            raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", "is a single string, not a tuple.",
+                              f"pass ({fqns!r},).")
+        if fqns is not None:
+            if not isinstance(fqns, (tuple, list)) or not all(isinstance(f, str) for f in fqns):
+                raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", f"{fqns!r} is not a tuple of strings.",
+                                  "pass e.g. ('moe.router.gate',), or () to force nothing.")
+            object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
+        object.__setattr__(self, "extra_save_ops", _ops(own, "extra_save_ops", self.extra_save_ops))
+        if self.save_ops is not None:
+            object.__setattr__(self, "save_ops", _ops(own, "save_ops", self.save_ops))
+        if self.memory_budget is not None:
+            m = self.memory_budget
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
+                raise ConfigError(own, "memory_budget", f"{m!r} is not between 0 and 1.",
+                                  "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
+
+    def _is_set(self, name: str) -> bool:
+        value = getattr(self, name)
+        if name == "wrap_inductor_compiled_regions":
+            return value is True
+        if name == "extra_save_ops":
+            return bool(value)
+        return value is not None
+
     @property
     def uses_sac(self) -> bool:
         return self.mode in ("selective_op", "custom") or (self.mode == "per_submodule" and self.submodule_ac == "selective")
 
     @property
     def wraps(self) -> bool:
-        return self.mode not in ("none", "memory_budget")
+        return self.mode in WRAPPING_MODES
 
     def replace(self, **changes) -> "ACConfig":
+        """A copy with `changes`. Changing the mode drops the options the old mode filled in at their defaults and
+        the new mode ignores (`ACConfig(mode="full").replace(mode="none") == ACConfig()`); a value set on purpose
+        stays, and is refused as usual when the new mode would ignore it."""
+        if "mode" in changes or "submodule_ac" in changes:
+            mode = changes.get("mode", self.mode)
+            keep = _option_modes(changes.get("submodule_ac", self.submodule_ac))
+            for name, modes in keep.items():
+                if name in changes or name not in MODE_DEFAULTS or mode in modes:
+                    continue
+                if getattr(self, name) == MODE_DEFAULTS[name]:
+                    changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -118,14 +193,57 @@ class ACConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ACConfig":
+        """Rebuild from `to_dict` output. Files written before options became mode-specific carry every option at
+        its default whatever the mode; such a default is dropped for a mode that ignores it, any other value is
+        still an error."""
+        check_object("ACConfig", data, '{"mode": "selective_op"}')
         data = dict(data)
-        for key in ("extra_save_ops", "save_ops"):
-            if data.get(key) is not None:
-                data[key] = tuple(op_from_name(n) for n in data[key])
+        mode = data.get("mode", "none")
+        for name, modes in _option_modes(data.get("submodule_ac")).items():
+            legacy = MODE_DEFAULTS.get(name, False if name == "wrap_inductor_compiled_regions" else ())
+            value = data.get(name)
+            if mode not in modes and isinstance(value, list):
+                value = tuple(value)
+            if name in data and mode not in modes and value == legacy:
+                data.pop(name)
         return from_dict(cls, data)
 
 
-def op_from_name(name: Any):
+def _option_modes(submodule_ac: str | None) -> dict[str, tuple[str, ...]]:
+    """Each mode-specific option → the modes that read it (the per-op policy's two depend on submodule_ac)."""
+    per_op = ("selective_op",) + (("per_submodule",) if submodule_ac in (None, "selective") else ())
+    return {"preserve_rng_state": WRAPPING_MODES, "early_stop": WRAPPING_MODES, "determinism_check": WRAPPING_MODES,
+            "debug": WRAPPING_MODES, "wrap_inductor_compiled_regions": WRAPPING_MODES,
+            "layer_every": ("selective_layer",), "submodule_ac": ("per_submodule",),
+            "force_recompute_mm_shapes_by_fqns": per_op, "extra_save_ops": per_op, "memory_budget": ("memory_budget",)}
+
+
+_IGNORED = {"none": "nothing is checkpointed", "full": "every block is wrapped whole",
+            "memory_budget": "nothing is wrapped: only the partitioner's budget applies",
+            "per_submodule": "submodule_ac='full' wraps each submodule whole, with no policy"}
+
+
+def _ops(owner: str, field: str, ops: Any) -> tuple[Any, ...]:
+    """A tuple of ops a SAC policy can match (`func is op`): names are looked up, anything else is refused."""
+    if isinstance(ops, str) or not isinstance(ops, (tuple, list, set, frozenset)):
+        raise ConfigError(owner, field, f"{ops!r} is not a tuple of ops.",
+                          "pass e.g. (torch.ops.aten.mm.default,) or ('aten.mm.default',).")
+    out = []
+    for op in ops:
+        if isinstance(op, str):
+            op = op_from_name(op, owner=owner, field=field)
+        kind = compat.op_kind(op)
+        if kind == "packet":
+            raise ConfigError(owner, field, f"torch.ops.{op} is an overload packet, which a policy's func never equals.",
+                              f"name the overload, e.g. torch.ops.{op}.default.")
+        if kind is None:
+            raise ConfigError(owner, field, f"{op!r} is not a torch op.",
+                              "pass ops like torch.ops.aten.mm.default or names like 'aten.mm.default'.")
+        out.append(op)
+    return tuple(out)
+
+
+def op_from_name(name: Any, *, owner: str = "ACConfig", field: str = "save_ops"):
     """`'aten.mm.default'` → `torch.ops.aten.mm.default` (ops round-trip through JSON by name)."""
     if not isinstance(name, str):
         return name
@@ -134,9 +252,9 @@ def op_from_name(name: Any):
     try:
         packet = getattr(getattr(torch.ops, ns), packet_name)
         return getattr(packet, overload or "default")
-    except (AttributeError, RuntimeError):
-        raise ConfigError("ACConfig", "save_ops", f"{name!r} is not a torch op.",
-                          "use names like 'aten.mm.default'.") from None
+    except (AttributeError, RuntimeError, ValueError):
+        raise ConfigError(owner, field, f"{name!r} is not a torch op.",
+                          "use names like 'aten.mm.default' (namespace.op.overload).") from None
 
 
 # --- applying and removing -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError, check_choice, to_dict
+from .._config import ConfigError, check_choice, check_object, to_dict
 from .ac import ac_region_of, blocks
 from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, wrapped_child
 from .settings import applied, check_memory_budget, forget, record
@@ -109,6 +109,7 @@ class CompileConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "CompileConfig":
+        check_object("CompileConfig", data, '{"scope": "blocks", "backend": "aot_eager"}')
         data = dict(data)
         if isinstance(data.get("scope"), list):
             data["scope"] = tuple(data["scope"])

@@ -1,0 +1,123 @@
+"""`python -m toolkit …` as a terminal user meets it, in subprocesses: the classification first, exit codes, readable
+tables, help for every subcommand and option, no torch log noise, and every bad input refused with its fix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from toolkit import cli
+from toolkit.analysis.catalogue import torch_release
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "80"}
+
+
+def toolkit(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, env=ENV,
+                          timeout=timeout)
+
+
+def test_run_puts_the_silent_failure_on_the_first_line_and_strict_fails_on_it():
+    out = toolkit("run", "--preset", "graph_break_in_checkpoint", "--strict")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("graph_break_in_checkpoint: fell_back_to_eager [silent failure] — compile requested, "
+                               "but layers.0, layers.1 ran eagerly (0 graphs); known case C2"), out.stdout
+    assert "  step outcome: ok" in lines and "not checked" not in out.stdout  # the reference run without AC ran
+    assert out.returncode == cli.EXIT_SILENT == 3, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_without_strict_exits_0_and_says_what_it_did_not_check():
+    out = toolkit("run", "--preset", "graph_break_in_checkpoint", "--no-refs")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].startswith("graph_break_in_checkpoint: fell_back_to_eager")
+    assert "  not checked: ac_saves_nothing (they compare with the same setup run without AC)" in out.stdout
+
+
+def test_run_of_a_working_scenario_says_works_and_passes_strict():
+    out = toolkit("run", "--preset", "moe_eager", "--strict")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "moe_eager: works — ran eagerly (no compile requested), gradients match eager"
+
+
+def test_run_json_keeps_stdout_a_report_and_puts_the_classification_on_stderr():
+    from toolkit import Report
+
+    out = toolkit("run", "--preset", "pr2052", "--json", "--strict")
+    assert out.returncode == cli.EXIT_FAILED == 1  # the step raised: a failure, not a silent one
+    assert Report.from_json(out.stdout).outcome == "error"
+    first, data = out.stderr.strip().splitlines()[-2:]
+    assert first.startswith("pr2052: error — Unsupported at forward") and "known case C4" in first
+    assert json.loads(data)["classification"]["label"] == "error"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--preset", "moe_eager", "--timeout-s", "5"], "--timeout-s needs --isolate"),
+    (["--preset", "moe_eager", "--isolate", "--timeout-s", "-1"], "-1 is not a positive number of seconds"),
+    (["--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], "nan is not a positive number of seconds"),
+])
+def test_bad_timeouts_are_usage_errors(args, words):
+    out = toolkit("run", *args, timeout=120)
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout == ""  # refused before anything ran
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[1, 2, 3]", "Scenario: the JSON holds a list, not an object of Scenario fields."),
+    ('{"compile": "blocks"}', 'Scenario.compile: is the string "blocks", not an object of CompileConfig fields. '
+                              'Fix: write "compile": {"scope": "blocks"}'),
+    ('{"model": null}', 'Scenario.model: is null, not an object of ModelConfig fields.'),
+    ('{"ac": {"mode": "full", "layer_every": 3}}', "ACConfig.layer_every: is only used by mode='selective_layer'"),
+    ('{"model": {"n_layers": 2,}}', "is not valid JSON: Expecting property name enclosed in double quotes at line 1"),
+])
+def test_bad_config_files_name_the_file_and_the_fix(tmp_path, content, words):
+    path = tmp_path / "scenario.json"
+    path.write_text(content)
+    out = toolkit("run", "--config", str(path), timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith(f"error: --config {path}") and words in out.stderr, out.stderr
+    assert "Fix:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_missing_config_file_is_named(tmp_path):
+    out = toolkit("run", "--config", str(tmp_path / "nowhere.json"), timeout=120)
+    assert out.returncode == 2 and f"{tmp_path / 'nowhere.json'}: cannot read it (No such file or directory)" in out.stderr
+
+
+def test_cases_is_a_terminal_table_with_the_installed_torch():
+    out = toolkit("cases", timeout=120)
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["id", "case", "status", "CPU", "torch", torch_release()]
+    assert torch_release() == torch.__version__.split("+")[0]
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert "| --- |" not in out.stdout and len(out.stdout) < 12_000
+    c2 = next(i for i, line in enumerate(lines) if line.startswith("C2 "))
+    assert lines[c2].split()[-2:] == ["reproduced", "reproduced"]  # CPU status, then this torch's verdict
+    md = toolkit("cases", "--markdown", timeout=120)
+    assert md.returncode == 0 and md.stdout.startswith("| id | case | status | upstream | CPU | torch | notebook |")
+
+
+def test_help_describes_every_subcommand_and_every_run_option():
+    out = toolkit("--help", timeout=120)
+    assert out.returncode == 0
+    overview = out.stdout.split("subcommands:", 1)[1]
+    for name in ("demo", "run", "cases", "env", "matrix"):
+        assert f"\n  {name} " in overview, name
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in ("demo", "run", "cases"):
+        for action in sub.choices[name]._actions:
+            assert action.help, f"{name} {action.option_strings} has no help text"
+    run_help = toolkit("run", "--help", timeout=120).stdout
+    assert "exit codes:" in run_help and "--strict" in run_help and "--no-refs" in run_help
+
+
+def test_demo_prints_no_torch_log_lines():
+    out = toolkit("demo")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr  # e.g. no "W1201 … Detected that context_fn is passed …"
+    assert out.stdout.splitlines()[0].startswith("setup") and "recipe torchtitan_0_3_0" in out.stdout

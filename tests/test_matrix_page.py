@@ -1,0 +1,157 @@
+"""matrix.html in headless Chromium (Debian's, driven by Playwright), offline: one cell of every classification.
+
+The page is written from a hand-made MatrixResult (nothing is measured), opened from file:// with every other
+request refused, and checked as a reader sees it: each classification drawn in its own colour (read back from the
+rendered heatmap's pixels), empty cells white and unlike every classification, a label in every cell, the recipes in
+a panel of their own, and the backend column in every table. The screenshot is kept in the test's tmp folder
+(`matrix.png`) and, when TOOLKIT_SCREENSHOTS names a folder, copied there. Outside CI the test skips when
+Playwright or Chromium is missing; in CI (`CI` set) it fails instead, since `.ci/run` installs both.
+"""
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from _helpers import synthetic_matrix
+from toolkit.analysis.matrix import COLORS, SYMBOLS
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/bin/chromium", "/usr/lib/chromium/chromium",
+            shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
+# No network: no background services, no component or safe-browsing updates, no sync.
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+# For each heatmap panel: the colour at the centre of every cell, read from the image plotly drew.
+CELL_COLOURS = """async () => {
+    const gd = document.getElementById('matrix-heatmap');
+    const out = [];
+    for (const [i, trace] of gd._fullData.entries()) {
+        const img = [...gd.querySelectorAll('.hm image')][i];
+        const el = new Image();
+        el.src = img.getAttribute('href') || img.getAttribute('xlink:href');
+        await el.decode();
+        const canvas = document.createElement('canvas');
+        canvas.width = el.naturalWidth; canvas.height = el.naturalHeight;
+        const ctx = canvas.getContext('2d');
+        ctx.drawImage(el, 0, 0);
+        const ny = trace.z.length, nx = trace.z[0].length;
+        const cells = [];
+        for (let y = 0; y < ny; y++) for (let x = 0; x < nx; x++) {
+            const px = ctx.getImageData(Math.floor((x + 0.5) * el.naturalWidth / nx),
+                                        Math.floor((y + 0.5) * el.naturalHeight / ny), 1, 1).data;
+            cells.push([px[0], px[1], px[2], px[3]]);
+        }
+        out.push({name: trace.name, cells: cells});
+    }
+    return out;
+}"""
+
+
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    h = hex_colour.lstrip("#")
+    return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+
+
+def _need(what: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing in CI; .ci/run installs it")
+    pytest.skip(f"{what} is not installed")
+
+
+def test_colours_are_distinct_and_unlike_empty_cells():
+    """No two classifications within a small RGB distance, none near white (an empty cell) or the page grey."""
+    rgb = {k: _rgb(v) for k, v in COLORS.items()}
+    names = list(rgb)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert sum((x - y) ** 2 for x, y in zip(rgb[a], rgb[b])) ** 0.5 > 60, (a, b)
+        assert sum((x - 255) ** 2 for x in rgb[a]) ** 0.5 > 120, f"{a} looks like an empty (white) cell"
+    assert set(SYMBOLS) == set(COLORS) and len(set(SYMBOLS.values())) == len(SYMBOLS)
+
+
+def test_matrix_page_in_headless_chromium(tmp_path):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _need("playwright")
+    chromium = next((c for c in CHROMIUM if c and os.path.exists(c)), None)
+    if chromium is None:
+        _need("chromium")
+    result, cells = synthetic_matrix()
+    page_path = tmp_path / "matrix.html"
+    page_path.write_text(result.html())
+    problems, refused = [], []
+
+    def only_local(route):
+        url = route.request.url
+        if url.startswith("file://") or url.startswith("data:"):
+            route.continue_()
+        else:
+            refused.append(url)
+            route.abort()
+
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        context = p.chromium.launch_persistent_context(profile, executable_path=chromium, args=ARGS, headless=True,
+                                                       viewport={"width": 1300, "height": 900}, offline=True)
+        try:
+            context.route("**/*", only_local)
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(page_path.as_uri())
+            page.wait_for_selector("#matrix-heatmap .hm image", state="attached", timeout=60_000)
+            page.screenshot(path=str(tmp_path / "matrix.png"), full_page=True)
+            if os.environ.get("TOOLKIT_SCREENSHOTS"):
+                shutil.copy(tmp_path / "matrix.png", os.path.join(os.environ["TOOLKIT_SCREENSHOTS"], "matrix.png"))
+
+            # A label in each cell, readable without hovering, and the recipes in a panel of their own.
+            texts = page.evaluate("() => [...document.querySelectorAll('#matrix-heatmap text')].map(t => t.textContent)")
+            joined = " ".join(texts)
+            for label in cells:
+                assert SYMBOLS[label] in joined, f"no {SYMBOLS[label]!r} ({label}) drawn in the heatmap"
+            assert "recipes" in texts and "C2" in joined
+            panels = page.evaluate("() => document.getElementById('matrix-heatmap')._fullData.map(t => t.name)")
+            assert panels == ["moe:for_loop", "dense", "recipes"]
+
+            # Each classification in its own colour; a cell the sweep did not run is transparent (the white page).
+            drawn = page.evaluate(CELL_COLOURS)
+            traces = {t.name: t for t in result.heatmap().data}
+            seen: dict[str, tuple] = {}
+            for panel in drawn:
+                z = [v for row in traces[panel["name"]].z for v in row]
+                for value, (r, g, b, a) in zip(z, panel["cells"]):
+                    if value is None:
+                        assert a == 0, f"an empty cell of {panel['name']} is drawn ({r}, {g}, {b}, {a})"
+                        continue
+                    label = _label_of(value)
+                    want = _rgb(COLORS[label])
+                    assert a == 255 and max(abs(x - y) for x, y in zip((r, g, b), want)) <= 3, (label, (r, g, b), want)
+                    seen[label] = (r, g, b)
+            assert set(seen) == set(cells)  # every classification was drawn, each in its colour
+            assert len(set(seen.values())) == len(seen)
+            background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+            assert background in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
+
+            # The central list's tables carry the backend column the markdown has.
+            heads = page.locator("table tr:first-child").all_inner_texts()
+            assert heads and all("backend" in h for h in heads)
+            assert page.locator("h3").count() == len(cells)
+            chips = page.evaluate("() => [...document.querySelectorAll('#legend .chip')].map(c => getComputedStyle(c).backgroundColor)")
+            assert len(set(chips)) == len(COLORS)
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+    assert not problems, "\n".join(problems)
+    assert not refused, f"the page asked the network for {refused}"
+
+
+def _label_of(z_value: float) -> str:
+    from toolkit.analysis.classification import SEVERITY
+
+    return SEVERITY[int(z_value)]
