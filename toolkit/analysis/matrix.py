@@ -45,6 +45,13 @@ class Cell:
     order: str | None = None
     backend: str = "aot_eager"
     recipe: str | None = None
+    fsdp: str = "none"
+    """FSDP2 (`Scenario.fsdp`): "none", "blocks" or "blocks+experts", on one gloo rank."""
+
+    @property
+    def stack(self) -> str:
+        """"torchtitan" for the blocks named `titan:FAMILY` (torchtitan's own model and transforms)."""
+        return "torchtitan" if self.block.startswith("titan:") else "toolkit"
 
     def model_config(self) -> ModelConfig:
         # The 2025 recipes rebuild PR #2052's era: its layout (`moe.experts`), and for PR #2052 itself the
@@ -55,10 +62,19 @@ class Cell:
         impl = self.block.split(":", 1)[1]
         return ModelConfig(layout=layout, experts_impl=impl,
                            dtype="bfloat16" if impl == "grouped_mm" and layout == "torchtitan_2025" else "float32",
-                           experts_graph_break=self.recipe == "torchtitan_2025_09")
+                           # PR #2052's hook stands in for FSDP's; with real FSDP2 the hook is FSDP's own.
+                           experts_graph_break=self.recipe == "torchtitan_2025_09" and self.fsdp == "none")
 
     def scenario(self) -> Scenario:
-        common = dict(name=self.label, steady_steps=1)
+        common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
+        if self.stack == "torchtitan":
+            from ..stacks.torchtitan import TorchtitanConfig
+
+            family = self.block.split(":", 1)[1]
+            config = TorchtitanConfig.qwen3() if family == "qwen3_moe" else TorchtitanConfig.deepseek_v3()
+            comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph) \
+                if self.scope != "none" else CompileConfig()
+            return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
         ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else ACConfig(mode=self.ac)
@@ -68,17 +84,18 @@ class Cell:
 
     @property
     def compile_label(self) -> str:
+        sharded = f" + FSDP {self.fsdp}" if self.fsdp != "none" else ""
         if self.recipe:
-            return f"recipe {self.recipe}"
+            return f"recipe {self.recipe}{sharded}"
         if self.scope == "none":
-            return "eager"
+            return "eager" + sharded
         extra = [x for x in ("fullgraph" if self.fullgraph else "", "AC outside" if self.order == "ac_outside" else "") if x]
-        return self.scope + (f" ({', '.join(extra)})" if extra else "")
+        return self.scope + (f" ({', '.join(extra)})" if extra else "") + sharded
 
     @property
     def label(self) -> str:
         if self.recipe:
-            return f"{self.block} | recipe {self.recipe} | {self.backend}"
+            return f"{self.block} | {self.compile_label} | {self.backend}"
         return f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +140,31 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
         for recipe in RECIPES:
             for block in BLOCKS[1:]:
                 cells.append(Cell(block, recipe=recipe, backend=backend))
+        # Real FSDP2 (one gloo rank): blocks sharded, and the experts sharded on their own — the layout behind
+        # PR #2052 (C4), which the 2025-09 recipe then compiles through.
+        for block in ("dense", "moe:masked"):
+            for fsdp in ("blocks",) + (("blocks+experts",) if block != "dense" else ()):
+                for ac in ("none", "full", "selective_op"):
+                    cells.append(Cell(block, ac, fsdp=fsdp))
+                    cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
+        for fsdp in ("blocks", "blocks+experts"):
+            cells.append(Cell("moe:for_loop", recipe="torchtitan_2025_09", backend=backend, fsdp=fsdp))
+    return _dedupe(cells)
+
+
+TORCHTITAN_BLOCKS = ("titan:qwen3_moe", "titan:deepseek_v3")
+
+
+def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """torchtitan's own models with its own transforms (`stack="torchtitan"`): each family × its AC modes × eager
+    or its compile (blocks whole, fullgraph) × without / with its FSDP2. Needs torchtitan installed."""
+    cells = []
+    for backend in backends:
+        for block in TORCHTITAN_BLOCKS:
+            for ac in ("none", "full", "selective_op"):
+                for fsdp in ("none", "blocks"):
+                    cells.append(Cell(block, ac, fsdp=fsdp))
+                    cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
     return _dedupe(cells)
 
 

@@ -26,7 +26,7 @@ from ..measure import Report
 from ..measure import environment as run_environment
 from .classification import EXPLAIN, classify
 from .executors import EXECUTORS, Executor, Job, make
-from .matrix import Cell, MatrixResult, Row, cell_key, full_cells, quick_cells, valid
+from .matrix import Cell, MatrixResult, Row, cell_key, full_cells, quick_cells, torchtitan_cells, valid
 
 RESULTS = "results.jsonl"
 LOCK = ".sweep.lock"
@@ -220,20 +220,40 @@ def _check_limit(owner: str, timeout_s: Any) -> None:
                           "pass e.g. 600, or None for no limit.")
 
 
+STACKS = ("toolkit", "torchtitan", "all")
+
+
+def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list[Cell]:
+    """The cells of a sweep: the quick or full toolkit sweep, torchtitan's own models, or both. torchtitan is
+    checked for before anything runs."""
+    if stack not in STACKS:
+        raise ConfigError("sweep", "stack", f"{stack!r} is not one of {', '.join(STACKS)}.",
+                          "pass stack='toolkit' (the default), 'torchtitan' or 'all'.")
+    cells = [] if stack == "torchtitan" else (quick_cells(backends) if quick else full_cells(backends))
+    if stack != "toolkit":
+        from ..stacks.torchtitan import require
+
+        require("sweep", "stack")
+        cells += torchtitan_cells(backends)
+    return cells
+
+
 def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,
           backends: Iterable[str] = ("aot_eager",), workers: int = 1, timeout_s: float | None = 600,
           progress: bool = True, runner: Callable[..., Report] | None = None,
-          executor: str | Executor = "local", warm: bool = True, **executor_options: Any) -> MatrixResult:
+          executor: str | Executor = "local", warm: bool = True, stack: str = "toolkit",
+          **executor_options: Any) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
     there (same scenario, torch version and device) are not run again, `crashed` ones and shorter-limit timeouts
     are. `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
-    or "ray" (options: see `toolkit.analysis.executors`), or an Executor. Writes matrix.json/.md/.html to `out`."""
+    or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
+    torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
+    `cells` is given. Writes matrix.json/.md/.html to `out`."""
     _check_limit("sweep", timeout_s)
+    cells = list(cells) if cells is not None else default_cells(quick=quick, backends=tuple(backends), stack=stack)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError("sweep", "workers", f"{workers!r} is not a whole number >= 1.", "pass e.g. workers=2.")
     ex = make(executor, workers=workers, warm=warm, runner=runner, **executor_options)
-    backends = tuple(backends)
-    cells = list(cells) if cells is not None else (quick_cells(backends) if quick else full_cells(backends))
     runnable = [c for c in cells if valid(c) is None]
     device = environment()["device"]
     keys = {c: cell_key(c.scenario(), device) for c in runnable}
@@ -338,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, a minute on a laptop)")
     size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
     parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeat for several (default aot_eager)")
+    parser.add_argument("--stack", choices=STACKS, default="toolkit",
+                        help="the toolkit's model (default), torchtitan's own models and transforms "
+                             "(pip install -e '.[torchtitan]'), or all")
     parser.add_argument("--only", metavar="REGEX", help="only cells whose label matches, e.g. '^dense \\| AC full'")
     parser.add_argument("--timeout-s", type=seconds, default=600.0, help="per cell (default 600)")
     parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
@@ -362,7 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     backends = args.backend or ["aot_eager"]
-    cells = full_cells(backends) if args.full else quick_cells(backends)
+    try:
+        cells = default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
+    except (ConfigError, ImportError) as e:
+        parser.error(f"--stack {args.stack}: {e}")
     if args.only:
         try:
             pattern = re.compile(args.only)
