@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from toolkit.notebook.widgets import Explorer
 
 
@@ -132,3 +134,32 @@ def test_references_from_earlier_runs_classify_selective_ac(monkeypatch):
     assert [set(refs) for refs in seen] == [set(), set(), {"none"}, {"none", "full"}]
     assert seen[-1]["none"].scenario.ac_mode == "none" and seen[-1]["full"].scenario.ac_mode == "full"
     assert ex.classification.label == "works"
+
+
+def test_explorer_runs_torchtitans_own_model_and_fsdp2():
+    """The 'model from' control switches to torchtitan's own model and transforms (offered only when torchtitan is
+    installed); the toolkit-only controls are then disabled, and FSDP2 is a control of its own for either model."""
+    from toolkit.stacks import torchtitan as titan
+
+    ex = Explorer()
+    c = ex.controls
+    keys = [key for _, key in c["stack"].options]
+    if not titan.available():
+        assert keys == ["toolkit"]
+        pytest.skip("torchtitan is not installed: only the toolkit's model is offered")
+    assert keys == ["toolkit", "titan:qwen3_moe", "titan:deepseek_v3"]
+    c["stack"].value = "titan:qwen3_moe"
+    c["n_layers"].value, c["ac_mode"].value = 2, "selective_op"
+    c["scope"].value, c["fullgraph"].value, c["fsdp"].value = "blocks", True, "blocks"
+    assert c["experts_impl"].disabled and c["recipe"].disabled and not c["ac_mode"].disabled
+    sc = ex.scenario
+    assert sc.stack == "torchtitan" and sc.torchtitan.family == "qwen3_moe" and sc.fsdp == "blocks"
+    r = ex.run()
+    assert r.ok and r.numerics.grads_match and r.compile.graphs == 1
+    assert ex.stage_text.startswith("done: works") and "torchtitan qwen3_moe" in ex.summary.value
+    # What torchtitan's compile cannot take is refused before anything runs, naming the field.
+    c["fullgraph"].value = False
+    assert ex.scenario is None and ex.run_button.disabled and "Scenario.compile" in ex.status.value
+    # The toolkit's model with real FSDP2 on its experts too.
+    c["stack"].value, c["fullgraph"].value, c["scope"].value, c["fsdp"].value = "toolkit", False, "none", "blocks+experts"
+    assert not c["experts_impl"].disabled and ex.scenario.fsdp == "blocks+experts" and ex.scenario.stack == "toolkit"

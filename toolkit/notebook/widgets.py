@@ -7,6 +7,7 @@ Everything is drivable headless: set the controls' `.value`, call `run()`, read 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from typing import Any
@@ -19,13 +20,21 @@ from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.ac import MODE_DEFAULTS
+from ..stacks import torchtitan as titan
 from ..transforms.compile import BACKENDS, SCOPES
+from ..transforms.fsdp import FSDP_MODES
 from ..transforms.recipes import RECIPES
 from . import display
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
 # `order` and `recipe` carry these strings and `build_scenario` maps them back to None.
 AUTO_ORDER, NO_RECIPE = "auto", "none"
+# The model the Explorer builds: the toolkit's own, or one of torchtitan's (offered when torchtitan is installed).
+STACKS = {"toolkit": "the toolkit's model", "titan:qwen3_moe": "torchtitan Qwen3-MoE",
+          "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
+# The controls torchtitan's own transforms have no use for (its model, its AC modes, its compile of whole blocks).
+TOOLKIT_ONLY = ("block", "dim", "experts_impl", "layer_every", "submodule_ac", "memory_budget", "order",
+                "capture_scalar_outputs", "capture_dynamic_output_shape_ops", "recipe")
 
 
 class Explorer:
@@ -35,7 +44,10 @@ class Explorer:
         s = scenario or Scenario(model=ModelConfig(n_layers=4))
         m, ac, c = s.model, s.ac, s.compile
         style = {"description_width": "110px"}
+        stacks = [(label, key) for key, label in STACKS.items() if key == "toolkit" or titan.available()]
+        stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan.family}"
         self.controls: dict[str, W.ValueWidget] = {
+            "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style),
             "block": W.ToggleButtons(options=["moe", "dense"], value="moe" if m.has_moe else "dense", description="block"),
             "n_layers": W.IntSlider(value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style),
             "dim": W.Dropdown(options=[32, 64, 128, 256], value=m.dim if m.dim in (32, 64, 128, 256) else 64,
@@ -69,6 +81,7 @@ class Explorer:
                                                            description="capture dynamic shapes"),
             "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] + [(k, k) for k in RECIPES],
                                  value=s.recipe or NO_RECIPE, description="recipe", style=style),
+            "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style),
         }
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.pin_button = W.Button(description="Pin", icon="thumb-tack")
@@ -98,12 +111,13 @@ class Explorer:
         self._validate()
         ctl = self.controls
         self.widget = W.VBox([
-            W.HTML("<b>model</b>"), W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
+            W.HTML("<b>model</b>"), ctl["stack"], W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
             W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
             W.HTML("<b>activation checkpointing</b>"),
             W.HBox([ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]]),
             W.HTML("<b>compile</b>"), W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
             W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
+            W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"), ctl["fsdp"],
             ctl["recipe"], self.status, W.HBox([self.run_button, self.pin_button, self.compare_button]),
             W.HBox([self.export_path, self.export_button]), self.stage, self.summary, self.breaks, self.figures,
             self.comparison, self.comparison_figures,
@@ -114,6 +128,16 @@ class Explorer:
     def build_scenario(self) -> Scenario:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
+        if v["stack"] != "toolkit":
+            # torchtitan's own model at the Explorer's size, with its own AC, compile (blocks whole) and FSDP2.
+            family = v["stack"].split(":", 1)[1]
+            base = titan.TorchtitanConfig.qwen3() if family == "qwen3_moe" else titan.TorchtitanConfig.deepseek_v3()
+            cfg = dataclasses.replace(base, n_layers=max(v["n_layers"], base.n_dense_layers + 1),
+                                      n_experts=v["n_experts"], top_k=v["top_k"])
+            comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"]) \
+                if v["scope"] != "none" else CompileConfig()
+            return Scenario(stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp,
+                            fsdp=v["fsdp"])
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
         layout = "torchtitan_2025" if (recipe or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
         model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
@@ -126,7 +150,7 @@ class Explorer:
                             and (v["scope"] != "none" or recipe) else "float32",
                             experts_graph_break=recipe == "torchtitan_2025_09")
         if recipe:
-            return Scenario(model=model, recipe=recipe, recipe_backend=v["backend"])
+            return Scenario(model=model, recipe=recipe, recipe_backend=v["backend"], fsdp=v["fsdp"])
         mode = v["ac_mode"]
         # Only the options the chosen mode reads: ACConfig refuses the others.
         options = {"selective_layer": {"layer_every": v["layer_every"]}, "per_submodule": {"submodule_ac": v["submodule_ac"]},
@@ -136,7 +160,7 @@ class Explorer:
                              order=None if v["order"] == AUTO_ORDER else v["order"],
                              capture_scalar_outputs=v["capture_scalar_outputs"],
                              capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"])
-        return Scenario(model=model, ac=ac, compile=comp)
+        return Scenario(model=model, ac=ac, compile=comp, fsdp=v["fsdp"])
 
     def _validate(self, *_: Any) -> None:
         ctl = self.controls
@@ -151,6 +175,11 @@ class Explorer:
         moe = ctl["block"].value == "moe"
         for name in ("n_experts", "top_k", "experts_impl"):
             ctl[name].disabled = not moe
+        if ctl["stack"].value != "toolkit":
+            for name in TOOLKIT_ONLY:
+                ctl[name].disabled = True
+            for name in ("ac_mode", "scope", "fullgraph", "n_experts", "top_k"):
+                ctl[name].disabled = False
         try:
             self.scenario = self.build_scenario()
             check_structure(self.scenario)
@@ -242,7 +271,8 @@ def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -
 
 def _setup(scenario: Scenario) -> tuple:
     """What makes two scenarios the same measurement, whatever their names and extra steps."""
-    return (scenario.model_config, scenario.ac, scenario.compile, scenario.recipe, scenario.recipe_backend)
+    return (scenario.stack, scenario.torchtitan if scenario.stack == "torchtitan" else scenario.model_config,
+            scenario.ac, scenario.compile, scenario.recipe, scenario.recipe_backend, scenario.fsdp)
 
 
 def _figure_output(fig) -> dict:
