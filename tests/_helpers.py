@@ -1,6 +1,11 @@
 """Small helpers the tests share (kept out of conftest.py: notebooks/ has a conftest module of its own)."""
 
 
+import os
+import shutil
+
+import pytest
+
 import toolkit as tk
 
 
@@ -79,3 +84,27 @@ def synthetic_matrix():
     rows = [Row(key=name, cell=every[name], report=reports[name]) for name in every]
     result = MatrixResult(rows, environment={"torch": "2.13.0", "device": "cpu"})
     return result, cells
+
+
+# Debian's Chromium, driven by Playwright (no Playwright browser download).
+CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/bin/chromium", "/usr/lib/chromium/chromium",
+            shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
+
+
+def need(what: str):
+    """Skip where a browser-test dependency is missing; in CI (which installs them) fail instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing in CI; .ci/run installs it")
+    pytest.skip(f"{what} is not installed")
+
+
+def playwright_and_chromium():
+    """`(sync_playwright, chromium_path)`, or skip (fail in CI) naming what is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        need("playwright")
+    chromium = next((c for c in CHROMIUM if c and os.path.exists(c)), None)
+    if chromium is None:
+        need("chromium")
+    return sync_playwright, chromium

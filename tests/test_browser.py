@@ -19,12 +19,12 @@ import urllib.request
 
 import pytest
 
+from _helpers import playwright_and_chromium
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The for_loop experts' `.tolist()`: the graph break the table must point at (found, not hard-coded).
 _MOE = pathlib.Path(__file__).resolve().parents[1] / "toolkit" / "models" / "moe.py"
 TOLIST_LINE = next(i for i, line in enumerate(_MOE.read_text().splitlines(), 1) if "counts_E.tolist()" in line)
-CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/lib/chromium/chromium", shutil.which("chromium") or "",
-            shutil.which("chromium-browser") or ""]
 
 ALL_RAN = """() => {
     const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
@@ -32,11 +32,6 @@ ALL_RAN = """() => {
 }"""
 STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))"""
 
-
-def _need(what: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} is missing in CI; .ci/run installs it")
-    pytest.skip(f"{what} is not installed")
 
 
 @pytest.fixture
@@ -80,13 +75,7 @@ def lab(tmp_path):
 
 
 def test_explorer_renders_and_runs_in_jupyterlab(lab, tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need("playwright")
-    chromium = next((c for c in CHROMIUM if c and os.path.exists(c)), None)
-    if chromium is None:
-        _need("chromium")
+    sync_playwright, chromium = playwright_and_chromium()
     problems = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",

@@ -149,3 +149,49 @@ def test_two_ranks_merged_into_one_view(stack):
     text = str(merged)
     assert "2 ranks, ok" in text and text.count("c10d._allgather_base_") == 4
     assert tk.DistributedReport.from_json(merged.to_json()) == merged
+
+
+def test_expert_parallel_is_refused_where_it_cannot_run():
+    """EP is torchtitan's own (its dispatcher, its parallelize), needs FSDP2 with it and `ep` ranks: each refused
+    up front, naming the field."""
+    for bad, match in ((dict(ep=2), "Scenario.ep: expert parallel runs torchtitan's own"),
+                       (dict(ep=0), "Scenario.ep: 0 is not a whole number >= 1"),
+                       (dict(ep=True), "Scenario.ep: True is not")):
+        with pytest.raises(tk.ConfigError, match=match):
+            tk.Scenario(**bad)
+    pytest.importorskip("torchtitan")
+    titan = dict(stack="torchtitan", torchtitan=tk.TorchtitanConfig.qwen3())
+    with pytest.raises(tk.ConfigError, match="Scenario.ep: torchtitan's parallelize applies FSDP2"):
+        tk.Scenario(**titan, ep=2)
+    with pytest.raises(tk.ConfigError, match="Scenario.ep: 4 routed experts do not split over ep=3"):
+        tk.Scenario(**titan, ep=3, fsdp="blocks")
+    with pytest.raises(tk.ConfigError, match=r"Scenario.ep: ep=2 needs 2 ranks; this process has 1.*run_distributed"):
+        tk.run(tk.Scenario(**titan, ep=2, fsdp="blocks"))
+    assert tk.Scenario.from_json(tk.Scenario(**titan, ep=2, fsdp="blocks").to_json()).ep == 2
+
+
+def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
+    """torchtitan's EP at world size 2 on gloo: its `parallelize_*` with `ep=2`, the routed experts split over the
+    ranks, tokens exchanged by its AllToAllTokenDispatcher (count exchange + dispatch + combine per MoE layer in the
+    forward). DeepSeek-V3 runs under SAC + compile; Qwen3 under SAC + compile fails inside AOT autograd (a
+    DeviceMesh among the tensors saved for backward) — reported per rank as an error, not a crash."""
+    pytest.importorskip("torchtitan")
+    sac_compiled = dict(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"), fsdp="blocks", ep=2,
+                        compile=tk.CompileConfig(scope="blocks", fullgraph=True), steady_steps=0)
+    dsv3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.deepseek_v3(), **sac_compiled), nproc=2,
+                              timeout_s=600)
+    assert dsv3.ok, dsv3.stderr_tail
+    moe_layers = sum(1 for i in range(tk.TorchtitanConfig.deepseek_v3().n_layers)
+                     if i >= tk.TorchtitanConfig.deepseek_v3().n_dense_layers)
+    for r in dsv3.ranks:
+        assert r.distributed.world_size == 2 and r.scenario.ep == 2 and r.compile.graph_breaks == 0
+        assert r.distributed.collectives["forward: _c10d_functional.all_to_all_single.default"] == 3 * moe_layers
+        assert r.saved.total_bytes > 0 and not r.numerics.compared
+    assert "EP 2: 2 ranks, ok" in str(dsv3)
+    qwen3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.qwen3(), **sac_compiled), nproc=2,
+                               timeout_s=600)
+    assert not qwen3.ok and [r.distributed.rank for r in qwen3.ranks] == [0, 1]
+    for r in qwen3.ranks:
+        assert r.outcome == "error" and r.error.stage == "forward"
+        assert "expected all tensors_saved_with_vc_check to be Tensors" in r.error.message
+        assert "DeviceMesh" in r.error.message

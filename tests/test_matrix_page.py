@@ -14,13 +14,11 @@ import tempfile
 
 import pytest
 
-from _helpers import synthetic_matrix
+from _helpers import playwright_and_chromium, synthetic_matrix
 from toolkit.analysis.matrix import COLORS, SYMBOLS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/bin/chromium", "/usr/lib/chromium/chromium",
-            shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
 # No network: no background services, no component or safe-browsing updates, no sync.
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
@@ -56,11 +54,6 @@ def _rgb(hex_colour: str) -> tuple[int, int, int]:
     return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
 
 
-def _need(what: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} is missing in CI; .ci/run installs it")
-    pytest.skip(f"{what} is not installed")
-
 
 def test_colours_are_distinct_and_unlike_empty_cells():
     """No two classifications within a small RGB distance, none near white (an empty cell) or the page grey."""
@@ -74,13 +67,7 @@ def test_colours_are_distinct_and_unlike_empty_cells():
 
 
 def test_matrix_page_in_headless_chromium(tmp_path):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need("playwright")
-    chromium = next((c for c in CHROMIUM if c and os.path.exists(c)), None)
-    if chromium is None:
-        _need("chromium")
+    sync_playwright, chromium = playwright_and_chromium()
     result, cells = synthetic_matrix()
     page_path = tmp_path / "matrix.html"
     page_path.write_text(result.html())

@@ -29,6 +29,8 @@ class ScenarioRecord:
     stack: str = "toolkit"
     """"toolkit", "torchtitan" (its own model and transforms) or "user" (`tk.measure`)."""
     fsdp: str = "none"
+    ep: int = 1
+    """Expert-parallel degree (torchtitan's own EP)."""
     config: dict[str, Any] = field(default_factory=dict)
     """`Scenario.to_dict()` of a toolkit scenario (empty for a user's module): `to_scenario()` rebuilds it."""
 
@@ -42,7 +44,7 @@ class ScenarioRecord:
                    ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
                    compile_scope="recipe" if scenario.recipe else scope,
                    backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
-                   stack=scenario.stack, fsdp=scenario.fsdp, config=d)
+                   stack=scenario.stack, fsdp=scenario.fsdp, ep=scenario.ep, config=d)
 
     def to_scenario(self):
         """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""

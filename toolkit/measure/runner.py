@@ -116,13 +116,12 @@ def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, er
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
             blind.append(compat.blind_spot("profiler_allocations"))
     t = steps.timings if steps is not None else {}
-    dist_info = Distributed()
-    if steps is not None and steps.probes is not None:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
-            else (0, 1)
-        dist_info = Distributed(rank=rank, world_size=world, collectives=steps.probes.collectives)
+    # The rank is known even when the step failed (a rank's error row must say which rank it is).
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    calls = steps.probes.collectives if steps is not None and steps.probes is not None else {}
+    dist_info = Distributed(rank=rank, world_size=world, collectives=calls)
     return Report(
         outcome="ok" if err is None else "error", error=error, warnings=tuple(dict.fromkeys(warn)),
         scenario=record, environment=environment(), saved=saved, recompute=recompute, compile=comp,
@@ -168,16 +167,22 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
     record = ScenarioRecord.of(scenario)
     requested = scenario.recipe is not None or scenario.compile.enabled
     model = None
+    if scenario.ep > 1:
+        _check_ranks_for_ep(scenario.ep)
     with restoring_process_state(reset_dynamo=True), capture_warnings(warn), contextlib.ExitStack() as group:
         try:
             stage("build")
             t = time.perf_counter()
             world = group.enter_context(process_group())[1] if scenario.fsdp != "none" else 1
-            built = _build(scenario)
+            if scenario.ep > 1:
+                from ..stacks import torchtitan as titan
+
+                group.enter_context(titan.parallel_state())
+            built = _build(scenario, sharded=True)
             timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
             if scenario.check_numerics:
-                ref = _build(scenario)
+                ref = _build(scenario, sharded=False)
                 torch.manual_seed(built.seed)
                 l = built.loss_of(ref.model(built.tokens))
                 l.backward()
@@ -221,14 +226,25 @@ class _Built:
     """Seeds the RNG before the measured forward and the reference's (router noise, dropout)."""
 
 
-def _build(scenario: Scenario) -> _Built:
+def _check_ranks_for_ep(ep: int) -> None:
+    """Expert parallel needs a process group of `ep` ranks (or a multiple): refused before anything is built."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world % ep:
+        raise ConfigError("Scenario", "ep", f"ep={ep} needs {ep} ranks; this process has {world}.",
+                          f"run it with tk.run_distributed(scenario, nproc={ep}) or `python -m toolkit run --nproc {ep}`.")
+
+
+def _build(scenario: Scenario, *, sharded: bool) -> _Built:
+    """The model, batch and loss; `sharded=False` builds the unsharded reference (no EP sharding config)."""
     if scenario.stack == "torchtitan":
         from ..stacks import torchtitan as titan
 
         cfg = scenario.torchtitan
         tokens, labels = titan.make_batch(cfg)
         loss = titan.loss_fn(cfg)
-        model = titan.build(cfg)
+        model = titan.build(cfg, ep=scenario.ep if sharded else 1)
         return _Built(model, tokens, lambda logits: loss(logits, labels), torch.device(cfg.device),
                       next(model.parameters()).dtype, cfg.seed + 2)
     cfg = scenario.model_config
@@ -243,6 +259,14 @@ def _transform(scenario: Scenario, model: nn.Module, stage: Stage) -> dict[str, 
     if scenario.stack == "torchtitan":
         from ..stacks import torchtitan as titan
 
+        n = len(list(model.layers.children()))
+        orders = {f"layers.{i}": "compile(AC(x))" for i in range(n)} if scenario.compile.enabled and \
+            scenario.ac.mode != "none" else {}
+        if scenario.ep > 1:  # its parallelize_*: EP, then AC, compile and FSDP2
+            stage("parallelize")
+            titan.parallelize_ep(model, scenario.torchtitan.family, ep=scenario.ep, ac=scenario.ac.mode,
+                                 compile_backend=scenario.compile.backend if scenario.compile.enabled else None)
+            return orders
         stage("ac")
         titan.apply_ac(model, scenario.ac.mode)
         stage("compile")
@@ -250,9 +274,7 @@ def _transform(scenario: Scenario, model: nn.Module, stage: Stage) -> dict[str, 
             titan.apply_compile(model, scenario.compile.backend)
         if scenario.fsdp != "none":
             titan.apply_fsdp(model)
-        n = len(list(model.layers.children()))
-        return {f"layers.{i}": "compile(AC(x))" for i in range(n)} if scenario.compile.enabled and \
-            scenario.ac.mode != "none" else {}
+        return orders
     if scenario.recipe is not None:
         stage("compile")
         apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)

@@ -57,11 +57,24 @@ class Scenario:
     """Real FSDP2 after AC and compile: "none", "blocks" (torchtitan 0.3.0's units: embeddings, norm + head,
     each block, the root) or "blocks+experts" (the MoE's routed experts a unit of their own first, as in PR
     #2052's era: C4). On the default process group, or a 1-rank gloo group on 127.0.0.1 made for the run."""
+    ep: int = 1
+    """Expert-parallel degree (stack "torchtitan" only): the routed experts sharded over `ep` ranks with
+    torchtitan's all-to-all token dispatcher, through its own `parallelize_qwen3` / `parallelize_deepseekv3`
+    (which applies its AC, compile and FSDP2 as well, so `fsdp` is "blocks"). Needs `ep` ranks:
+    `tk.run_distributed(scenario, nproc=ep)` or `python -m toolkit run --nproc ep`."""
 
     def __post_init__(self) -> None:
         own = "Scenario"
         check_choice(own, "stack", self.stack, STACKS)
         check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise ConfigError(own, "ep", f"{self.ep!r} is not a whole number >= 1.", "pass ep=1 (no expert parallel) or ep=2.")
+        if self.ep > 1 and self.stack != "torchtitan":
+            raise ConfigError(own, "ep", "expert parallel runs torchtitan's own token dispatcher and parallelize.",
+                              "pass stack='torchtitan' with ep, or ep=1.")
+        if self.ep > 1 and self.fsdp != "blocks":
+            raise ConfigError(own, "ep", "torchtitan's parallelize applies FSDP2 together with expert parallel.",
+                              "pass fsdp='blocks' with ep > 1.")
         if self.stack == "torchtitan":
             self._check_torchtitan()
         elif self.torchtitan is not None:
@@ -119,6 +132,9 @@ class Scenario:
         if self.fsdp == "blocks+experts":
             raise ConfigError(own, "fsdp", "torchtitan 0.3.0 shards the experts inside each block's unit.",
                               "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.")
+        if self.torchtitan.n_experts % self.ep:
+            raise ConfigError(own, "ep", f"{self.torchtitan.n_experts} routed experts do not split over ep={self.ep} ranks.",
+                              f"pick ep dividing {self.torchtitan.n_experts}, or set TorchtitanConfig(n_experts=...).")
         require_torchtitan()
 
     @property
@@ -135,6 +151,7 @@ class Scenario:
         if self.name:
             return self.name
         fsdp = f" | FSDP {self.fsdp}" if self.fsdp != "none" else ""
+        fsdp += f" | EP {self.ep}" if self.ep > 1 else ""
         if self.stack == "torchtitan":
             c = self.compile
             comp = "eager" if not c.enabled else f"compile blocks ({c.backend_name}, fullgraph)"
@@ -154,6 +171,8 @@ class Scenario:
             out["torchtitan"] = self.torchtitan.to_dict()
         if self.fsdp != "none":
             out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
+        if self.ep > 1:
+            out["ep"] = self.ep
         return {
             **out,
             "model": self.model.to_dict(), "ac": self.ac.to_dict(), "compile": self.compile.to_dict(),

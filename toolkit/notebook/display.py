@@ -146,7 +146,6 @@ def compare_figure(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), to
     """Two runs side by side as bars: saved bytes per module (the modules that differ most) and memory (saved,
     held after forward, peak), each difference written over its pair in red (B needs more) or green (less).
     Its plain-text twin is `compare_text` with the same arguments."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     mods = _module_diffs(a, b, top)

@@ -12,11 +12,12 @@ rebinds `FakeTensorMode.__init__` (pytorch#178887), which nothing can undo.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import torch
 from torch import nn
@@ -186,13 +187,24 @@ def _model_config(cfg: TorchtitanConfig):
         lm_head=Linear.Config(in_features=cfg.dim, out_features=cfg.vocab_size, param_init=init))
 
 
-def build(cfg: TorchtitanConfig) -> nn.Module:
+def build(cfg: TorchtitanConfig, *, ep: int = 1) -> nn.Module:
     """torchtitan's own model for `cfg`, initialised by its `init_states` (same seed → identical weights; the
-    global RNG is left as it was)."""
+    global RNG is left as it was). `ep > 1`: with the sharding config expert parallel needs, set on the model
+    config before the build as torchtitan's trainer does (through the family's own setter: its
+    `update_from_config` imports the trainer, which needs torchdata)."""
     require()
+    config = _model_config(cfg)
+    if ep > 1:
+        from torchtitan.config import ParallelismConfig
+
+        if cfg.family == "qwen3_moe":
+            from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config as set_sharding
+        else:
+            from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config as set_sharding
+        set_sharding(config, enable_sp=ParallelismConfig().enable_sequence_parallel, enable_ep=True)
     with torch.random.fork_rng(devices=[]):
         with torch.device(cfg.device):
-            model = _model_config(cfg).build()
+            model = config.build()
         torch.manual_seed(cfg.seed)
         model.init_states(buffer_device=torch.device(cfg.device))
     model = model.to(dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype])
@@ -259,6 +271,64 @@ def apply_fsdp(model: nn.Module) -> None:
                 m.set_force_sum_reduction_for_comms(True)
 
 
+SPMD_BACKEND = "partial_dtensor"
+"""The SPMD backend the toolkit runs torchtitan's parallelize with: its default, "spmd_types", fails FSDP2 at two
+ranks ("all parameters must be DTensors on the full SPMD mesh")."""
+
+
+@contextlib.contextmanager
+def parallel_state() -> Iterator[None]:
+    """The module globals torchtitan's `parallelize_*` reads, set for CPU for the duration and then put back:
+    meshes on "cpu" (torchtitan's `device_type` is "cuda" wherever torch sees no accelerator) and the
+    "partial_dtensor" SPMD backend (the token dispatcher reads it in every forward, so it stays set for the step)."""
+    import torchtitan.distributed.parallel_dims as tpd
+    import torchtitan.distributed.utils as tdu
+
+    device, backend = tpd.device_type, tdu.get_spmd_backend()
+    tpd.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    tdu.set_spmd_backend(SPMD_BACKEND)
+    try:
+        yield
+    finally:
+        tpd.device_type = device
+        tdu.set_spmd_backend(backend)
+
+
+def parallelize_ep(model: nn.Module, family: Family, *, ep: int, ac: str = "none", compile_backend: Any = None) -> nn.Module:
+    """torchtitan's own `parallelize_qwen3` / `parallelize_deepseekv3` with expert parallel over `ep` ranks of
+    the default process group (the rest of the world data-parallel): EP by `Module.parallelize` from the
+    sharding config (`build(cfg, ep=ep)`), then its AC, compile and FSDP2, in its order. Call it inside
+    `parallel_state()`; gradients are reduced by sum (gloo has no PREMUL_SUM)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    check_choice("torchtitan AC", "mode", ac, ("none", "full", "selective_op"))
+    if family == "qwen3_moe":
+        from torchtitan.models.qwen3 import parallelize_qwen3 as parallelize_family
+    else:
+        from torchtitan.models.deepseek_v3 import parallelize_deepseekv3 as parallelize_family
+    world = dist.get_world_size()
+    dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=ep, world_size=world,
+                        spmd_backend=SPMD_BACKEND)
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[next(model.parameters()).dtype]
+    ac_config = {"none": None, "full": FullAC.Config(), "selective_op": SelectiveAC.Config()}[ac]
+    with tempfile.TemporaryDirectory(prefix="toolkit-titan-") as dump:
+        parallelize_family(model, parallel_dims=dims, training=TrainingConfig(mixed_precision_param=dtype),
+                           parallelism=ParallelismConfig(expert_parallel_degree=ep, spmd_backend=SPMD_BACKEND),
+                           compile_config=CompileConfig(enable=compile_backend is not None, components=["model"],
+                                                        backend=compile_backend or "aot_eager"),
+                           ac_config=ac_config, dump_folder=dump)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
 def parallelize(model: nn.Module, *, ac: str = "none", compile_backend: Any = None, fsdp: bool = False) -> nn.Module:
     """torchtitan's transforms in `parallelize_qwen3`'s order: AC → compile → FSDP (no TP / EP / PP here)."""
     apply_ac(model, ac)
@@ -270,4 +340,4 @@ def parallelize(model: nn.Module, *, ac: str = "none", compile_backend: Any = No
 
 
 __all__ = ["RELEASE", "TorchtitanConfig", "available", "require", "build", "make_batch", "loss_fn", "apply_ac",
-           "apply_compile", "apply_fsdp", "parallelize"]
+           "apply_compile", "apply_fsdp", "parallelize", "parallel_state", "parallelize_ep"]
