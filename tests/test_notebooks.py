@@ -41,3 +41,16 @@ def test_committed_outputs_carry_no_machine_or_checkout_specifics(path):
             if re.search(r"\bpeak\b", line) and "profiler" in line:
                 assert re.search(r"peak ~\d", line), line
         assert "execution" not in json.dumps([c.get("metadata", {}) for c in cells(path)])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_are_alone_on_their_line(path):
+    """nbval reads a marker only when the comment is the marker and nothing else: `# NBVAL_IGNORE_OUTPUT (why)` is
+    silently an ordinary comment, and the cell's output is compared after all. The reason goes on its own line."""
+    from nbval.plugin import comment_markers
+
+    for c in cells(path):
+        for line in "".join(c["source"]).splitlines():
+            comment = line.strip().lstrip("#").strip()
+            if line.strip().startswith("#") and comment.startswith(("NBVAL_", "PYTEST_VALIDATE_")):
+                assert comment in comment_markers, f"{comment!r} is no nbval marker: put the reason on the next line"
