@@ -190,8 +190,14 @@ def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
     assert "EP 2: 2 ranks, ok" in str(dsv3)
     qwen3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.qwen3(), **sac_compiled), nproc=2,
                                timeout_s=600)
-    assert not qwen3.ok and [r.distributed.rank for r in qwen3.ranks] == [0, 1]
-    for r in qwen3.ranks:
-        assert r.outcome == "error" and r.error.stage == "forward"
-        assert "expected all tensors_saved_with_vc_check to be Tensors" in r.error.message
-        assert "DeviceMesh" in r.error.message
+    assert [r.distributed.rank for r in qwen3.ranks] == [0, 1]
+    if torch.__version__.startswith("2.13."):
+        # torch 2.13: AOT autograd finds a DeviceMesh among the values saved for backward, on both ranks.
+        assert not qwen3.ok
+        for r in qwen3.ranks:
+            assert r.outcome == "error" and r.error.stage == "forward"
+            assert "expected all tensors_saved_with_vc_check to be Tensors" in r.error.message
+            assert "DeviceMesh" in r.error.message
+    elif torch.__version__.startswith("2.14."):
+        assert qwen3.ok, qwen3.stderr_tail  # torch 2.14.1 runs it (CI's 2.14.1 stage)
+        assert all(r.compile.graph_breaks == 0 for r in qwen3.ranks)
