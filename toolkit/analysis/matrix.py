@@ -70,8 +70,7 @@ class Cell:
         if self.stack == "torchtitan":
             from ..stacks.torchtitan import TorchtitanConfig
 
-            family = self.block.split(":", 1)[1]
-            config = TorchtitanConfig.qwen3() if family == "qwen3_moe" else TorchtitanConfig.deepseek_v3()
+            config = TorchtitanConfig.of_family(self.block.split(":", 1)[1])
             comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph) \
                 if self.scope != "none" else CompileConfig()
             return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)

@@ -130,8 +130,7 @@ class Explorer:
         v = {k: w.value for k, w in self.controls.items()}
         if v["stack"] != "toolkit":
             # torchtitan's own model at the Explorer's size, with its own AC, compile (blocks whole) and FSDP2.
-            family = v["stack"].split(":", 1)[1]
-            base = titan.TorchtitanConfig.qwen3() if family == "qwen3_moe" else titan.TorchtitanConfig.deepseek_v3()
+            base = titan.TorchtitanConfig.of_family(v["stack"].split(":", 1)[1])
             cfg = dataclasses.replace(base, n_layers=max(v["n_layers"], base.n_dense_layers + 1),
                                       n_experts=v["n_experts"], top_k=v["top_k"])
             comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"]) \

@@ -128,6 +128,11 @@ class TorchtitanConfig:
     def deepseek_v3(cls, **kw: Any) -> "TorchtitanConfig":
         return cls(family="deepseek_v3", **{"n_layers": 3, "n_dense_layers": 1, **kw})
 
+    @classmethod
+    def of_family(cls, family: str, **kw: Any) -> "TorchtitanConfig":
+        """The preset of `family` ("qwen3_moe" → `qwen3()`, "deepseek_v3" → `deepseek_v3()`), with `kw` over it."""
+        return cls.qwen3(**kw) if family == "qwen3_moe" else cls.deepseek_v3(**kw)
+
     @property
     def label(self) -> str:
         return f"torchtitan {self.family}"
