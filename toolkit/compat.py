@@ -101,6 +101,15 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "torch.distributed.fsdp FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params",
         "FSDP2's unsharded parameter storages (counted as parameters, not activations)",
         "FSDP2's unsharded parameters are recognised only while registered on their modules"),
+    "torch_remat": (
+        "torch_remat (PyPI torch-remat >= 0.2: checkpoint, region, current_saved_tensor_info) — not torch, optional",
+        "ACConfig(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
+        ""),
+    "storage_placeholder": (
+        "torch._C._set_storage_data_ptr_access_error_msg (CUDA builds only)",
+        "whether torch_remat can stand in a placeholder for a kept region's output that recompute does not need "
+        "(on +cpu builds it cannot: AttributeError in backward, case C31)",
+        ""),
     "respect_saved_tensors_hooks": (
         "torch.utils.checkpoint.checkpoint(respect_saved_tensors_hooks=...) (torch >= 2.14)",
         "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
@@ -231,6 +240,22 @@ def _find_respect_saved_tensors_hooks() -> _Found:
 
     ok = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
     return _Found(ok, f"torch {torch.__version__} checkpoint() has no respect_saved_tensors_hooks")
+
+
+def _find_torch_remat() -> _Found:
+    import importlib
+
+    remat = importlib.import_module("torch_remat")
+    missing = [n for n in ("checkpoint", "region", "recompute_needs_tensor", "current_saved_tensor_info",
+                           "SavedTensorKind", "RecomputeStateHook") if not hasattr(remat, n)]
+    if missing:
+        return _Found(False, f"torch_remat lacks {', '.join(missing)}")
+    return _Found(True, value=remat)
+
+
+def _find_storage_placeholder() -> _Found:
+    ok = hasattr(torch._C, "_set_storage_data_ptr_access_error_msg")
+    return _Found(ok, "" if ok else "this torch build has no storage placeholder helper (CPU-only builds lack it)")
 
 
 _FINDERS: dict[str, Callable[[], _Found]] = {name: globals()[f"_find_{name}"] for name in _SPECS}
@@ -726,6 +751,13 @@ def clear_in_place_compile(m: nn.Module) -> None:
     m._compiled_call_impl = None
 
 
+def forward_compiled(m: nn.Module) -> bool:
+    """`m.forward` was replaced on the instance by `torch.compile(m.forward)` (a compiled function, torchtitan main's
+    `@local_compile` way); the module's call and hooks stay eager."""
+    f = m.__dict__.get("forward")
+    return f is not None and getattr(f, "_torchdynamo_orig_callable", None) is not None
+
+
 def checkpoint_wrapper_classes() -> tuple[type, type]:
     """`(ActivationWrapper, CheckpointWrapper)` from torch.distributed's checkpoint wrapper (a private module path)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper, CheckpointWrapper
@@ -743,3 +775,31 @@ refresh()
 
 __all__ = ["CHECKED_ON", "Feature", "FEATURES", "refresh", "available", "missing", "blind_spot", "table", "tree_leaves",
            "TorchDispatchMode"]
+
+
+# --- torch_remat (optional; not torch, but its introspection lives here with the rest) ------------------------
+
+
+def remat() -> Any:
+    """The torch_remat module, or None when it is not installed."""
+    f = _found["torch_remat"]
+    return f.value if f.ok else None
+
+
+def remat_saved_kind() -> str | None:
+    """Inside a pack hook that torch_remat is running: why it packs the tensor ("checkpoint_input" for a region's
+    input, "remat_save" for what a kept region saves or persists); None anywhere else."""
+    mod = remat()
+    if mod is None:
+        return None
+    try:
+        kind = mod.current_saved_tensor_info().kind
+    except RuntimeError:  # not called by torch_remat
+        return None
+    return "checkpoint_input" if kind.name == "CHECKPOINT_INPUT" else "remat_save"
+
+
+def remat_recomputing() -> bool:
+    """True while torch_remat replays a region in backward."""
+    mod = remat()
+    return bool(mod is not None and mod.is_recomputing())

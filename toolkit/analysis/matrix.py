@@ -12,6 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .. import compat
 from .._config import ConfigError, literal_choices
 from ..measure import Report, Scenario, check_structure, fmt_bytes
 from ..measure.report import fmt_measured_bytes
@@ -21,6 +22,8 @@ from . import catalogue
 from .classification import EXPLAIN, SEVERITY, Classification, classify
 
 BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
+# The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
+REMAT_ACS = ("remat", "remat_selective")
 
 # One colour per classification, far apart in hue so that neighbouring cells never look alike: the failures that
 # raise in reds and greys, the silent ones in purple / orange / ochre / blues, works in green. A combination the
@@ -76,7 +79,8 @@ class Cell:
             return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
-        ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else ACConfig(mode=self.ac)
+        ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else \
+            ACConfig.remat_selective() if self.ac == "remat_selective" else ACConfig(mode=self.ac)
         comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order) \
             if self.scope != "none" else CompileConfig()
         return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
@@ -115,7 +119,8 @@ def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                 cells.append(Cell(block, ac))
                 for scope, fullgraph in (("blocks", False), ("blocks", True), ("attention", False)):
                     cells.append(Cell(block, ac, scope, fullgraph, backend=backend))
-        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_0_3_0"):
+        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_0_3_0") + \
+                (("torchtitan_main",) if compat.available("torch_remat") else ()):
             cells.append(Cell("moe:for_loop", recipe=recipe, backend=backend))
     return _dedupe(cells)
 
@@ -134,9 +139,19 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                     for fullgraph in (False, True):
                         for order in ((None,) if ac in ("none", "memory_budget") else (None, "ac_outside")):
                             cells.append(Cell(block, ac, scope, fullgraph, order, backend))
-        from ..transforms.recipes import RECIPES
+        # torchtitan main's torch_remat (`pip install torch-remat`): full recompute and its selective policy, eager
+        # or compiled whole (compile(remat)) or inside the blocks (torchtitan main's way); no "AC outside" order,
+        # since remat replaces the forward instead of wrapping it.
+        for ac in REMAT_ACS if compat.available("torch_remat") else ():
+            for block in BLOCKS:
+                for scope in _scopes(block):
+                    for fullgraph in ((False,) if scope == "none" else (False, True)):
+                        cells.append(Cell(block, ac, scope, fullgraph, None, backend) if scope != "none" else Cell(block, ac))
+        from ..transforms.recipes import NEEDS, RECIPES
 
         for recipe in RECIPES:
+            if recipe in NEEDS and not compat.available(NEEDS[recipe]):
+                continue
             for block in BLOCKS[1:]:
                 cells.append(Cell(block, recipe=recipe, backend=backend))
         # Real FSDP2 (one gloo rank): blocks sharded, and the experts sharded on their own — the layout behind
@@ -185,9 +200,17 @@ def valid(cell: Cell) -> str | None:
     return None
 
 
+# ACConfig fields added after results were first recorded: left out of the key while unset, so that the results
+# of every cell that does not use them stay valid.
+_LATER_AC_FIELDS = ("save_regions", "recompute_regions")
+
+
 def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     """Cache key: the scenario, the torch version and the device."""
-    blob = json.dumps({"scenario": scenario.to_dict(), "torch": torch.__version__, "device": device}, sort_keys=True)
+    data = scenario.to_dict()
+    if isinstance(data.get("ac"), dict):
+        data["ac"] = {k: v for k, v in data["ac"].items() if not (k in _LATER_AC_FIELDS and v is None)}
+    blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": device}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -277,11 +300,17 @@ class MatrixResult:
         return None
 
     def changes_table(self) -> str:
-        """Markdown: the cells that change between this torch and the others measured, or "" when none do."""
+        """Markdown: the cells that change between this torch and the others measured; when none do, one line saying
+        so (with how many cells were compared); "" when no other release was measured."""
         changes = self.torch_changes()
-        if not changes:
-            return ""
         mine = self.environment.get("torch", "this torch")
+        if not changes:
+            if not self.others:
+                return ""
+            compared = {t: sum(1 for r in self.rows if o.label_of(r.cell) is not None) for t, o in sorted(self.others.items())}
+            return ("## Changed between torch releases (0)\n\n" + "; ".join(
+                f"{n} of these {len(self.rows)} cells were also measured on torch {t}" for t, n in compared.items())
+                + f": none is classified differently from torch {mine}.\n")
         others = sorted({t for _, there in changes for t in there})
         lines = [f"## Changed between torch releases ({len(changes)})", "",
                  f"Cells classified differently on torch {mine} and on {', '.join(others)} (same results.jsonl).", "",

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from ..transforms.naming import canonical_name, is_compiled, is_wrapper, unwrap
+from ..transforms.naming import RECOMPUTES_FORWARD, canonical_name, is_compiled, is_wrapper, unwrap
 from .report import Numerics
 
 
@@ -44,6 +44,18 @@ def compare(loss: float, got: dict, ref_loss: float, ref_grads: dict, dtype: tor
                     worst_param=worst, grads_match=ok and not missing, missing_grads=missing, reference=reference)
 
 
+def _class_forward_under(m: nn.Module) -> bool:
+    """Is the instance's `forward` a chain of `functools.wraps` wrappers around its class's forward (what
+    `torch_remat.checkpoint(...)(module.forward)`, the toolkit's regions and `torch.compile(module.forward)`
+    make)?"""
+    f, seen, own = m.__dict__["forward"], 0, getattr(type(m), "forward", None)
+    while f is not None and seen < 16:
+        if f is own or getattr(f, "__func__", None) is own:  # torch.compile keeps the plain function
+            return True
+        f, seen = getattr(f, "__wrapped__", None), seen + 1
+    return False
+
+
 def not_compared(loss: float, why: str) -> Numerics:
     return Numerics(loss=loss, grads_match=None, reference=why)
 
@@ -63,7 +75,15 @@ def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
     except Exception as e:
         return None, f"the model cannot be deep-copied ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
     ref = unwrap(ref)
-    for m in list(ref.modules()):
+    for name, m in list(ref.named_modules()):
+        if "forward" in m.__dict__:
+            # A forward replaced on the instance (torch_remat's checkpoint or region, by the toolkit or by hand) is
+            # a function: deepcopy keeps it as is, so the copy would still call the *original* module.
+            if not _class_forward_under(m):
+                return None, (f"{name or 'the model'}'s forward is replaced by a function that does not wrap its "
+                              "class's forward, so a copy cannot run without it")
+            del m.__dict__["forward"]
+            m.__dict__.pop(RECOMPUTES_FORWARD, None)
         if compat.in_place_compiled(m):
             compat.clear_in_place_compile(m)  # a copied compiled call would still run the original module
         for name, child in list(m._modules.items()):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 2
-KINDS = ("autograd", "compiled", "sac_cache", "checkpoint_input", "other")
+KINDS = ("autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other")
 STAGES = ("build", "ac", "compile", "forward", "backward", "measure")
 OUTCOMES = ("ok", "error", "crashed", "timeout")
 
@@ -71,8 +71,9 @@ class SavedTensor:
     """Bytes of the whole storage (views of one storage count once)."""
     kind: str
     """"autograd" (saved by an eager op outside checkpoints), "compiled" (saved by a compiled graph),
-    "sac_cache" (cached by a selective-checkpoint policy), "checkpoint_input" (held by a checkpoint region
-    to re-run it), "other" (alive and reachable from the graph, reason unknown)."""
+    "sac_cache" (cached by a selective-checkpoint policy), "remat_save" (kept by a torch_remat region declared
+    `recompute=False`: saved for backward, or its output persisted for the recompute), "checkpoint_input" (held
+    by a checkpoint region to re-run it), "other" (alive and reachable from the graph, reason unknown)."""
     is_input: bool = False
     """True when the storage is one of the step's inputs (e.g. the token ids)."""
 

@@ -6,8 +6,8 @@ from typing import Any, Mapping
 
 from ..measure.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
 
-KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "checkpoint_input": "#b279a2",
-               "other": "#9d9da0"}
+KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "remat_save": "#17becf",
+               "checkpoint_input": "#b279a2", "other": "#9d9da0"}
 
 
 def _grouped(report: Report, by: str, top: int) -> tuple[list[str], dict[str, list[int]]]:

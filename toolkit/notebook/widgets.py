@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from .. import compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measure import Report, Scenario, check_structure, run
@@ -23,7 +24,7 @@ from ..transforms.ac import MODE_DEFAULTS
 from ..stacks import torchtitan as titan
 from ..transforms.compile import BACKENDS, SCOPES
 from ..transforms.fsdp import FSDP_MODES
-from ..transforms.recipes import RECIPES
+from ..transforms.recipes import NEEDS, RECIPES
 from . import display
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
@@ -57,8 +58,13 @@ class Explorer:
             "experts_impl": W.Dropdown(options=list(literal_choices(ModelConfig, "experts_impl")), value=m.experts_impl,
                                        description="experts impl", style=style),
             # "custom" needs a policy function, which a dropdown cannot give.
-            "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"],
+            # "remat" only where torch_remat is installed.
+            "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"
+                                           and (mode != "remat" or compat.available("torch_remat"))],
                                   value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
+            "remat_policy": W.Dropdown(options=[("full recompute", "full"), ("torchtitan main selective", "selective")],
+                                       value="selective" if ac.mode == "remat" and ac.save_regions else "full",
+                                       description="remat policy", style=style),
             # Mode-specific options are None unless their mode is chosen; the controls show the mode's default.
             "layer_every": W.IntSlider(value=ac.layer_every or MODE_DEFAULTS["layer_every"], min=1, max=4,
                                        description="every N-th", style=style),
@@ -79,7 +85,8 @@ class Explorer:
             "capture_scalar_outputs": W.Checkbox(value=c.capture_scalar_outputs, description="capture scalars"),
             "capture_dynamic_output_shape_ops": W.Checkbox(value=c.capture_dynamic_output_shape_ops,
                                                            description="capture dynamic shapes"),
-            "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] + [(k, k) for k in RECIPES],
+            "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] +
+                                 [(k, k) for k in RECIPES if k not in NEEDS or compat.available(NEEDS[k])],
                                  value=s.recipe or NO_RECIPE, description="recipe", style=style),
             "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style),
         }
@@ -114,7 +121,7 @@ class Explorer:
             W.HTML("<b>model</b>"), ctl["stack"], W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
             W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
             W.HTML("<b>activation checkpointing</b>"),
-            W.HBox([ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]]),
+            W.HBox([ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"], ctl["remat_policy"]]),
             W.HTML("<b>compile</b>"), W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
             W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
             W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"), ctl["fsdp"],
@@ -154,7 +161,8 @@ class Explorer:
         # Only the options the chosen mode reads: ACConfig refuses the others.
         options = {"selective_layer": {"layer_every": v["layer_every"]}, "per_submodule": {"submodule_ac": v["submodule_ac"]},
                    "memory_budget": {"memory_budget": v["memory_budget"]}}.get(mode, {})
-        ac = ACConfig(mode=mode, **options)
+        ac = ACConfig.remat_selective() if mode == "remat" and v["remat_policy"] == "selective" else \
+            ACConfig(mode=mode, **options)
         comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"],
                              order=None if v["order"] == AUTO_ORDER else v["order"],
                              capture_scalar_outputs=v["capture_scalar_outputs"],
@@ -164,13 +172,15 @@ class Explorer:
     def _validate(self, *_: Any) -> None:
         ctl = self.controls
         recipe = ctl["recipe"].value != NO_RECIPE
-        for name in ("ac_mode", "layer_every", "submodule_ac", "memory_budget", "scope", "fullgraph", "order",
+        for name in ("ac_mode", "layer_every", "submodule_ac", "memory_budget", "remat_policy", "scope", "fullgraph",
+                     "order",
                      "capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
             ctl[name].disabled = recipe
         mode = ctl["ac_mode"].value
         ctl["layer_every"].disabled = recipe or mode != "selective_layer"
         ctl["submodule_ac"].disabled = recipe or mode != "per_submodule"
         ctl["memory_budget"].disabled = recipe or mode != "memory_budget"
+        ctl["remat_policy"].disabled = recipe or mode != "remat"
         moe = ctl["block"].value == "moe"
         for name in ("n_experts", "top_k", "experts_impl"):
             ctl[name].disabled = not moe

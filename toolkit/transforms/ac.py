@@ -1,4 +1,4 @@
-"""`apply_ac(model, ACConfig)`: activation checkpointing applied to `model.layers` the way torchtitan does it, plus its per-op SAC policy."""
+"""`apply_ac(model, ACConfig)`: activation checkpointing applied to `model.layers` the way torchtitan does it (0.3.0's wrappers and per-op SAC policy, or main's torch_remat)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .naming import get_slot, has_checkpoint, is_checkpoint_wrapper, unwrap
 from .policies import sac_context_fn
 from .settings import applied, forget, record
 
-ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom"]
+ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom", "remat"]
 
 aten = torch.ops.aten
 
@@ -35,6 +35,22 @@ MODE_DEFAULTS: dict[str, Any] = {
     "layer_every": 2, "submodule_ac": "selective", "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
     "memory_budget": 0.5,
 }
+# mode="remat" reads three of the options too, with torch_remat's defaults (it refuses preserve_rng_state=True of
+# its own: the toolkit gives that flag remat's meaning, a RecomputeStateHook).
+REMAT_DEFAULTS: dict[str, Any] = {"preserve_rng_state": False, "determinism_check": "none",
+                                  "save_regions": (), "recompute_regions": ()}
+
+# torchtitan main's SelectiveActivationRematConfig (docs/remat.md, PR #4497): keep every region but the routed
+# experts' first grouped projection. The toolkit's experts are one module (w1, w3 and w2 together), so on its
+# model the pattern that matches is the experts module's; torchtitan's own name is kept for models that have it.
+REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {
+    "save_regions": ("*",),
+    "recompute_regions": ("*routed_experts.w13*", "*routed_experts.inner_experts", "*moe.experts")}
+
+
+def mode_default(name: str, mode: str) -> Any:
+    """What option `name` takes when `mode` reads it and it is left unset."""
+    return REMAT_DEFAULTS[name] if mode == "remat" else MODE_DEFAULTS[name]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,16 +66,20 @@ class ACConfig:
     torchtitan's per-op SAC policy); "selective_layer" (every `layer_every`-th block fully checkpointed);
     "per_submodule" (attention and moe/feed_forward wrapped separately, as torchtitan's 2025 FlexAttention
     workaround did); "memory_budget" (no wrapping: the compile partitioner's activation budget); "custom"
-    (each block with `policy` or `save_ops`)."""
+    (each block with `policy` or `save_ops`); "remat" (torchtitan main's torch_remat: each block's `forward`
+    replaced by `torch_remat.checkpoint`, its modules declared as regions kept or recomputed by
+    `save_regions` / `recompute_regions`; `pip install torch-remat`)."""
     preserve_rng_state: bool | None = None
     """Modes that wrap: stash and restore the RNG state around recompute (default True, torchtitan's since
-    PR #2380)."""
+    PR #2380). "remat": install a `RecomputeStateHook` that snapshots torch's RNG state at region entry and after
+    every kept region and restores it in recompute (default False, as torch_remat and torchtitan main; remat has
+    no flag, and such hooks do not work under compile)."""
     early_stop: bool | None = None
     """Modes that wrap: stop the recompute once every needed tensor exists (default False, as torchtitan
     hard-codes: leak C19)."""
     determinism_check: Literal["default", "none"] | None = None
-    """Modes that wrap: "default" (the default) compares shape/dtype/device of recomputed tensors with the
-    forward's; "none" skips it."""
+    """Modes that wrap and "remat": "default" compares shape/dtype/device of recomputed tensors with the
+    forward's; "none" skips it (default "default"; "none" for remat, whose default it is)."""
     debug: bool | None = None
     """Modes that wrap: torch.utils.checkpoint's debug traces (default False); torch refuses it together with a
     SAC policy (C24)."""
@@ -82,6 +102,15 @@ class ACConfig:
     """"custom" only: a SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
     save_ops: tuple[Any, ...] | None = None
     """"custom" only: ops to save (MUST_SAVE); every other op is recomputed."""
+    save_regions: tuple[str, ...] | None = None
+    """"remat" only: shell-style patterns (fnmatch) of region names, relative to a block, to keep — a kept region
+    saves its activations and is skipped in recompute. Regions are the block's modules that hold weights
+    (`attention.wq`, `feed_forward.w1`, `moe.routed_experts.inner_experts`, `moe.shared_experts.w2` …; norms
+    excluded) plus `moe.router`, which is always kept (torchtitan main's routing decision: recompute never
+    re-routes). Default () keeps nothing else: remat's full recompute. `("*",)` keeps every region."""
+    recompute_regions: tuple[str, ...] | None = None
+    """"remat" only: patterns of regions to recompute even when `save_regions` matches them (they win). torchtitan
+    main's selective policy is `ACConfig.remat_selective()`."""
     wrap_inductor_compiled_regions: bool = False
     """Modes that wrap: make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see
     (C7); only for torch versions that have the option and only with the inductor backend."""
@@ -110,7 +139,10 @@ class ACConfig:
                               "set mode='custom' or drop policy/save_ops.")
         for name, modes in _option_modes(self.submodule_ac).items():
             if self.mode in modes and getattr(self, name) is None:
-                object.__setattr__(self, name, MODE_DEFAULTS[name])
+                object.__setattr__(self, name, mode_default(name, self.mode))
+        if self.mode == "remat" and not compat.available("torch_remat"):
+            raise ConfigError(own, "mode", "'remat' needs the torch_remat package, which is not installed.",
+                              "pip install torch-remat==0.2.2 (or the toolkit's [remat] extra), or pick another mode.")
         if self.mode == "custom":
             if (self.policy is None) == (self.save_ops is None):
                 raise ConfigError(own, "policy", "mode='custom' needs exactly one of policy and save_ops.",
@@ -149,6 +181,15 @@ class ACConfig:
                 raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", f"{fqns!r} is not a tuple of strings.",
                                   "pass e.g. ('moe.router.gate',), or () to force nothing.")
             object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
+        for name in ("save_regions", "recompute_regions"):
+            patterns = getattr(self, name)
+            if isinstance(patterns, str):
+                raise ConfigError(own, name, "is a single string, not a tuple of patterns.", f"pass ({patterns!r},).")
+            if patterns is not None:
+                if not isinstance(patterns, (tuple, list)) or not all(isinstance(p, str) and p for p in patterns):
+                    raise ConfigError(own, name, f"{patterns!r} is not a tuple of non-empty strings.",
+                                      "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().")
+                object.__setattr__(self, name, tuple(patterns))
         object.__setattr__(self, "extra_save_ops", _ops(own, "extra_save_ops", self.extra_save_ops))
         if self.save_ops is not None:
             object.__setattr__(self, "save_ops", _ops(own, "save_ops", self.save_ops))
@@ -157,6 +198,12 @@ class ACConfig:
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
                 raise ConfigError(own, "memory_budget", f"{m!r} is not between 0 and 1.",
                                   "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
+
+    @classmethod
+    def remat_selective(cls, **options: Any) -> "ACConfig":
+        """torchtitan main's `SelectiveActivationRematConfig`: every region kept but the routed experts' first
+        projection (on the toolkit's model: the experts module, which holds w1, w3 and w2)."""
+        return cls(mode="remat", **{**REMAT_SELECTIVE, **options})
 
     def _is_set(self, name: str) -> bool:
         value = getattr(self, name)
@@ -175,17 +222,21 @@ class ACConfig:
         return self.mode in WRAPPING_MODES
 
     def replace(self, **changes) -> "ACConfig":
-        """A copy with `changes`. Changing the mode drops the options the old mode filled in at their defaults and
-        the new mode ignores (`ACConfig(mode="full").replace(mode="none") == ACConfig()`); a value set on purpose
+        """A copy with `changes`. Changing the mode drops the options the old mode filled in at their defaults when
+        the new mode ignores them or defaults them differently (`ACConfig(mode="full").replace(mode="none") ==
+        ACConfig()`, `ACConfig(mode="remat").replace(mode="full") == ACConfig(mode="full")`); a value set on purpose
         stays, and is refused as usual when the new mode would ignore it."""
         if "mode" in changes or "submodule_ac" in changes:
             mode = changes.get("mode", self.mode)
-            keep = _option_modes(changes.get("submodule_ac", self.submodule_ac))
-            for name, modes in keep.items():
-                if name in changes or name not in MODE_DEFAULTS or mode in modes:
+            old = _option_modes(self.submodule_ac)
+            for name, modes in _option_modes(changes.get("submodule_ac", self.submodule_ac)).items():
+                if name in changes or (name not in MODE_DEFAULTS and name not in REMAT_DEFAULTS):
                     continue
-                if getattr(self, name) == MODE_DEFAULTS[name]:
-                    changes[name] = None
+                if self.mode not in old[name] or getattr(self, name) != mode_default(name, self.mode):
+                    continue  # not filled in by the old mode: unset, or set on purpose
+                if mode in modes and mode_default(name, mode) == mode_default(name, self.mode):
+                    continue  # the new mode would fill in the same
+                changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -212,13 +263,16 @@ class ACConfig:
 def _option_modes(submodule_ac: str | None) -> dict[str, tuple[str, ...]]:
     """Each mode-specific option → the modes that read it (the per-op policy's two depend on submodule_ac)."""
     per_op = ("selective_op",) + (("per_submodule",) if submodule_ac in (None, "selective") else ())
-    return {"preserve_rng_state": WRAPPING_MODES, "early_stop": WRAPPING_MODES, "determinism_check": WRAPPING_MODES,
+    checkpointing = WRAPPING_MODES + ("remat",)
+    return {"preserve_rng_state": checkpointing, "early_stop": WRAPPING_MODES, "determinism_check": checkpointing,
             "debug": WRAPPING_MODES, "wrap_inductor_compiled_regions": WRAPPING_MODES,
+            "save_regions": ("remat",), "recompute_regions": ("remat",),
             "layer_every": ("selective_layer",), "submodule_ac": ("per_submodule",),
             "force_recompute_mm_shapes_by_fqns": per_op, "extra_save_ops": per_op, "memory_budget": ("memory_budget",)}
 
 
 _IGNORED = {"none": "nothing is checkpointed", "full": "every block is wrapped whole",
+            "remat": "torch_remat has no such option",
             "memory_budget": "nothing is wrapped: only the partitioner's budget applies",
             "per_submodule": "submodule_ac='full' wraps each submodule whole, with no policy"}
 
@@ -311,6 +365,22 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
                     block.register_module(child, _wrap(getattr(block, child), cfg, cfg.submodule_ac == "selective",
                                                        f"layers.{key}.{child}"))
                     wrapped.append(f"layers.{key}.{child}")
+    elif cfg.mode == "remat":
+        from .remat import apply_remat, regions
+
+        region_names = {name for _, block in layer_items for name, _ in regions(block)}
+        from .remat import check_patterns
+
+        check_patterns(cfg, region_names)
+        try:
+            for key, block in layer_items:
+                rec.ac_patched.extend(apply_remat(block, f"layers.{key}", cfg))
+                wrapped.append(f"layers.{key}")
+        except Exception:
+            _unpatch(model, rec.ac_patched)
+            rec.ac_patched = []
+            forget(model)
+            raise
     elif cfg.mode == "memory_budget":
         rec.functorch_config["activation_memory_budget"] = float(cfg.memory_budget)
     if cfg.mode != "none":
@@ -326,13 +396,25 @@ def remove_ac(model: nn.Module) -> nn.Module:
         return model
     if rec.compile is not None:
         raise RuntimeError("call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers.")
-    for name in rec.ac_wrapped:
-        parent, attr, occupant = get_slot(model, name)
-        parent.register_module(attr, unwrap(occupant))
+    if rec.ac_patched:
+        _unpatch(model, rec.ac_patched)
+        rec.ac_patched = []
+    else:
+        for name in rec.ac_wrapped:
+            parent, attr, occupant = get_slot(model, name)
+            parent.register_module(attr, unwrap(occupant))
     rec.functorch_config.pop("activation_memory_budget", None)
     rec.ac, rec.ac_wrapped, rec.disable_lru_cache = None, [], False
     forget(model)
     return model
+
+
+def _unpatch(model: nn.Module, names: list[str]) -> None:
+    from .naming import get_module
+    from .remat import remove_remat
+
+    for name in names:
+        remove_remat(get_module(model, name))
 
 
 def ac_region_of(model: nn.Module, name: str) -> str | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -48,9 +50,12 @@ class CompileConfig:
     """Where a compile target meets an AC wrapper: "compile_outside" = compile(AC(x)) (torchtitan's order),
     "ac_outside" = AC(compile(x)). None takes what the scope implies (compile(AC(x)) where both are possible);
     an explicit value the structure cannot give is an error."""
-    method: Literal["module_compile", "torch_compile"] = "module_compile"
+    method: Literal["module_compile", "torch_compile", "forward"] = "module_compile"
     """"module_compile": in-place `Module.compile()` (type and names unchanged, torchtitan since PR #2688);
-    "torch_compile": replace the module by `torch.compile(module)` (an OptimizedModule wrapper)."""
+    "torch_compile": replace the module by `torch.compile(module)` (an OptimizedModule wrapper); "forward":
+    compile the module's `forward` as a function, set on the instance (torchtitan main's `@local_compile`
+    functions; the module's call and hooks stay eager — and on torch 2.13 a bare builtin module such as
+    `nn.RMSNorm` compiles this way where `Module.compile(fullgraph=True)` finds no frame, C26)."""
     inductor_options: tuple[tuple[str, Any], ...] = ()
     """Inductor config overrides passed as torch.compile `options` (inductor backend only); a dict is accepted."""
     name_regions: bool = False
@@ -82,7 +87,7 @@ class CompileConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(own, name, f"{getattr(self, name)!r} is not a bool.", "pass True or False.")
         check_choice(own, "order", self.order, (None, "compile_outside", "ac_outside"))
-        check_choice(own, "method", self.method, ("module_compile", "torch_compile"))
+        check_choice(own, "method", self.method, ("module_compile", "torch_compile", "forward"))
         opts = self.inductor_options
         if isinstance(opts, dict):
             opts = tuple(sorted(opts.items()))
@@ -126,6 +131,20 @@ def check_ac_compile(ac, cfg: CompileConfig) -> None:
     if ac is None:
         return
     check_memory_budget(ac, cfg.enabled)
+    if ac.mode == "remat" and cfg.enabled:
+        # The scopes that compile a whole block or more (`layers.N`, `layers`, the model), not a part of one.
+        outside = cfg.scope in ("model", "blocks") or (isinstance(cfg.scope, tuple) and any(
+            re.fullmatch(r"|layers|layers\.[^.]+", s) for s in cfg.scope))
+        if outside and ac.preserve_rng_state:
+            raise ConfigError("ACConfig", "preserve_rng_state", "under compile, torch_remat refuses "
+                              "recompute_state_hooks ('not supported under torch.compile'), and scope "
+                              f"{cfg.scope!r} compiles the remat checkpoints themselves.",
+                              "use preserve_rng_state=False, or compile inside the blocks (e.g. scope='attention').")
+        if outside and cfg.order == "ac_outside":
+            raise ConfigError("CompileConfig", "order", "torch_remat replaces the block's forward instead of wrapping "
+                              "it, so a compiled block always compiles its remat checkpoint: compile(AC(x)) only.",
+                              "pass order=None or 'compile_outside', or compile inside the blocks (scope='attention', "
+                              "'moe', …), torchtitan main's way.")
     if ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
         raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
                           f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
@@ -241,9 +260,10 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     targets = resolve_scope(model, cfg.scope)
     _check_grouped_mm(model, targets)
     orders = _check_order(model, cfg, targets)
-    if "" in targets and cfg.method == "torch_compile":
-        raise ConfigError("CompileConfig", "method", "scope='model' with 'torch_compile' would return a new object "
-                          "instead of compiling in place.", "use method='module_compile' for the whole model.")
+    if "" in targets and cfg.method != "module_compile":
+        raise ConfigError("CompileConfig", "method", f"scope='model' with {cfg.method!r} would not compile the model "
+                          "in place.", "use method='module_compile' for the whole model.")
+    _warn_inert_regions(model, targets, orders)
     undo = []
     for t in targets:
         kwargs = _compile_kwargs(cfg, model, t)
@@ -257,6 +277,10 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         if cfg.method == "module_compile":
             obj.compile(**kwargs)
             undo.append(("module", obj))
+        elif cfg.method == "forward":
+            previous = obj.__dict__.get("forward")
+            obj.forward = torch.compile(obj.forward, **kwargs)
+            undo.append(("forward", (obj, previous)))
         else:
             parent.register_module(attr, torch.compile(obj, **kwargs))
             undo.append(("wrapper", (parent, attr, obj)))
@@ -264,6 +288,31 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     record_dynamo_settings(rec, cfg)
     rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, targets, orders, undo
     return model
+
+
+def _warn_inert_regions(model: nn.Module, targets: list[str], orders: dict[str, str]) -> None:
+    """Compiling a module inside an eager torch_remat checkpoint turns the kept regions inside it into plain calls
+    (`torch_remat._compile.compiled_region` passes through outside a compiled checkpoint): they are recomputed like
+    the rest. Measured, not guessed: say it where the user will look (a Report's warnings)."""
+    rec = applied(model)
+    if rec.ac is None or rec.ac.mode != "remat":
+        return
+    from .remat import kept
+
+    inert = []
+    for t in targets:
+        block = ac_region_of(model, t) if t else None
+        if block is None or orders.get(t) != AC_OUTSIDE:
+            continue
+        for name in rec.ac_patched:
+            rel = name[len(block) + 1:] if name.startswith(block + ".") else None
+            if rel and _covers(t, name) and kept(rel, rec.ac.save_regions, rec.ac.recompute_regions):
+                inert.append(name)
+    if inert:
+        warnings.warn(f"compiling inside torch_remat checkpoints makes the kept regions {', '.join(inert[:6])}"
+                      f"{' …' if len(inert) > 6 else ''} plain calls: under compile torch_remat honours "
+                      "recompute=False only inside a compiled checkpoint, so they are recomputed (compile a module "
+                      "without kept regions, or the whole block)", stacklevel=3)
 
 
 def record_dynamo_settings(rec, cfg: CompileConfig) -> None:
@@ -282,6 +331,12 @@ def remove_compile(model: nn.Module) -> nn.Module:
     for kind, item in reversed(rec.compile_undo):
         if kind == "module":
             compat.clear_in_place_compile(item)
+        elif kind == "forward":
+            obj, previous = item
+            if previous is None:
+                obj.__dict__.pop("forward", None)
+            else:
+                obj.forward = previous
         else:
             parent, attr, obj = item
             parent.register_module(attr, obj)

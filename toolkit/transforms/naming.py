@@ -37,8 +37,9 @@ def has_checkpoint(model: nn.Module) -> bool:
 
 
 def is_compiled(m: nn.Module) -> bool:
-    """`m` is a compile target: an OptimizedModule wrapper, or compiled in place with `Module.compile()`."""
-    return isinstance(m, compat.optimized_module_class()) or compat.in_place_compiled(m)
+    """`m` is a compile target: an OptimizedModule wrapper, compiled in place with `Module.compile()`, or with its
+    `forward` compiled as a function."""
+    return isinstance(m, compat.optimized_module_class()) or compat.in_place_compiled(m) or compat.forward_compiled(m)
 
 
 def has_compiled(model: nn.Module) -> bool:

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import compat
 from .._config import ConfigError
 from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
 from .compile import CompileConfig, apply_compile, check_ac_compile, record_dynamo_settings, remove_compile
@@ -203,6 +204,39 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
     return model
 
 
+def torchtitan_main(model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
+    """torchtitan main as of late 2026 (after the 0.3.0 release), rebuilt from its PRs and docs:
+
+    AC (#4159 draft, #4497 merged 2026-09, `docs/remat.md`): torch_remat instead of per-op SAC — each block's
+    `forward` replaced by `torch_remat.checkpoint(region_name="layers.N")`, with torchtitan's
+    `SelectiveActivationRematConfig` (save every region, recompute `*routed_experts.w13.*`; on the toolkit's
+    model the experts module, which holds w1, w3 and w2 together) and `preserve_rng_state=False`, the routing
+    decision always kept. Compile (#4895, 2026-09-29, and the `@local_compile` functions of #4985 / #5008):
+    no per-block compile any more; small functions are compiled with `fullgraph=True` *inside* the remat
+    regions ("compile inside a remat region is fine; avoid remat inside a compiled region"), with Dynamo's
+    `recompile_limit=8`. torchtitan compiles its RMSNorm, RoPE, SwiGLU activation and loss functions; the
+    toolkit's model exposes only its norms as separate callables (its RoPE and activation are inline), so the
+    `forward` of every block's norms is compiled here, as a function (`CompileConfig(method="forward")`).
+
+    Not a release: no code of torchtitan main is installed to compare with, so this recipe has no fidelity test
+    against torchtitan itself (0.3.0's recipe does).
+    """
+    _start(model, "torchtitan_main")
+    apply_ac(model, ACConfig.remat_selective())
+    targets = [f"layers.{key}.{norm}" for key, block in blocks(model) for norm in ("attention_norm", "ffn_norm")
+               if isinstance(getattr(block, norm, None), nn.Module)]
+    try:
+        apply_compile(model, CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, method="forward"))
+    except Exception:
+        remove_ac(model)
+        raise
+    rec = record(model)
+    if compat.dynamo_has_config("recompile_limit"):
+        rec.dynamo_config["recompile_limit"] = 8
+    rec.recipe = "torchtitan_main"
+    return model
+
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -216,8 +250,13 @@ RECIPES: dict[str, Recipe] = {
                "fullgraph=True: compile(SAC(block))", torchtitan_0_3_0, release="0.3.0"),
         Recipe("torchtitan_0_3_0_full_ac", "torchtitan 0.3.0 with FullAC: compile(AC(block))",
                lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"), release="0.3.0"),
+        Recipe("torchtitan_main", "torchtitan main, late 2026: torch_remat per block (its selective policy), norms "
+               "compiled inside the remat regions with fullgraph=True", torchtitan_main),
     )
 }
+
+# Recipes that need an optional package (torch-remat), and which.
+NEEDS: dict[str, str] = {"torchtitan_main": "torch_remat"}
 
 
 def apply_recipe(model: nn.Module, name: str, *, backend: str = "aot_eager") -> nn.Module:

@@ -23,7 +23,10 @@ class Applied:
     ac: Any = None
     """The ACConfig applied, or None."""
     ac_wrapped: list[str] = field(default_factory=list)
-    """Canonical names of the modules wrapped in a CheckpointWrapper (or given a remat forward)."""
+    """Canonical names of the modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`
+    (the blocks)."""
+    ac_patched: list[str] = field(default_factory=list)
+    """Canonical names of the modules whose `forward` torch_remat mode replaced: the blocks and their regions."""
     compile: Any = None
     """The CompileConfig applied, or None."""
     compiled: list[str] = field(default_factory=list)
@@ -42,7 +45,8 @@ class Applied:
     """How to undo each compile target: ("module", obj) for in-place compile, ("wrapper", (parent, attr, obj))."""
 
     def copy(self) -> "Applied":
-        return dataclasses.replace(self, ac_wrapped=list(self.ac_wrapped), compiled=list(self.compiled),
+        return dataclasses.replace(self, ac_wrapped=list(self.ac_wrapped), ac_patched=list(self.ac_patched),
+                                   compiled=list(self.compiled),
                                    compile_orders=dict(self.compile_orders), dynamo_config=dict(self.dynamo_config),
                                    functorch_config=dict(self.functorch_config),
                                    inductor_config=dict(self.inductor_config), compile_undo=list(self.compile_undo))

@@ -78,12 +78,17 @@ class Probes:
         self.trace = TraceEvents(self.state)
         self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
         self.packed_keys: set[int] = set()
+        self.remat_kinds: dict[int, str] = {}
+        """Storage key → why torch_remat packed it ("checkpoint_input" / "remat_save"), for tensors it packed."""
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
         if self.state.phase == "forward":
             st = t.untyped_storage()
             key = st._cdata
+            why = compat.remat_saved_kind()
+            if why is not None:
+                self.remat_kinds.setdefault(key, why)
             if key not in self.packed_keys:
                 self.packed_keys.add(key)
                 if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
@@ -129,7 +134,8 @@ class Probes:
         whether it is counted (C13's for-loop run flipped between two totals)."""
         gc.collect()
         return _census.take(self.model, [self.inputs], output, self.tracker.produced, self.compiled.saves,
-                            self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys())
+                            self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys(),
+                            self.remat_kinds)
 
     def collect(self) -> ProbeRecord:
         self.compiled.finish()

@@ -44,7 +44,8 @@ def _now(ref: Any, nbytes: int) -> int:
 
 def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[int, Produced],
          compiled: dict[int, CompiledSave], packed: dict[int, tuple], packed_keys: set[int],
-         held_inputs: dict[int, tuple], sac_keys: set[int]) -> Census:
+         held_inputs: dict[int, tuple], sac_keys: set[int], remat_kinds: dict[int, str] | None = None) -> Census:
+    remat_kinds = remat_kinds or {}
     params = parameter_storages(model)
     input_keys = {storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
     output_keys = {storage_key(t) for t in tree_leaves(output) if is_real(t)}
@@ -74,13 +75,14 @@ def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[in
         if key in output_keys and key not in sac_keys and key not in packed_keys:
             continue  # the step's own output, held by the caller rather than for backward
         kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in held_inputs
-                else "autograd" if key in packed_keys else "other")
+                else remat_kinds.get(key, "autograd") if key in packed_keys else "other")
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
     for key, (ref, module, shape, dtype, nbytes) in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
         if key in rows or key in params or ref.expired():
             continue
-        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes), "autograd")
+        kind = "checkpoint_input" if key in held_inputs else remat_kinds.get(key, "autograd")
+        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes), kind)
     for key, (ref, module, shape, dtype, nbytes) in held_inputs.items():
         # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
         if key in rows or key in params or ref.expired() or key in produced:

@@ -1,0 +1,287 @@
+"""torch_remat as an AC mode (torchtitan main's AC) and the torchtitan-main recipe, checked against truths the toolkit
+did not compute: outer saved-tensor hooks (`_truth.Truth`), torch_remat's own `is_recomputing()` flag, exact tensor
+sizes, and the model's own class `forward` after removal."""
+
+import pytest
+import torch
+from _truth import Truth
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import toolkit as tk
+from toolkit.transforms.naming import has_checkpoint
+from toolkit.transforms.remat import plan, regions
+from toolkit.transforms.settings import applied, global_state
+
+remat = pytest.importorskip("torch_remat")
+
+CFG = tk.ModelConfig(experts_impl="masked")
+FULL = tk.ACConfig(mode="remat")
+SELECTIVE = tk.ACConfig.remat_selective()
+
+
+def truth_bytes(model, tokens):
+    with Truth(model) as truth:
+        out = model(tokens)
+        return truth.bytes(out)
+
+
+class CountRecompute(TorchDispatchMode):
+    """Ops dispatched while torch_remat replays a region (its own flag, not the toolkit's probes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if remat.is_recomputing():
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _built(ac, scope="none"):
+    torch.manual_seed(0)
+    model = tk.build_model(CFG)
+    tk.prepare(model, ac=ac, compile=tk.CompileConfig(scope=scope, fullgraph=True) if scope != "none" else None)
+    return model
+
+
+def test_regions_and_policies_follow_torchtitan_main():
+    model = tk.build_model(CFG)
+    block = tk.get_module(model, "layers.0")
+    names = [n for n, _ in regions(block)]
+    # Weight-holding modules, norms excepted; the router is one region (the routing decision), its gate inside it.
+    assert names == ["attention.wq", "attention.wk", "attention.wv", "attention.wo", "moe.router",
+                     "moe.routed_experts.inner_experts", "moe.shared_experts.w1", "moe.shared_experts.w2",
+                     "moe.shared_experts.w3"]
+    assert plan(block, FULL) == {n: n == "moe.router" for n in names}
+    assert plan(block, SELECTIVE) == {n: n != "moe.routed_experts.inner_experts" for n in names}
+    legacy = tk.get_module(tk.build_model(tk.ModelConfig(layout="torchtitan_2025")), "layers.0")
+    assert plan(legacy, SELECTIVE)["moe.experts"] is False  # the 2025 layout's name matches too
+
+
+@pytest.mark.parametrize("ac", [FULL, SELECTIVE], ids=["full", "selective"])
+@pytest.mark.parametrize("scope", ["none", "blocks", "attention"])
+def test_saved_bytes_match_outer_hooks_eager_and_compiled(ac, scope):
+    model = _built(ac, scope)
+    tokens = tk.make_batch(CFG).tokens
+    report = tk.measure(model, tokens, cold=True)
+    assert report.ok, report.error
+    assert report.numerics.grads_match is True
+    assert report.saved.total_bytes == truth_bytes(model, tokens)
+    if scope == "none":
+        assert report.compile.graphs == 0
+    else:
+        assert report.compile.graphs >= 1 and report.compile.graph_breaks == 0
+    tk.reset(model)
+
+
+@pytest.mark.parametrize("ac", [FULL, SELECTIVE], ids=["full", "selective"])
+def test_eager_recompute_count_matches_remats_own_flag(ac):
+    model = _built(ac)
+    batch = tk.make_batch(CFG)
+    report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.loss_fn(out, batch.labels), reference=None)
+    loss = tk.loss_fn(model(batch.tokens), batch.labels)
+    with CountRecompute() as counted:
+        loss.backward()
+    assert report.recompute.ops == counted.ops > 0
+    # Kept regions are skipped in the replay: the selective policy re-runs fewer ops (472 vs 450 on this model).
+    assert (report.recompute.ops, ac.save_regions) in ((472, ()), (450, ("*",)))
+
+
+def test_kept_regions_are_their_own_kind_with_exact_sizes():
+    B, S, D = CFG.batch, CFG.seq_len, CFG.dim
+    full = tk.measure(_built(FULL), tk.make_batch(CFG).tokens, reference=None)
+    sel = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
+    # Each block's input is what its checkpoint holds: B·S·D fp32 per block.
+    assert full.saved.by_kind["checkpoint_input"] == sel.saved.by_kind["checkpoint_input"] == CFG.n_layers * B * S * D * 4
+    # Full remat keeps only the routing decision; the selective policy keeps every projection's output too.
+    assert set(t.module for t in full.saved.tensors if t.kind == "remat_save") == {"layers.0.moe.router",
+                                                                                   "layers.1.moe.router"}
+    wq = [t for t in sel.saved.tensors if t.module == "layers.0.attention.wq" and t.kind == "remat_save"]
+    assert sum(t.bytes for t in wq) == B * S * D * 4
+    assert sel.saved.by_kind["remat_save"] > 40 * full.saved.by_kind["remat_save"]
+
+
+def test_apply_and_remove_leave_the_model_as_built():
+    model = tk.build_model(CFG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tk.apply_ac(model, SELECTIVE)
+    rec = applied(model)
+    assert rec.ac_wrapped == ["layers.0", "layers.1"] and len(rec.ac_patched) == 20
+    assert has_checkpoint(model)  # seen without any CheckpointWrapper
+    assert [n for n, _ in tk.named_modules(model)] == [n for n, _ in tk.named_modules(tk.build_model(CFG))]
+    with pytest.raises(RuntimeError, match="already applied"):
+        tk.apply_ac(model, FULL)
+    tk.remove_ac(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert not has_checkpoint(model) and applied(model).empty
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_hand_applied_remat_is_refused_not_replaced():
+    model = tk.build_model(CFG)
+    block = tk.get_module(model, "layers.1")
+    block.forward = remat.checkpoint(region_name="mine")(block.forward)
+    with pytest.raises(RuntimeError, match="layers.1 already has its own `forward`"):
+        tk.apply_ac(model, FULL)
+    assert "forward" not in tk.get_module(model, "layers.0").__dict__  # nothing left half-applied
+    assert applied(model).empty
+
+
+def test_bad_remat_options_are_refused_before_anything_runs():
+    with pytest.raises(tk.ConfigError, match="save_regions.*single string"):
+        tk.ACConfig(mode="remat", save_regions="attention.*")
+    with pytest.raises(tk.ConfigError, match="save_regions.*only used by"):
+        tk.ACConfig(mode="full", save_regions=("*",))
+    with pytest.raises(tk.ConfigError, match="early_stop"):
+        tk.ACConfig(mode="remat", early_stop=True)
+    with pytest.raises(tk.ConfigError, match="'attention.wx' names no region.*attention.wq"):
+        tk.apply_ac(tk.build_model(CFG), tk.ACConfig(mode="remat", save_regions=("attention.wx",)))
+    with pytest.raises(tk.ConfigError, match="preserve_rng_state.*recompute_state_hooks"):
+        tk.prepare(tk.build_model(CFG), ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
+                   compile=tk.CompileConfig(scope="blocks"))
+    with pytest.raises(tk.ConfigError, match="order.*compile\\(AC\\(x\\)\\) only"):
+        tk.prepare(tk.build_model(CFG), ac=FULL, compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
+    # Defaults as torch_remat has them; the replace() of another mode drops them.
+    assert (FULL.preserve_rng_state, FULL.determinism_check, FULL.save_regions) == (False, "none", ())
+    assert FULL.replace(mode="full") == tk.ACConfig(mode="full")
+    assert tk.ACConfig.from_dict(SELECTIVE.to_dict()) == SELECTIVE
+
+
+class Dropping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16))
+                                     for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
+    """Dropout outside any kept region: without restoring the RNG the replay draws a new mask (wrong gradients,
+    silently); with the hook the replay draws the forward's. Compared with the same step run without remat."""
+    def grads(ac):
+        torch.manual_seed(0)
+        model = Dropping()
+        if ac is not None:
+            tk.apply_ac(model, ac)
+        torch.manual_seed(1)
+        model(torch.ones(4, 16)).square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain, rematted = grads(None), grads(tk.ACConfig(mode="remat", preserve_rng_state=preserve))
+    same = all(torch.equal(a, b) for a, b in zip(plain, rematted))
+    assert same is preserve
+
+
+def test_compiling_inside_a_block_says_which_kept_regions_it_makes_inert():
+    with pytest.warns(UserWarning, match="kept regions layers.0.attention.wq.*plain calls"):
+        model = _built(SELECTIVE, "attention")
+    report = tk.measure(model, tk.make_batch(CFG).tokens, cold=True, reference=None)
+    eager = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
+    # Measured: the 4 projections x 2 blocks are no longer kept (B·S·D fp32 each) once attention is compiled.
+    lost = eager.saved.by_kind["remat_save"] - report.saved.by_kind["remat_save"]
+    assert lost >= 8 * CFG.batch * CFG.seq_len * CFG.dim * 4
+    tk.reset(model)
+
+
+def test_a_hand_applied_remat_block_is_measured_right():
+    """torchtitan main's way, by hand: `block.forward = remat.checkpoint(...)(block.forward)` with SAVE regions."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w3, self.w2 = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), \
+                nn.Linear(64, 32, bias=False)
+
+        def forward(self, x):
+            a = remat.region(self.w1, "w1", recompute=False)(x)
+            b = remat.region(self.w3, "w3", recompute=False)(x)
+            remat.recompute_needs_tensor(a, b)
+            return x + self.w2(torch.nn.functional.silu(a) * b)
+
+    torch.manual_seed(0)
+    block = Block()
+    block.forward = remat.checkpoint(region_name="block")(block.forward)
+    x = torch.randn(64, 32)
+    report = tk.measure(block, x)
+    assert report.ok and report.numerics.grads_match is True
+    # The reference is a real copy: the user's block gets no gradients from it, and all of the copy's are compared.
+    assert all(p.grad is None for p in block.parameters()) and not report.numerics.missing_grads
+    assert report.saved.total_bytes == truth_bytes(block, x)
+    # a and b kept by the regions; x held by the checkpoint to replay the block (the step's input, flagged as such).
+    assert report.saved.by_kind == {"remat_save": 2 * 64 * 64 * 4, "checkpoint_input": 64 * 32 * 4}
+    assert [t.is_input for t in report.saved.tensors if t.kind == "checkpoint_input"] == [True]
+    with CountRecompute() as counted:
+        block(x).square().mean().backward()
+    assert report.recompute.ops == counted.ops > 0
+
+
+def test_torchtitan_main_recipe_structure_and_truth():
+    torch.manual_seed(0)
+    model = tk.build_model(CFG)
+    state = global_state()
+    tk.apply_recipe(model, "torchtitan_main")
+    rec = applied(model)
+    assert rec.recipe == "torchtitan_main" and rec.ac == SELECTIVE
+    assert rec.compiled == ["layers.0.attention_norm", "layers.0.ffn_norm", "layers.1.attention_norm",
+                            "layers.1.ffn_norm"]
+    assert rec.compile.fullgraph and rec.dynamo_config["recompile_limit"] == 8
+    tokens = tk.make_batch(CFG).tokens
+    report = tk.measure(model, tokens, cold=True)
+    assert report.ok and report.numerics.grads_match is True
+    assert report.compile.graphs >= 1 and report.compile.graph_breaks == 0 and not report.compile.fell_back_to_eager
+    assert report.saved.total_bytes == truth_bytes(model, tokens)
+    tk.reset(model)
+    assert global_state() == state
+
+
+def test_run_reports_the_remat_scenario():
+    report = tk.run(tk.Scenario(model=CFG, ac=SELECTIVE))
+    assert report.ok and report.scenario.ac_mode == "remat" and report.numerics.grads_match is True
+    assert report.saved.by_kind.get("remat_save", 0) > 0
+    again = tk.Report.from_json(report.to_json())
+    assert again == report
+
+
+def test_the_explorer_offers_remat_and_the_main_recipe():
+    from toolkit.notebook.widgets import Explorer
+
+    ex = Explorer()
+    ctl = ex.controls
+    assert "remat" in ctl["ac_mode"].options and "torchtitan_main" in [v for _, v in ctl["recipe"].options]
+    assert ctl["remat_policy"].disabled
+    ctl["ac_mode"].value = "remat"
+    assert not ctl["remat_policy"].disabled
+    assert ex.build_scenario().ac == FULL
+    ctl["remat_policy"].value = "selective"
+    assert ex.build_scenario().ac == SELECTIVE
+    ctl["recipe"].value = "torchtitan_main"
+    assert ctl["remat_policy"].disabled and ex.build_scenario().recipe == "torchtitan_main"
+
+
+def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
+    from toolkit.analysis.matrix import Cell, cell_key, full_cells, quick_cells
+
+    labels = [c.label for c in full_cells()]
+    assert "moe:masked | AC remat_selective | attention | aot_eager" in labels
+    assert "moe:masked | recipe torchtitan_main | aot_eager" in labels
+    assert not any("remat" in lb and "AC outside" in lb for lb in labels)
+    assert "moe:for_loop | recipe torchtitan_main | aot_eager" in [c.label for c in quick_cells()]
+    assert Cell("moe:masked", "remat_selective").scenario().ac == SELECTIVE
+    # A cell that does not use the new ACConfig fields keeps the key its results were stored under (computed
+    # here from the fields of before, without save_regions / recompute_regions).
+    import hashlib
+    import json
+
+    sc = Cell("dense", "full", "blocks", True).scenario()
+    data = sc.to_dict()
+    for k in ("save_regions", "recompute_regions"):
+        data["ac"].pop(k)
+    blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": "cpu"}, sort_keys=True)
+    assert cell_key(sc) == hashlib.sha256(blob.encode()).hexdigest()[:16]
