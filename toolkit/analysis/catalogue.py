@@ -44,7 +44,8 @@ class Case:
     notebook: str | None
     signature: dict[str, Any] | None
     verified: dict[str, str] = None  # type: ignore[assignment]
-    """torch release → "reproduced" / "fixed", as checked by this case's notebook (`toolkit.bugs.confirm`)."""
+    """torch release → "reproduced" / "fixed" / "not reproduced" (a release before the behaviour began, C42), as checked
+    by this case's notebook or standalone script (`toolkit.bugs.confirm`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verified", dict(self.verified or {}))
