@@ -37,20 +37,43 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 28)]
+    assert ids == [f"C{i}" for i in range(1, 45)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
     gpu = catalogue.filter(cpu="gpu_only")
     assert {c.id for c in gpu} >= {"C5", "C17", "C23"} and all(c.cpu == "gpu_only" for c in gpu)
-    assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == ["C12"]
-    assert {c.id for c in catalogue.filter(notebook=False)} == {"C19", "C20", "C21", "C22", "C23"}
+    assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == ["C12", "C33"]  # C33: the same under torch_remat
+    assert {c.id for c in catalogue.filter(notebook=False)} == {"C19", "C20", "C21", "C22", "C23",
+                                                                *(f"C{i}" for i in range(34, 45))}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0].startswith("| id | case | status | upstream | CPU | torch | notebook |") and len(lines) == 2 + 27
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 44
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
+
+
+def test_the_tables_say_what_a_repro_needs_its_notebook_and_each_releases_verdict():
+    assert [c.id for c in catalogue.filter(needs="multi-rank")] == ["C39", "C43", "C44"]
+    assert {c.id for c in catalogue.filter(needs="gpu")} == {"C5", "C17", "C23", "C34", "C35", "C37"}
+    assert all(c.needs == "cpu" for c in catalogue.filter(cpu="reproduced") + catalogue.filter(cpu="plausible"))
+    assert {c.cpu for c in catalogue.cases()} <= set(catalogue.CPU_STATUSES)
+    rows = [[cell.strip() for cell in ln.strip("|").split("|")] for ln in catalogue.markdown().splitlines()[2:]]
+    cells = {r[0]: r for r in rows}
+    assert cells["C44"][5] == "multi-rank" and cells["C44"][7] == ""  # no notebook
+    assert cells["C34"][5] == "gpu" and cells["C33"][5] == "cpu"
+    assert cells["C31"][6] == "reproduced on 2.13.0; fixed on 2.14.1"
+    assert "(notebooks/bugs/C33_remat_token_counter.ipynb)" in cells["C33"][7]
+    # Every case with a notebook has a verdict per supported release.
+    for c in catalogue.cases():
+        if c.id in {f"C{i}" for i in range(28, 34)}:
+            assert set(c.verified) == {"2.13.0", "2.14.1"} and c.notebook, c.id
+    text = catalogue.text(width=80).splitlines()
+    assert text[0].split()[:5] == ["id", "case", "status", "needs", "nb"] and all(len(ln) <= 80 for ln in text)
+    row = {ln.split()[0]: ln.split() for ln in text[2:] if ln[:1] == "C" and ln.split()[0][1:].isdigit()}
+    assert row["C43"][-4:] == ["multi-rank", "no", "not", "checked"]
+    assert row["C33"][-3:-1] == ["cpu", "yes"]
 
 
 def test_signatures_on_observations_and_reports():
@@ -151,7 +174,8 @@ def test_standalone_scripts_follow_the_contract():
         consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
                   for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
         assert consts["CASE"] == f"C{int(path.name[1:3])}" and consts["NEEDS"] in ("cpu", "cuda"), path.name
-        assert catalogue.get(consts["CASE"]).notebook, path.name
+        case = catalogue.get(consts["CASE"])
+        assert case.notebook or (case.signature and case.verified), path.name  # C42: a script and verdicts suffice
         assert bugs.script(consts["CASE"]).__name__ == f"toolkit.bugs.standalone.{path.stem}"
     assert bugs.script("C6").CASE == "C7"  # found through CASES
     with pytest.raises(KeyError, match="no standalone repro for C19"):
@@ -210,8 +234,20 @@ def test_cases_cli(capsys):
     assert main(["cases", "--cpu", "gpu_only"]) == 0  # the terminal table
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:] if line[:1] == "C"]
     assert "C23" in rows and "C1" not in rows
+    assert main(["cases", "--needs", "multi-rank", "--markdown"]) == 0
+    rows = [line.split(" | ")[0][2:] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == ["C39", "C43", "C44"]
     assert main(["cases", "--check", "C27", "C24"]) == 0
     out = capsys.readouterr().out
     assert "C27 reproduced on torch" in out and "C24 reproduced on torch" in out
     assert main(["cases", "--check", "C19"]) == 2
     assert "no standalone repro for C19" in capsys.readouterr().err
+
+
+def test_c42_is_a_verdict_per_release_from_its_script_alone():
+    """C42 has no notebook: its script's verdict is the record — the FutureWarning exists from torch 2.14 on."""
+    found = bugs.check("C42")
+    assert found.reproduced == found.observed["has_argument"], found
+    expected = catalogue.get("C42").verified.get(bugs.torch_release())
+    if expected is not None:
+        assert ("reproduced" if found.reproduced else "not reproduced") == expected, found

@@ -91,14 +91,14 @@ def test_cases_is_a_terminal_table_with_the_installed_torch():
     out = toolkit("cases", timeout=120)
     assert out.returncode == 0
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["id", "case", "status", "CPU", "torch", torch_release()]
+    assert lines[0].split() == ["id", "case", "status", "needs", "nb", "torch", torch_release()]
     assert torch_release() == torch.__version__.split("+")[0]
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
-    assert "| --- |" not in out.stdout and len(out.stdout) < 12_000
+    assert "| --- |" not in out.stdout and len(out.stdout) < 20_000  # 44 cases, titles wrapped
     c2 = next(i for i, line in enumerate(lines) if line.startswith("C2 "))
-    assert lines[c2].split()[-2:] == ["reproduced", "reproduced"]  # CPU status, then this torch's verdict
+    assert lines[c2].split()[-3:] == ["cpu", "yes", "reproduced"]  # needs, has a notebook, this torch's verdict
     md = toolkit("cases", "--markdown", timeout=120)
-    assert md.returncode == 0 and md.stdout.startswith("| id | case | status | upstream | CPU | torch | notebook |")
+    assert md.returncode == 0 and md.stdout.startswith("| id | case | status | upstream | CPU | needs | torch | notebook |")
 
 
 def test_help_describes_every_subcommand_and_every_run_option():

@@ -186,7 +186,7 @@ def _cases_command(args) -> int:
     from .analysis import catalogue
 
     if not args.check:
-        sel = catalogue.filter(cpu=args.cpu, text=args.text)
+        sel = catalogue.filter(cpu=args.cpu, text=args.text, needs=args.needs)
         if args.markdown:
             print(catalogue.markdown(sel, with_findings=args.findings))
         else:
@@ -227,8 +227,9 @@ subcommands:
   run      measure one scenario (a preset or a Scenario JSON file) and print its classification first —
            works, error, or a silent failure (fell_back_to_eager, sac_not_applied, grads_differ, ...) — then
            its report; --strict exits 3 on a silent failure
-  cases    the catalogue of known composability cases C1-C27 as a terminal table (--markdown for markdown),
-           with the verdict for the installed torch; --check re-runs their standalone repros
+  cases    the catalogue of known composability cases C1-C44 as a terminal table (--markdown for markdown):
+           what a repro needs (cpu / gpu / multi-rank), its notebook, the verdict for the installed torch;
+           --check re-runs their standalone repros
   env      this torch and every private torch API the toolkit relies on: available or not
   matrix   sweep AC x compile x MoE, each cell in its own subprocess, and write matrix.md / .json / .html
            (python -m toolkit matrix --help for its options)
@@ -248,6 +249,8 @@ same setup without AC (and, for a selective mode, with full AC), which sac_not_a
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .analysis.catalogue import CPU_STATUSES
+
     parser = argparse.ArgumentParser(prog="python -m toolkit", epilog=_OVERVIEW,
                                      description="See how activation checkpointing, torch.compile and MoE compose on a "
                                                  "small torchtitan-shaped model.",
@@ -281,7 +284,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run on N ranks under torchrun (gloo, 127.0.0.1) and print the ranks side by side")
     r.set_defaults(run_parser=r)  # its usage line goes with the errors main() finds after parsing
     c = sub.add_parser("cases", description="The catalogue of known AC x compile x MoE cases, or their repros re-run.")
-    c.add_argument("--cpu", choices=["reproduced", "plausible", "gpu_only"], help="only cases with this CPU status")
+    c.add_argument("--cpu", choices=list(CPU_STATUSES), help="only cases with this CPU status")
+    c.add_argument("--needs", choices=["cpu", "gpu", "multi-rank"],
+                   help="only cases whose repro needs this: one CPU process, a GPU, or several ranks")
     c.add_argument("--text", help="only cases whose title/configuration/symptom/mechanism contain this text")
     c.add_argument("--findings", action="store_true", help="add this machine's recorded verdicts to the torch column")
     c.add_argument("--markdown", action="store_true",

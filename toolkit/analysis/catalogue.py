@@ -12,6 +12,10 @@ from typing import Any
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 
 
+# `cpu` status → what a repro needs ("reproduced" and "plausible" need no more than one CPU process).
+NEEDS = {"gpu_only": "gpu", "multi_rank": "multi-rank"}
+CPU_STATUSES = ("reproduced", "plausible", "gpu_only", "multi_rank")
+
 _REPORT_KEYS = {"classification", "recipe", "ac_modes", "order", "error_contains", "break_reason_contains",
                 "recompute_op_contains"}
 
@@ -40,10 +44,16 @@ class Case:
     notebook: str | None
     signature: dict[str, Any] | None
     verified: dict[str, str] = None  # type: ignore[assignment]
-    """torch release → "reproduced" / "fixed", as checked by this case's notebook (`toolkit.bugs.confirm`)."""
+    """torch release → "reproduced" / "fixed" / "not reproduced" (a release before the behaviour began, C42), as checked
+    by this case's notebook or standalone script (`toolkit.bugs.confirm`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verified", dict(self.verified or {}))
+
+    @property
+    def needs(self) -> str:
+        """What a repro needs: "gpu", "multi-rank" (several processes), or "cpu" (one CPU process is enough)."""
+        return NEEDS.get(self.cpu, "cpu")
 
     def matches_observed(self, observed: dict[str, Any]) -> bool:
         """Does a standalone repro's observation dict show this case's signature?
@@ -114,11 +124,15 @@ def get(case_id: str) -> Case:
     raise KeyError(f"no case {case_id!r}; known: {', '.join(c.id for c in cases())}")
 
 
-def filter(*, cpu: str | None = None, text: str | None = None, notebook: bool | None = None) -> list[Case]:
-    """Cases by CPU reproducibility ("reproduced", "plausible", "gpu_only"), a search text, or having a notebook."""
+def filter(*, cpu: str | None = None, text: str | None = None, notebook: bool | None = None,
+           needs: str | None = None) -> list[Case]:
+    """Cases by CPU reproducibility (one of `CPU_STATUSES`), a search text, having a notebook, or what a repro needs
+    ("cpu", "gpu", "multi-rank")."""
     out = []
     for c in cases():
         if cpu is not None and c.cpu != cpu:
+            continue
+        if needs is not None and c.needs != needs:
             continue
         if text is not None and text.lower() not in " ".join([c.title, c.configuration, c.symptom, c.mechanism]).lower():
             continue
@@ -186,13 +200,16 @@ def versions(case: Case, *, with_findings: bool = True, recorded: dict[str, dict
 
 
 def markdown(selection: list[Case] | None = None, *, with_findings: bool = False) -> str:
-    """The catalogue as a markdown table (`with_findings` adds this machine's recorded verdicts)."""
-    rows = ["| id | case | status | upstream | CPU | torch | notebook |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    """The catalogue as a markdown table (`with_findings` adds this machine's recorded verdicts): `needs` says what a
+    repro takes (cpu / gpu / multi-rank), `torch` each release's verdict, `notebook` the bug notebook if there is one."""
+    rows = ["| id | case | status | upstream | CPU | needs | torch | notebook |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     recorded = findings() if with_findings else {}
     for c in selection if selection is not None else cases():
         refs = ", ".join(f"[{u}]({l})" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
         nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
-        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |")
+        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {c.needs} | "
+                    f"{versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |")
     return "\n".join(rows)
 
 
@@ -207,28 +224,32 @@ def verdict(case: Case, release: str | None = None, *, recorded: dict[str, dict[
 
 
 def text(selection: list[Case] | None = None, *, width: int = 100, with_findings: bool = False) -> str:
-    """The catalogue as a plain-text table for a terminal `width` columns wide (titles and statuses wrapped), with a
-    column for the installed torch release; `markdown()` has the links and every release's verdict."""
+    """The catalogue as a plain-text table for a terminal `width` columns wide (titles and statuses wrapped): what a
+    repro needs (cpu / gpu / multi-rank), whether a bug notebook shows it (nb), and the verdict for the installed
+    torch release; `markdown()` has the links and every release's verdict."""
     import textwrap
 
     release = torch_release()
     recorded = findings() if with_findings else {}
-    rows = [(c.id, c.title, c.status, c.cpu, verdict(c, release, recorded=recorded))
+    rows = [(c.id, c.title, c.status, c.needs, "yes" if c.notebook else "no", verdict(c, release, recorded=recorded))
             for c in (selection if selection is not None else cases())]
-    heads = ("id", "case", "status", "CPU", f"torch {release}")
-    fixed = [max([len(heads[i])] + [len(r[i]) for r in rows]) for i in (0, 3, 4)]
-    # What the fixed columns and the four two-space gaps leave goes to the two text columns, 3:2.
-    free = max(40, width - sum(fixed) - 8)
+    heads = ("id", "case", "status", "needs", "nb", f"torch {release}")
+    fixed = [max([len(heads[i])] + [len(r[i]) for r in rows]) for i in (0, 3, 4, 5)]
+    # What the fixed columns and the five two-space gaps leave goes to the two text columns, 3:2.
+    free = max(40, width - sum(fixed) - 10)
     w_case, w_status = free * 3 // 5, free - free * 3 // 5
-    widths = (fixed[0], w_case, w_status, fixed[1], fixed[2])
+    widths = (fixed[0], w_case, w_status, *fixed[1:])
     out = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip(),
            "  ".join("-" * w for w in widths)]
     for r in rows:
-        cols = [[r[0]], textwrap.wrap(r[1], w_case, break_on_hyphens=False) or [""], textwrap.wrap(r[2], w_status, break_on_hyphens=False) or [""], [r[3]], [r[4]]]
+        cols = [[r[0]], textwrap.wrap(r[1], w_case, break_on_hyphens=False) or [""],
+                textwrap.wrap(r[2], w_status, break_on_hyphens=False) or [""], [r[3]], [r[4]], [r[5]]]
         for i in range(max(len(col) for col in cols)):
             out.append("  ".join((col[i] if i < len(col) else "").ljust(w) for col, w in zip(cols, widths)).rstrip())
     out.append("")
-    out += textwrap.wrap(f"{len(rows)} cases. torch {release}: the verdict recorded for the installed release"
-                         + (" (local: a finding of this machine)" if with_findings else "") + ". --markdown: the "
-                         "table with upstream links and notebooks; --check CASE: re-run a repro here.", max(40, width))
+    out += textwrap.wrap(f"{len(rows)} cases. needs: what a repro takes (cpu: one CPU process; gpu; multi-rank: "
+                         f"several processes); nb: a bug notebook shows it; torch {release}: the verdict recorded for "
+                         "the installed release" + (" (local: a finding of this machine)" if with_findings else "")
+                         + ". --markdown: the table with upstream links, notebooks and every release's verdict; "
+                         "--check CASE: re-run a repro here.", max(40, width))
     return "\n".join(out)
