@@ -17,7 +17,7 @@ NEEDS = {"gpu_only": "gpu", "multi_rank": "multi-rank"}
 CPU_STATUSES = ("reproduced", "plausible", "gpu_only", "multi_rank")
 
 _REPORT_KEYS = {"classification", "recipe", "ac_modes", "order", "error_contains", "break_reason_contains",
-                "recompute_op_contains"}
+                "recompute_op_contains", "warning_contains"}
 
 
 def _shows(text: str, patterns) -> bool:
@@ -101,6 +101,8 @@ class Case:
             ops = " ".join(report.recompute.by_op)
             if not _shows(ops, sig["recompute_op_contains"]):
                 return False
+        if "warning_contains" in sig and not _shows(" ".join(report.warnings), sig["warning_contains"]):
+            return False
         return True
 
 
