@@ -96,3 +96,26 @@ def test_setup_notebook_is_idempotent():
     x = torch.rand(1)
     tk.setup_notebook(seed=3, autoreload=False)
     assert torch.equal(torch.rand(1), x)
+
+
+def test_recompute_text_says_where_each_run_recomputes(reports):
+    """One line per run, the kinds any run saves as columns, and eager / in-graph / rerun recompute apart."""
+    none, sac, brk = reports
+    text = display.recompute_text({"no AC": none, "SAC": sac, "compiled": brk})
+    head, *rows = text.splitlines()
+    assert head.split() == ["run", "saved", "autograd", "compiled", "sac_cache", "checkpoint_input", "eager", "ops",
+                            "in", "graph", "bwd", "graph", "reruns", "grads"]
+    assert [r.split()[0] for r in rows] == ["no", "SAC", "compiled"]
+
+    def column(row, name):  # right-aligned under its header
+        end = head.index(name) + len(name)
+        return row[end - 18:end].strip()
+
+    assert column(rows[1], "sac_cache") == fmt_bytes(sac.saved.by_kind["sac_cache"]) and column(rows[1], "compiled") == "-"
+    assert column(rows[2], "compiled") == fmt_bytes(brk.saved.by_kind["compiled"])
+    # Eager ops, ops in compiled backward, compiled reruns, grads ("-": numerics not compared here).
+    assert rows[1].split()[-4:] == [str(sac.recompute.ops), "0", "0", "-"] and sac.recompute.ops > 0
+    assert rows[2].split()[-4:] == [str(brk.recompute.ops), str(brk.recompute.in_compiled_backward), "0", "-"]
+    assert text == display.recompute_text({"no AC": tk.Report.from_json(none.to_json()), "SAC": sac, "compiled": brk})
+    only_autograd = display.recompute_text({"no AC": none})
+    assert only_autograd.splitlines()[0].split()[:3] == ["run", "saved", "autograd"] and "sac_cache" not in only_autograd

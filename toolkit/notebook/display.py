@@ -76,6 +76,23 @@ def memory_text(reports: Mapping[str, Report]) -> str:
     return "\n".join(lines)
 
 
+def recompute_text(reports: Mapping[str, Report]) -> str:
+    """One line per run: what it saves, by kind, and where its recompute happens — forward ops re-run eagerly in
+    backward (`eager ops`), forward ops the partitioner placed in compiled backward graphs (`in graph bwd`), compiled
+    forwards run again in backward (`graph reruns`, AC(compile(x))) — and whether the gradients match eager
+    (`-` where not compared). Deterministic: exact counts and rounded bytes."""
+    kinds = [k for k in KINDS if any(k in r.saved.by_kind for r in reports.values())]
+    width = max([3] + [len(k) for k in reports]) + 2
+    lines = [f"{'run':<{width}}{'saved':>10}" + "".join(f"{k:>18}" for k in kinds)
+             + f"{'eager ops':>11}{'in graph bwd':>14}{'graph reruns':>14}{'grads':>10}"]
+    for name, r in reports.items():
+        grads = {True: "match", False: "MISMATCH", None: "-"}[r.numerics.grads_match]
+        kind_cols = "".join(f"{fmt_bytes(r.saved.by_kind[k]) if k in r.saved.by_kind else '-':>18}" for k in kinds)
+        lines.append(f"{name:<{width}}{fmt_bytes(r.saved.total_bytes):>10}{kind_cols}{r.recompute.ops:>11}"
+                     f"{r.recompute.in_compiled_backward:>14}{sum(r.recompute.compiled_reruns.values()):>14}{grads:>10}")
+    return "\n".join(lines)
+
+
 def recompute_figure(report: Report, top: int = 15):
     """Bars of the forward ops re-run in backward, per op."""
     import plotly.graph_objects as go
