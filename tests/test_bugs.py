@@ -45,7 +45,7 @@ def test_catalogue_lists_filters_and_renders():
     assert {c.id for c in gpu} >= {"C5", "C17", "C23"} and all(c.cpu == "gpu_only" for c in gpu)
     assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == ["C12", "C33"]  # C33: the same under torch_remat
     assert {c.id for c in catalogue.filter(notebook=False)} == {"C19", "C20", "C21", "C22", "C23",
-                                                                *(f"C{i}" for i in range(34, 45))}
+                                                                *(f"C{i}" for i in range(34, 45))} - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
     assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 45
