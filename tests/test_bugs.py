@@ -37,7 +37,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 45)]
+    assert ids == [f"C{i}" for i in range(1, 46)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
