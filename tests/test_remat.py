@@ -285,3 +285,44 @@ def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
         data["ac"].pop(k)
     blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": "cpu"}, sort_keys=True)
     assert cell_key(sc) == hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@pytest.mark.skipif(tk.compat.available("storage_placeholder"), reason="this torch build has the placeholder helper")
+def test_the_cpu_build_placeholder_error_is_explained():
+    """C31 as a user meets it: a kept region's output that nothing marks, on a +cpu torch build."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = remat.region(self.a, "a", recompute=False)(x)
+            return remat.region(self.b, "b", recompute=False)(h).relu() + x  # h and b's output unmarked
+
+    block = Block()
+    block.forward = remat.checkpoint(region_name="block")(block.forward)
+    report = tk.measure(block, torch.randn(4, 16), reference=None)
+    if report.ok:
+        pytest.skip("torch_remat needed no placeholder here")
+    assert "_set_storage_data_ptr_access_error_msg" in report.error.message
+    assert report.warnings[0].startswith("case C31, a CPU-build limit")
+    assert "warning: case C31" in str(report)
+
+
+def test_the_central_list_compares_the_0_3_0_and_main_recipes():
+    from toolkit.analysis.matrix import Cell, MatrixResult, Row
+    from toolkit.analysis.classification import classify
+    from toolkit.measure.report import fmt_bytes
+
+    rows = []
+    for recipe in ("torchtitan_0_3_0", "torchtitan_main"):
+        cell = Cell("moe:masked", recipe=recipe)
+        report = tk.run(cell.scenario())
+        rows.append(Row(recipe, cell, report, classify(report)))
+    result = MatrixResult(rows=rows, environment={"torch": torch.__version__})
+    text = result.recipes_table()
+    assert text.splitlines()[0] == "## Recipes: torchtitan_0_3_0 → torchtitan_main"
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("| moe:masked")]
+    for r in rows:
+        assert f"saved {fmt_bytes(r.report.saved.total_bytes)}" in line

@@ -83,11 +83,10 @@ _WARM_NOTE = ("graph breaks and recompiles of graphs compiled before the step: D
 
 
 _REMAT_PLACEHOLDER_NOTE = (
-    "torch_remat stands in a placeholder for a kept region's output that the recompute does not read, and needs "
-    "torch._C._set_storage_data_ptr_access_error_msg for it, which only CUDA builds of torch have: on a +cpu "
-    "build the recompute raises AttributeError (case C31; torch_remat's own tests xfail it). Not your model's "
-    "fault: mark the output with torch_remat.recompute_needs_tensor(...) (it is then persisted instead), or run "
-    "on a CUDA build (the 2.14.1 wheel has the helper even without a GPU).")
+    "case C31, a CPU-build limit, not your model: torch_remat's placeholder for a kept region's output needs "
+    "torch._C._set_storage_data_ptr_access_error_msg, which only CUDA builds of torch have (the 2.14.1 wheel has it "
+    "even without a GPU), so on a +cpu build the recompute raises AttributeError. Mark the output with "
+    "torch_remat.recompute_needs_tensor(...) (it is then kept instead) or use a CUDA build.")
 
 
 def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, err: BaseException | None,
@@ -124,7 +123,7 @@ def _assemble(record: ScenarioRecord, stage: Stage, steps: StepResult | None, er
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
             blind.append(compat.blind_spot("profiler_allocations"))
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
-        warn.append(_REMAT_PLACEHOLDER_NOTE)
+        warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
     t = steps.timings if steps is not None else {}
     import torch.distributed as dist
 
