@@ -74,15 +74,13 @@ class Cell:
             from ..stacks.torchtitan import TorchtitanConfig
 
             config = TorchtitanConfig.of_family(self.block.split(":", 1)[1])
-            comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph) \
-                if self.scope != "none" else CompileConfig()
+            comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
             return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
         ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else \
             ACConfig.remat_selective() if self.ac == "remat_selective" else ACConfig(mode=self.ac)
-        comp = CompileConfig(scope=self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order) \
-            if self.scope != "none" else CompileConfig()
+        comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
         return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
 
     @property

@@ -140,8 +140,7 @@ class Explorer:
             base = titan.TorchtitanConfig.of_family(v["stack"].split(":", 1)[1])
             cfg = dataclasses.replace(base, n_layers=max(v["n_layers"], base.n_dense_layers + 1),
                                       n_experts=v["n_experts"], top_k=v["top_k"])
-            comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"]) \
-                if v["scope"] != "none" else CompileConfig()
+            comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"])
             return Scenario(stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp,
                             fsdp=v["fsdp"])
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]

@@ -96,6 +96,12 @@ class CompileConfig:
             raise ConfigError(own, "inductor_options", f"options only apply to the inductor backend, not {self.backend!r}.",
                               "use backend='inductor' or drop inductor_options.")
 
+    @classmethod
+    def of(cls, scope: Any, **options: Any) -> "CompileConfig":
+        """The config compiling `scope` with `options`, or the default config when `scope` is "none" (nothing is
+        compiled, so the options would mean nothing): what a control or a matrix cell with a scope axis needs."""
+        return cls() if scope == "none" else cls(scope=scope, **options)
+
     @property
     def enabled(self) -> bool:
         return self.scope != "none"
