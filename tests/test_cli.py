@@ -94,7 +94,7 @@ def test_cases_is_a_terminal_table_with_the_installed_torch():
     assert lines[0].split() == ["id", "case", "status", "needs", "nb", "torch", torch_release()]
     assert torch_release() == torch.__version__.split("+")[0]
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
-    assert "| --- |" not in out.stdout and len(out.stdout) < 20_000  # 45 cases, titles wrapped
+    assert "| --- |" not in out.stdout and len(out.stdout) < 20_000  # 46 cases, titles wrapped
     c2 = next(i for i, line in enumerate(lines) if line.startswith("C2 "))
     assert lines[c2].split()[-3:] == ["cpu", "yes", "reproduced"]  # needs, has a notebook, this torch's verdict
     md = toolkit("cases", "--markdown", timeout=120)
