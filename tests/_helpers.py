@@ -108,3 +108,17 @@ def playwright_and_chromium():
     if chromium is None:
         need("chromium")
     return sync_playwright, chromium
+
+
+def state_diff(before: dict, after: dict) -> dict:
+    """What differs between two `tk.global_state()` snapshots, key by key (readable where `==` shows `...`)."""
+    out = {}
+    for section in sorted(set(before) | set(after)):
+        a, b = before.get(section), after.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+            if keys:
+                out[section] = keys
+        elif a != b:
+            out[section] = (a, b)
+    return out

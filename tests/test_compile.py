@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _helpers import break_count, grads, graph_count
+from _helpers import break_count, grads, graph_count, state_diff
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 import toolkit as tk
@@ -222,7 +222,7 @@ def test_torch_settings_restores_on_error(moe_cfg):
         with tk.torch_settings(model):
             assert torch._dynamo.config.capture_scalar_outputs is True
             1 / 0
-    assert tk.global_state() == before
+    assert tk.global_state() == before, state_diff(before, tk.global_state())
 
 
 @pytest.mark.parametrize(

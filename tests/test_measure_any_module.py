@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 import toolkit as tk
 from toolkit import compat
+from _helpers import state_diff
 
 
 class Block(nn.Module):
@@ -87,7 +88,8 @@ def test_measure_has_no_side_effects_on_the_model_or_the_process():
         counters = compat.counters_snapshot()
         report = tk.measure(net, x)
         assert report.ok, report.error
-        assert tk.global_state() == state and compat.lru_cache_enabled() is False
+        assert tk.global_state() == state, state_diff(state, tk.global_state())
+        assert compat.lru_cache_enabled() is False
         assert compat.counters_snapshot() == counters
     finally:
         compat.set_lru_cache(True)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _helpers import grads, graph_count
+from _helpers import grads, graph_count, state_diff
 
 import toolkit as tk
 from toolkit import ModelConfig
@@ -86,7 +86,7 @@ def test_reset_undoes_a_recipe(name):
         tk.apply_recipe(model, name)
     tk.reset(model)
     assert [n for n, _ in model.named_modules()] == before
-    assert tk.global_state() == state
+    assert tk.global_state() == state, state_diff(state, tk.global_state())
     assert tk.RECIPES[name].apply.__doc__ or name.endswith(("see_through", "full_ac"))
 
 

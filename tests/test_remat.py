@@ -4,6 +4,7 @@ sizes, and the model's own class `forward` after removal."""
 
 import pytest
 import torch
+from _helpers import state_diff
 from _truth import Truth
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -238,7 +239,7 @@ def test_torchtitan_main_recipe_structure_and_truth():
     assert report.compile.graphs >= 1 and report.compile.graph_breaks == 0 and not report.compile.fell_back_to_eager
     assert report.saved.total_bytes == truth_bytes(model, tokens)
     tk.reset(model)
-    assert global_state() == state
+    assert global_state() == state, state_diff(state, global_state())
 
 
 def test_run_reports_the_remat_scenario():

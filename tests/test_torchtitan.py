@@ -3,6 +3,7 @@ the toolkit's recipes and save list checked against that release's own code."""
 
 import pytest
 import torch
+from _helpers import state_diff
 from _truth import Truth, patch_sac_contexts
 
 import toolkit as tk
@@ -125,7 +126,7 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
     scenario = tk.Scenario(stack="torchtitan", torchtitan=FAMILIES["qwen3"], ac=tk.ACConfig(mode="selective_op"),
                            compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
     report = tk.run(scenario)
-    assert tk.global_state() == before
+    assert tk.global_state() == before, state_diff(before, tk.global_state())
     assert report.ok and report.numerics.grads_match, report.numerics
     assert report.scenario.stack == "torchtitan" and report.scenario.fsdp == "blocks"
     assert report.compile.orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}

@@ -126,8 +126,16 @@ def train_step(model: nn.Module, batch: Any, *, zero_grad: bool = True) -> torch
 def global_state() -> dict[str, Any]:
     """A comparable snapshot of the global torch state the toolkit might touch (tests compare before/after)."""
 
+    def shown(v: Any) -> str:
+        # A set's repr follows its hash layout, which a save_config/load_config round trip (every measurement
+        # restores the configs that way) can reorder: compare sets as sets. String hashes are salted per
+        # process, so comparing reprs failed only in some processes.
+        if isinstance(v, (set, frozenset)):
+            return f"{type(v).__name__}({sorted(map(repr, v))})"
+        return repr(v)
+
     def cfg(mod) -> dict[str, Any]:
-        return {k: repr(v) for k, v in mod.get_config_copy().items()}
+        return {k: shown(v) for k, v in mod.get_config_copy().items()}
 
     dynamo_config, functorch_config, inductor_config = compat.compiler_configs()
     return {
