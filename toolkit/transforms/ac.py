@@ -366,11 +366,9 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
                                                        f"layers.{key}.{child}"))
                     wrapped.append(f"layers.{key}.{child}")
     elif cfg.mode == "remat":
-        from .remat import apply_remat, regions
+        from .remat import apply_remat, check_patterns, regions
 
         region_names = {name for _, block in layer_items for name, _ in regions(block)}
-        from .remat import check_patterns
-
         check_patterns(cfg, region_names)
         try:
             for key, block in layer_items:

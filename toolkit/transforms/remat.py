@@ -103,11 +103,12 @@ def apply_remat(block: nn.Module, block_name: str, cfg: Any) -> list[str]:
     canonical names (block first) of every module whose `forward` was replaced."""
     remat = compat.remat()
     patched: list[str] = []
-    for name, m in [("", block)] + regions(block):
+    declared = regions(block)
+    for name, m in [("", block)] + declared:
         if "forward" in m.__dict__:
             raise RuntimeError(f"{block_name}{'.' + name if name else ''} already has its own `forward` (a remat "
                                "applied by hand?); toolkit.apply_ac would replace it. Remove it first.")
-    for name, m in regions(block):
+    for name, m in declared:
         m.forward = _region_call(remat, m.forward, name, kept(name, cfg.save_regions, cfg.recompute_regions))
         patched.append(f"{block_name}.{name}")
     hooks = (TorchRNGState(),) if cfg.preserve_rng_state else ()
