@@ -91,11 +91,20 @@ CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/bin/chromium", "/usr/l
             shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
 
 
+def extra(module: str):
+    """The optional package `module`, or a skip that says which `pip install` turns the test on."""
+    from toolkit._extras import reason
+
+    return pytest.importorskip(module, reason=reason(module))
+
+
 def need(what: str):
     """Skip where a browser-test dependency is missing; in CI (which installs them) fail instead."""
     if os.environ.get("CI"):
         pytest.fail(f"{what} is missing in CI; .ci/run installs it")
-    pytest.skip(f"{what} is not installed")
+    how = ("apt-get install chromium (Debian's, which Playwright drives; README: the browser test is optional)"
+           if what == "chromium" else 'pip install -e ".[dev]"')
+    pytest.skip(f"{what} is not installed: {how} turns the browser test on")
 
 
 def playwright_and_chromium():

@@ -111,10 +111,16 @@ def test_every_notebook_case_is_confirmed_by_its_executed_notebook():
         if case.signature is None:
             continue
         assert f'confirm("{case.id}"' in source, f"{case.id}: {path.name} never confirms it"
-        for release, verdict in case.verified.items():
-            if release == bugs.torch_release():
-                expected = f"{case.id} reproduced on torch {release}"
-                assert verdict == "reproduced" and expected in _outputs(nb), f"{case.id}: '{expected}' not in {path.name}"
+        # Outputs name no torch release (nbval re-checks them on each one): the committed run confirmed the case,
+        # and where the catalogue has it fixed on some release the notebook asserts the verdict per release.
+        outputs = _outputs(nb)
+        if set(case.verified.values()) == {"reproduced"}:
+            assert f"{case.id} reproduced on torch" in outputs, f"{case.id}: {path.name} does not show it reproduced"
+        elif case.verified:
+            # C31 depends on the torch build, not the release (CUDA builds have the placeholder helper): its
+            # notebook asserts the verdict against the build's helper instead.
+            assert f"expected(\"{case.id}\")" in source or "has_placeholder_helper" in source, \
+                f"{case.id}: {path.name} must assert tk.bugs.expected"
     on_disk = {p.name for p in (NOTEBOOKS / "bugs").glob("*.ipynb")}
     assert on_disk == referenced, f"notebooks no case points to: {on_disk - referenced}"
 
@@ -251,3 +257,21 @@ def test_c42_is_a_verdict_per_release_from_its_script_alone():
     expected = catalogue.get("C42").verified.get(bugs.torch_release())
     if expected is not None:
         assert ("reproduced" if found.reproduced else "not reproduced") == expected, found
+
+
+def test_cases_check_skips_a_repro_whose_optional_package_is_missing(monkeypatch, capsys):
+    """Without torch_remat, `cases --check` names the package and its install line for the remat repros, and runs
+    the others (a case without its own file is found without importing every script)."""
+    import sys
+
+    from toolkit.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "torch_remat", None)  # `import torch_remat` raises ModuleNotFoundError
+    for name in [m for m in sys.modules if m.startswith("toolkit.bugs.standalone.c3")]:
+        monkeypatch.delitem(sys.modules, name)
+    skipped = bugs.check("C30")
+    assert isinstance(skipped, bugs.Skipped) and "needs torch_remat" in skipped.reason and "pip install" in skipped.reason
+    assert bugs.script("C6").CASE == "C7"  # found through c07's CASES without importing c30
+    assert main(["cases", "--check", "C30", "C27"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("C30 skipped: its repro needs torch_remat") and "C27 reproduced on torch" in out

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from _helpers import extra
 from _truth import Truth, patch_sac_contexts
 from torch import nn
 
@@ -132,7 +133,7 @@ def test_two_ranks_merged_into_one_view(stack):
     """`run_distributed` / `run --nproc 2`: each rank's Report side by side, FSDP2's collectives seen in both
     passes, each rank holding what one rank holds alone (same batch, same activations)."""
     if stack == "torchtitan":
-        pytest.importorskip("torchtitan")
+        extra("torchtitan")
         scenario = tk.Scenario(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"),
                                compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
     else:
@@ -159,7 +160,7 @@ def test_expert_parallel_is_refused_where_it_cannot_run():
                        (dict(ep=True), "Scenario.ep: True is not")):
         with pytest.raises(tk.ConfigError, match=match):
             tk.Scenario(**bad)
-    pytest.importorskip("torchtitan")
+    extra("torchtitan")
     titan = dict(stack="torchtitan", torchtitan=tk.TorchtitanConfig.qwen3())
     with pytest.raises(tk.ConfigError, match="Scenario.ep: torchtitan's parallelize applies FSDP2"):
         tk.Scenario(**titan, ep=2)
@@ -175,7 +176,7 @@ def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
     ranks, tokens exchanged by its AllToAllTokenDispatcher (count exchange + dispatch + combine per MoE layer in the
     forward). DeepSeek-V3 runs under SAC + compile; Qwen3 under SAC + compile fails inside AOT autograd (a
     DeviceMesh among the tensors saved for backward) — reported per rank as an error, not a crash."""
-    pytest.importorskip("torchtitan")
+    extra("torchtitan")
     sac_compiled = dict(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"), fsdp="blocks", ep=2,
                         compile=tk.CompileConfig(scope="blocks", fullgraph=True), steady_steps=0)
     dsv3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.deepseek_v3(), **sac_compiled), nproc=2,

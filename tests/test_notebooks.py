@@ -54,3 +54,30 @@ def test_nbval_markers_are_alone_on_their_line(path):
             comment = line.strip().lstrip("#").strip()
             if line.strip().startswith("#") and comment.startswith(("NBVAL_", "PYTEST_VALIDATE_")):
                 assert comment in comment_markers, f"{comment!r} is no nbval marker: put the reason on the next line"
+
+
+def test_a_notebook_without_its_optional_package_stops_with_one_line(monkeypatch):
+    """`setup_notebook(needs=(...))` without the package: one line naming it and its install (IPython shows
+    `_render_traceback_` instead of a traceback); nbval skips such a notebook with the same reason."""
+    from toolkit.notebook.setup import MissingExtra, setup_notebook
+
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "torch_remat" else object())
+    with pytest.raises(MissingExtra) as info:
+        setup_notebook(needs=("torch_remat",))
+    (line,) = info.value._render_traceback_()
+    assert line.startswith("MissingExtra: this notebook needs torch_remat") and 'pip install -e ".[dev]"' in line
+
+
+def test_each_notebook_that_needs_an_optional_package_says_so_in_its_setup_call():
+    """The remat notebooks name torch_remat and notebook 08 torchtitan, so that without them they stop (or skip)
+    with the reason instead of failing half-way."""
+    needs = {}
+    for path in NOTEBOOKS:
+        code = "".join("".join(c["source"]) for c in cells(path) if c["cell_type"] == "code")
+        m = re.search(r"setup_notebook\(needs=\((.*?)\)\)", code)
+        needs[path.name] = m.group(1) if m else ""
+        if "torch_remat" in code or "mode=\"remat\"" in code or "torchtitan_main" in code:
+            assert "torch_remat" in needs[path.name], path.name
+        if "stack=\"torchtitan\"" in code:
+            assert "torchtitan" in needs[path.name], path.name
+    assert needs["08_torchtitan_in_the_loop.ipynb"] == '"torchtitan",'

@@ -36,14 +36,41 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
     assert "python=3.11" in env and "conda-forge" in env
 
 
-def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) >= 2
-    main_job, tests = blocks[0].strip(), blocks[1].strip()
-    assert "pip install" in main_job and "python -m toolkit" in main_job
+def _ci_readme():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_readme", ROOT / ".ci" / "readme.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
+    """CI's first stage is README's route: README's commands as README writes them (read from README.md by
+    .ci/readme.py, so changing README changes CI), in a venv made from nothing, before anything else is installed."""
+    cmds = _ci_readme().commands()
+    assert cmds["install"] == 'pip install -e ".[dev]" && python -m toolkit matrix --out matrix-out'
+    assert cmds["test"] == "python -m pytest"
+    assert cmds == _ci_readme().commands((ROOT / "README.md").read_text())
     ci = (ROOT / ".ci" / "run").read_text()
-    assert tests.splitlines()[-1] in ci, f"CI must call README's test command {tests!r}"
+    body = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert body.index("install_cmd=$(python3 .ci/readme.py install)") < body.index('eval "$install_cmd"')
+    first_venv = body.index("python3 -m venv .ci-venv-readme")
+    # Nothing installs into the fresh venv between its creation and README's commands.
+    assert body[first_venv + 1:first_venv + 6] == [
+        "(", "source .ci-venv-readme/bin/activate", 'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"',
+        'eval "$install_cmd"', "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], "
+        "'torch', torch.__version__)\""]
+    assert body[first_venv + 6] == 'eval "$test_cmd"'
+    assert not any("pip install" in line for line in body[:first_venv]), "nothing may be pip-installed before stage 1"
+    assert "--system-site-packages" not in ci
+
+
+def test_readme_says_what_the_install_pulls_and_how_long_the_tests_take():
+    readme = (ROOT / "README.md").read_text()
+    top = readme[:readme.index("## What it shows")]
+    assert "CUDA build" in top and "GB" in top and "pip install torch==2.13.0 --index-url" in top
+    assert re.search(r"about \d+ minutes on 2\s+cores", top) and "python -m pytest -m quick" in top
 
 
 def test_torch_floor_matches_what_users_have():

@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from _helpers import extra
 
 import toolkit as tk
 from toolkit.analysis.matrix import Cell, full_cells
@@ -228,7 +229,7 @@ def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
 @pytest.mark.parametrize("how", ["warm", "cold", "submitit"])
 def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
     if how == "submitit":
-        pytest.importorskip("submitit")
+        extra("submitit")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "out"
@@ -312,7 +313,7 @@ def test_warm_pool_one_server_survives_crashes_and_hangs(monkeypatch):
 # ------------------------------------------------------------------------------------------------- executors
 
 def test_submitit_local_executor_same_results_and_a_lost_task_is_retried(tmp_path, monkeypatch):
-    pytest.importorskip("submitit")
+    extra("submitit")
     out = tmp_path / "out"
     cells = [DENSE, Cell("moe:for_loop", "full", "blocks")]
     result = sweep(cells, out=out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1,
@@ -369,7 +370,7 @@ def _netns_ok():
 
 @pytest.mark.skipif(not _netns_ok(), reason="no user+network namespace here to keep Ray on loopback")
 def test_ray_executor_in_a_loopback_only_namespace(tmp_path):
-    pytest.importorskip("ray")
+    extra("ray")
     # Ray binds the machine's own address even when told 127.0.0.1, so it runs where there is no other: a network
     # namespace of its own with only `lo`. The script checks every socket of every Ray process against 127.0.0.1.
     script = textwrap.dedent(f"""

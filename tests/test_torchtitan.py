@@ -3,14 +3,14 @@ the toolkit's recipes and save list checked against that release's own code."""
 
 import pytest
 import torch
-from _helpers import state_diff
+from _helpers import extra, state_diff
 from _truth import Truth, patch_sac_contexts
 
 import toolkit as tk
 from toolkit.stacks import torchtitan as titan
 from toolkit.transforms.fsdp import process_group
 
-pytest.importorskip("torchtitan", reason="the torchtitan extra is not installed (see README)")
+extra("torchtitan")
 import torchtitan.distributed.activation_checkpoint as titan_ac  # noqa: E402
 
 import toolkit.transforms.policies as policies  # noqa: E402

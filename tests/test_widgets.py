@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from _helpers import extra
 
 from toolkit.notebook.widgets import Explorer
 
@@ -146,7 +147,7 @@ def test_explorer_runs_torchtitans_own_model_and_fsdp2():
     keys = [key for _, key in c["stack"].options]
     if not titan.available():
         assert keys == ["toolkit"]
-        pytest.skip("torchtitan is not installed: only the toolkit's model is offered")
+        extra("torchtitan")  # skips, saying how to install it
     assert keys == ["toolkit", "titan:qwen3_moe", "titan:deepseek_v3"]
     c["stack"].value = "titan:qwen3_moe"
     c["n_layers"].value, c["ac_mode"].value = 2, "selective_op"

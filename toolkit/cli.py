@@ -19,7 +19,9 @@ def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
     from .transforms import ACConfig, CompileConfig, apply_recipe, prepare, reset, train_step
     from .transforms.settings import applied
 
-    cfg = ModelConfig(n_layers=n_layers)
+    # The for_loop experts' `.tolist()` is the graph break the demo exists to show (C2): with the default
+    # `grouped_mm` experts nothing breaks, and row 4 would look like row 5.
+    cfg = ModelConfig(n_layers=n_layers, experts_impl="for_loop")
     batch = make_batch(cfg)
     ref = build_model(cfg)
     ref_loss = train_step(ref, batch).item()
@@ -194,30 +196,46 @@ def _cases_command(args) -> int:
         return 0
     ids = args.check
     if ids == ["all"]:
-        ids = [c.id for c in catalogue.cases() if c.signature and _has_script(c.id)]
+        ids = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
+    unknown = [cid for cid in ids if not bugs.has_script(cid)]
+    if unknown:
+        print(f"error: no standalone repro for {', '.join(unknown)} (cases with a standalone script: see "
+              "toolkit/bugs/standalone/, or `python -m toolkit cases --check all`)", file=sys.stderr)
+        return 2
     status = 0
     for cid in ids:
         try:
             finding = bugs.check(cid)
-        except KeyError as e:
-            print(f"error: {e.args[0]} (cases with a standalone script: see toolkit/bugs/standalone/)", file=sys.stderr)
-            return 2
         except AssertionError as e:
             print(e)
             status = 1
             continue
-        print(f"{cid} skipped on this machine (see its script's NEEDS)" if finding is None else finding)
+        print(finding)  # a Finding, or "CNN skipped: why" (no GPU; an optional package, with its install line)
     return status
 
 
-def _has_script(case_id: str) -> bool:
-    from . import bugs
+def _lab_command(extra: list[str]) -> int:
+    """`python -m toolkit lab [JUPYTER-LAB-ARGS]`: JupyterLab on the notebooks with autosave off, so that running a
+    committed notebook does not rewrite it (File > Save still saves). The other settings are the user's own."""
+    import os
+    import pathlib
+    import subprocess
+    import tempfile
 
-    try:
-        bugs.script(case_id)  # finds it by file name or by a script's CASES
-    except KeyError:
-        return False
-    return True
+    here = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
+    # JupyterLab reads overrides.json from its app settings folder: start from the environment's own overrides.
+    own = pathlib.Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    overrides = json.loads(own.read_text()) if own.is_file() else {}
+    overrides.setdefault("@jupyterlab/docmanager-extension:plugin", {})["autosave"] = False
+    with tempfile.TemporaryDirectory(prefix="toolkit-lab-") as settings:
+        (pathlib.Path(settings) / "overrides.json").write_text(json.dumps(overrides, indent=1))
+        cmd = [sys.executable, "-m", "jupyterlab", f"--LabApp.app_settings_dir={settings}"]
+        if not any(not a.startswith("-") for a in extra) and here.is_dir():
+            cmd.append(str(here))
+        try:
+            return subprocess.call(cmd + extra, env=dict(os.environ))
+        except KeyboardInterrupt:
+            return 130
 
 
 _OVERVIEW = """\
@@ -227,12 +245,14 @@ subcommands:
   run      measure one scenario (a preset or a Scenario JSON file) and print its classification first —
            works, error, or a silent failure (fell_back_to_eager, sac_not_applied, grads_differ, ...) — then
            its report; --strict exits 3 on a silent failure
-  cases    the catalogue of known composability cases C1-C44 as a terminal table (--markdown for markdown):
+  cases    the catalogue of known composability cases {cases} as a terminal table (--markdown for markdown):
            what a repro needs (cpu / gpu / multi-rank), its notebook, the verdict for the installed torch;
            --check re-runs their standalone repros
   env      this torch and every private torch API the toolkit relies on: available or not
   matrix   sweep AC x compile x MoE, each cell in its own subprocess, and write matrix.md / .json / .html
            (python -m toolkit matrix --help for its options)
+  lab      open the notebooks in JupyterLab with autosave off, so that running one leaves the committed file as
+           it is (File > Save still saves); other arguments go to jupyter lab
 
 `python -m toolkit SUBCOMMAND --help` describes each one's options."""
 
@@ -251,12 +271,15 @@ same setup without AC (and, for a selective mode, with full AC), which sac_not_a
 def _parser() -> argparse.ArgumentParser:
     from .analysis.catalogue import CPU_STATUSES
 
-    parser = argparse.ArgumentParser(prog="python -m toolkit", epilog=_OVERVIEW,
+    from .analysis.catalogue import cases
+
+    ids = [c.id for c in cases()]
+    parser = argparse.ArgumentParser(prog="python -m toolkit", epilog=_OVERVIEW.format(cases=f"{ids[0]}-{ids[-1]}"),
                                      description="See how activation checkpointing, torch.compile and MoE compose on a "
                                                  "small torchtitan-shaped model.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # Each subcommand is described once, in _OVERVIEW (argparse's own list wraps them into a narrow column).
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,run,cases,env,matrix}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,run,cases,env,matrix,lab}",
                                 help="one of the subcommands below")
     d = sub.add_parser("demo", description="Train a small MoE model under six AC / compile setups and print one table.")
     d.add_argument("--backend", default="aot_eager", choices=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"],
@@ -295,6 +318,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the standalone repro of these cases (or 'all') and check their signatures on this torch")
     sub.add_parser("env", description="This torch, and every private torch API the toolkit relies on: available or not.")
     sub.add_parser("matrix", add_help=False)
+    sub.add_parser("lab", add_help=False)
     return parser
 
 
@@ -302,10 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     if argv is None:
         argv = sys.argv[1:]
+    if not argv:  # `python -m toolkit` on its own: what there is to run, not a usage error
+        parser.print_help()
+        return 0
     if argv and argv[0] == "matrix":
         from .analysis.sweeps import main as matrix_main
 
         return matrix_main(argv[1:])
+    if argv and argv[0] == "lab":
+        return _lab_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.timeout_s is not None and not args.isolate and args.nproc == 1:

@@ -382,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     both.add_argument("--cells-per-job", type=count(1), default=1, help="cells per task, run in turn (default 1)")
     ray = parser.add_argument_group("--executor ray")
     ray.add_argument("--address", help="an existing Ray cluster ('auto', or ray://HEAD:10001); default: start one here")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the options, the cells and the --merge files, say how many cells would run "
+                             "(and how many OUT already holds), then exit without running or writing anything")
     args = parser.parse_args(argv)
 
     backends = args.backend or ["aot_eager"]
@@ -404,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                        cells_per_job=args.cells_per_job, array_parallelism=args.array_parallelism)
     elif args.executor == "ray":
         options = dict(address=args.address, cpus_per_cell=args.cpus_per_cell or 1, cells_per_task=args.cells_per_job)
+    if args.dry_run:
+        return _dry_run(args, cells, options)
     try:
         if args.merge:
             for src in args.merge:
@@ -419,4 +424,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(summary(result))
     print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/{RESULTS})")
+    return 0
+
+
+def _dry_run(args: Any, cells: list[Cell], options: dict[str, Any]) -> int:
+    """`matrix --dry-run`: what the sweep would do, without running a cell or writing a file."""
+    from .._extras import available, reason
+
+    try:
+        ex = make(args.executor, workers=args.workers, warm=not args.cold, **options)
+        for src in args.merge:
+            if not pathlib.Path(src).is_file():
+                raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.executor in ("submitit", "ray") and not available(args.executor):
+        print(f"error: --executor {args.executor} {reason(args.executor)}", file=sys.stderr)
+        return 2
+    runnable = [c for c in cells if valid(c) is None]
+    device = environment()["device"]
+    results = pathlib.Path(args.out) / RESULTS
+    records = _records(results) if results.is_file() else {}
+    pending = [c for c in runnable if _needs_run(records.get(cell_key(c.scenario(), device)), args.timeout_s)]
+    print(f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left out), "
+          f"{len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in {results}"
+          + (f"; would first merge {len(args.merge)} results file(s)" if args.merge else "") + ". Nothing was run.")
     return 0

@@ -124,7 +124,7 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
         observed = dict(result)
         reproduced = c.matches_observed(observed)
     release = torch_release()
-    catalogued = c.verified.get(release, "unknown")
+    catalogued = expected(case_id)
     finding = Finding(case=case_id, torch=torch.__version__, reproduced=reproduced, observed=observed,
                       catalogued=catalogued)
     if not reproduced and catalogued == "reproduced":
@@ -135,32 +135,75 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
     return finding
 
 
+def expected(case_id: str) -> str:
+    """What the catalogue records for this case on the running torch release: "reproduced", "fixed",
+    "not reproduced" or "unknown". Notebooks assert a release-dependent result against it instead of printing the
+    release's literal outcome (`assert finding.reproduced == (tk.bugs.expected("C26") == "reproduced")`)."""
+    return catalogue.get(case_id).verified.get(torch_release(), "unknown")
+
+
 # --- standalone, torch-only repro scripts --------------------------------------------------------------------
 
 _PACKAGE = "toolkit.bugs.standalone"
 
 
-def script(case_id: str) -> ModuleType:
-    """The standalone repro module for a case: `cNN_*.py`, or the one listing the case in its `CASES` (torch only)."""
+@dataclass(frozen=True)
+class Skipped:
+    """A case's repro did not run here, and why (no GPU; an optional package missing, with its install line)."""
+
+    case: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.case} skipped: {self.reason}"
+
+
+def _index() -> dict[str, str]:
+    """Case id → standalone module name, read from each script's `CASE` / `CASES` constants without importing it
+    (a script for one case may import an optional package that another case does not need)."""
+    import ast
+
     pkg = importlib.import_module(_PACKAGE)
-    names = [i.name for i in pkgutil.iter_modules(pkg.__path__)]
-    prefix = f"c{int(case_id.lstrip('Cc')):02d}_"
-    for name in names:
-        if name.startswith(prefix):
-            return importlib.import_module(f"{_PACKAGE}.{name}")
-    for name in names:
-        mod = importlib.import_module(f"{_PACKAGE}.{name}")
-        if case_id in getattr(mod, "CASES", ()):
-            return mod
-    raise KeyError(f"no standalone repro for {case_id}; have: {', '.join(names)}")
+    out: dict[str, str] = {}
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        path = pathlib.Path(pkg.__path__[0]) / f"{info.name}.py"
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("CASE", "CASES")
+                                                    for t in node.targets):
+                value = ast.literal_eval(node.value)
+                for cid in ([value] if isinstance(value, str) else list(value)):
+                    out.setdefault(cid, info.name)
+    return out
 
 
-def check(case_id: str, *, record: bool = True) -> Finding | None:
-    """Run a case's standalone repro on this torch and `confirm` it; None when the repro skips here (e.g. no GPU)."""
-    mod = script(case_id)
+def has_script(case_id: str) -> bool:
+    """Does the case have a standalone repro (by its file's `CASE`, or a script's `CASES`)?"""
+    return case_id in _index()
+
+
+def script(case_id: str) -> ModuleType:
+    """The standalone repro module for a case: `cNN_*.py`, or the one listing the case in its `CASES` (torch only).
+    A missing optional package it imports raises ModuleNotFoundError (`check` turns that into a `Skipped`)."""
+    index = _index()
+    if case_id not in index:
+        raise KeyError(f"no standalone repro for {case_id}; have: {', '.join(sorted(set(index.values())))}")
+    return importlib.import_module(f"{_PACKAGE}.{index[case_id]}")
+
+
+def check(case_id: str, *, record: bool = True) -> Finding | Skipped:
+    """Run a case's standalone repro on this torch and `confirm` it; a `Skipped` naming why when it cannot run here
+    (no GPU, or an optional package it imports is missing — with the install line)."""
+    from .._extras import EXTRAS, reason
+
+    try:
+        mod = script(case_id)
+    except ModuleNotFoundError as e:
+        if e.name not in EXTRAS:
+            raise
+        return Skipped(case_id, f"its repro {reason(e.name)}")
     observed = getattr(mod, getattr(mod, "CASES", {}).get(case_id, "bug"))()
     if "skipped" in observed:
-        return None
+        return Skipped(case_id, str(observed["skipped"]))
     return confirm(case_id, observed, record=record)
 
 

@@ -9,8 +9,19 @@ import warnings
 _done = False
 
 
-def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None) -> None:
+class MissingExtra(RuntimeError):
+    """A notebook needs an optional package that is not installed: shown as one line, not a traceback."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of the traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None,
+                   needs: tuple[str, ...] = ()) -> None:
     """Make a notebook's outputs stable and quiet; safe to call again (idempotent).
+
+    `needs` names the optional packages the notebook uses (`("torch_remat",)`): when one is missing the cell stops
+    with one line saying which and how to install it (nbval skips the notebook with the same line).
 
     - plotly keeps its default renderer (in Jupyter and under nbval that is the plain plotly JSON mimetype,
       deterministic and small; never the "notebook" renderer that embeds plotly.js with random div ids);
@@ -20,6 +31,11 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
     Returns nothing, so the cell has no output to compare.
     """
     global _done
+    from .._extras import missing
+
+    why = missing(tuple(needs))
+    if why:
+        raise MissingExtra(f"this notebook {why}")
     import torch
 
     torch.manual_seed(seed)

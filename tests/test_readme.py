@@ -1,0 +1,183 @@
+"""README's claims, run as a reader would: its demo table against `demo`, every `python -m toolkit` command it shows,
+and every Python snippet.
+
+Commands run in a scratch folder. Sweeps (`matrix …`) run with `--dry-run` appended — they check their options,
+cells and files and say what they would run; CI's first stage runs README's main job itself — and paths under
+`/shared/` go to the scratch folder. A command that needs an optional package that is missing must fail with the
+one-line reason naming its install, not a traceback.
+"""
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from _helpers import extra
+
+from toolkit._extras import available
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+FENCED = re.compile(r"```(\w*)\n(.*?)```", re.S)
+
+
+def _blocks(lang: str) -> list[str]:
+    return [body for kind, body in FENCED.findall(README) if kind == lang]
+
+
+def commands() -> list[str]:
+    """Every `python -m toolkit …` command in README: the lines of its bash blocks and its inline code."""
+    out = []
+    for body in _blocks("bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split(" # ", 1)[0].strip()
+            if "python -m toolkit" in line:
+                out.append(line.split("&&")[-1].strip())
+    prose = FENCED.sub("", README)
+    for span in re.findall(r"`([^`]*python -m toolkit[^`]*)`", prose):
+        out.append(" ".join(span.split()))
+    return list(dict.fromkeys(out))
+
+
+def _argv(command: str) -> list[str]:
+    """The toolkit arguments of a README command (`srun …` and another env's python in front dropped)."""
+    words = shlex.split(command)
+    i = next(i for i in range(len(words) - 2) if words[i + 1:i + 3] == ["-m", "toolkit"])
+    return words[i + 3:]
+
+
+def _needs(argv: list[str]) -> str | None:
+    """The optional package a command needs, if any."""
+    joined = " ".join(argv)
+    if re.search(r"--stack (torchtitan|all)", joined) or "sc.json" in joined:
+        return "torchtitan"
+    m = re.search(r"--executor (submitit|ray)", joined)
+    return m.group(1) if m else None
+
+
+def test_readme_shows_commands_of_every_subcommand():
+    argvs = [_argv(c) for c in commands()]
+    assert {a[0] for a in argvs if a} >= {"matrix", "run", "demo", "cases", "env", "lab"}
+    assert not [c for c in commands() if re.search(r"\b[A-Z]{3,}\b|\.\.\.|…|\[--", c.split("--address")[0])], \
+        "a README command with a placeholder cannot be run as written"
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("")
+    if available("torchtitan"):
+        import toolkit as tk
+
+        sc = tk.Scenario(stack="torchtitan", torchtitan=tk.TorchtitanConfig.deepseek_v3(),
+                         ac=tk.ACConfig(mode="selective_op"),
+                         compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks")
+        (tmp_path / "sc.json").write_text(sc.to_json())
+    else:
+        (tmp_path / "sc.json").write_text(json.dumps({"stack": "torchtitan"}))
+    return tmp_path
+
+
+def _run(argv, cwd, timeout=900):
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run([sys.executable, "-m", "toolkit", *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("command", [c for c in commands() if _argv(c)[:1] not in (["lab"], ["demo"])])
+def test_every_readme_command_runs(command, scratch):
+    argv = [w.replace("/shared/", f"{scratch}/shared/") for w in _argv(command)]
+    if argv[:1] == ["matrix"]:
+        argv.append("--dry-run")
+    out = _run(argv, scratch)
+    need = _needs(argv)
+    if need and not available(need):
+        assert out.returncode == 2, (command, out.stdout[-2000:], out.stderr[-2000:])
+        assert "Traceback" not in out.stderr and need in out.stderr and "pip install" in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, (command, out.stdout[-3000:], out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    if argv[:1] == ["matrix"]:
+        assert "Nothing was run." in out.stdout, out.stdout
+        assert not (scratch / "matrix-out").exists() and not (scratch / "merged").exists()
+
+
+def _demo_table() -> list[str]:
+    block = next(b for b in _blocks("") if b.startswith("setup "))
+    return [line.rstrip() for line in block.strip().splitlines()]
+
+
+def test_demo_prints_readmes_table_row_by_row():
+    out = subprocess.run([sys.executable, "-m", "toolkit", "demo"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    printed = [line.rstrip() for line in out.stdout.splitlines()]
+    table = _demo_table()
+    assert printed[:len(table)] == table
+    # Row 4 is what the demo exists to show: C2's silent fallback, no graph and one break.
+    row4 = table[4].split()
+    assert table[4].startswith("full AC, compile(AC(block)), fullgraph=False") and row4[-8:-6] == ["0", "1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lab_opens_the_notebooks_with_autosave_off():
+    """`python -m toolkit lab`: JupyterLab on notebooks/, its document manager's autosave default False (read back
+    from JupyterLab's own settings API), so that running a committed notebook does not rewrite it."""
+    assert "python -m toolkit lab" in commands()
+    port, token = _free_port(), "readme-test"
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "lab", "--no-browser", "--allow-root",
+                             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+                             f"--IdentityProvider.token={token}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/docmanager-extension:plugin"
+        for _ in range(240):
+            try:
+                req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+                settings = json.loads(urllib.request.urlopen(req, timeout=5).read())
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+                time.sleep(0.5)
+        else:
+            raise AssertionError("JupyterLab did not answer")
+        assert settings["schema"]["properties"]["autosave"]["default"] is False
+        tree = urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/contents", headers={"Authorization": f"token {token}"}), timeout=5)
+        names = {item["name"] for item in json.loads(tree.read())["content"]}
+        assert "00_quickstart.ipynb" in names and "bugs" in names
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
+
+
+def test_readmes_python_snippets_run():
+    """The snippets in order, in one namespace, as a reader pastes them; torchtitan's is the next test."""
+    snippets = [s for s in _blocks("python") if 'stack="torchtitan"' not in s]
+    assert snippets
+    code = "\n".join(snippets)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_readmes_torchtitan_snippet_runs(tmp_path):
+    extra("torchtitan")
+    first = next(s for s in _blocks("python") if "import toolkit as tk" in s)
+    snippet = next(s for s in _blocks("python") if 'stack="torchtitan"' in s)
+    out = subprocess.run([sys.executable, "-c", "import toolkit as tk\n" + snippet], capture_output=True,
+                         text=True, timeout=900, cwd=tmp_path)
+    assert first and out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("ok") >= 2 and "2 ranks" in out.stdout, out.stdout[-3000:]
+    assert (tmp_path / "sc.json").exists()

@@ -1,0 +1,53 @@
+"""The optional packages the toolkit can use, what each turns on, and the one `pip install` that brings it.
+
+Everything that degrades without one of them — a CLI command, a notebook, a test skip, a config error — takes its
+one-line reason from here, so the install advice is written once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Extra:
+    module: str
+    """The import name."""
+    install: str
+    """The command that brings it, from a checkout of the toolkit."""
+    enables: str
+    """What it turns on."""
+
+
+EXTRAS: dict[str, Extra] = {e.module: e for e in (
+    Extra("torch_remat", 'pip install -e ".[dev]"  (or: pip install torch-remat)',
+          "torchtitan main's activation checkpointing: ACConfig(mode='remat'), the torchtitan_main recipe, C30-C33, "
+          "C45, C46"),
+    Extra("torchtitan", 'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
+          "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)"),
+    Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
+    Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
+    Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
+)}
+
+
+def available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def reason(module: str) -> str:
+    """One line: `module` is missing, what that turns off, and how to install it."""
+    e = EXTRAS[module]
+    return f"needs {module} (not installed; it brings {e.enables}): {e.install}"
+
+
+def missing(modules: tuple[str, ...] | list[str]) -> str | None:
+    """The reason for the first of `modules` that is not installed, or None when all are."""
+    for m in modules:
+        if not available(m):
+            return reason(m)
+    return None
+
+
+__all__ = ["EXTRAS", "Extra", "available", "reason", "missing"]
