@@ -93,6 +93,24 @@ class FeedForward(nn.Module):
         return [self.w13, self.w2] if self.fused else [self.w1, self.w2, self.w3]
 
 
+class _FP32Gate(torch.autograd.Function):
+    """torchtitan main's `RouterGateLinear` off CUDA: both operands promoted to float32, a float32 output, and
+    the backward's matmuls in float32 (the gradients cast back to the operands' dtypes)."""
+
+    @staticmethod
+    def forward(ctx, x_TD: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
+        x32_TD, w32_ED = x_TD.float(), weight_ED.float()
+        ctx.save_for_backward(x32_TD, w32_ED)
+        ctx.dtypes = x_TD.dtype, weight_ED.dtype
+        return torch.mm(x32_TD, w32_ED.T)
+
+    @staticmethod
+    def backward(ctx, grad_TE: torch.Tensor):
+        x32_TD, w32_ED = ctx.saved_tensors
+        g32_TE = grad_TE.float()
+        return torch.mm(g32_TE, w32_ED).to(ctx.dtypes[0]), torch.mm(g32_TE.T, x32_TD).to(ctx.dtypes[1])
+
+
 class TokenChoiceTopKRouter(nn.Module):
     """Scores tokens against experts; the bias and the noise steer selection only, never the routing weights.
 
@@ -111,11 +129,9 @@ class TokenChoiceTopKRouter(nn.Module):
             self.register_buffer("tokens_per_expert_E", torch.zeros(cfg.n_experts, dtype=torch.float32),
                                  persistent=False)
 
-    def _gate(self, x_TD: torch.Tensor) -> torch.Tensor:
-        if self.main:
-            # RouterGateLinear off CUDA: both operands promoted to float32, so the scores are float32.
-            return F.linear(x_TD.float(), self.gate.weight.float())
-        return self.gate(x_TD).float()
+    @staticmethod
+    def _fp32_gate(x_TD: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
+        return _FP32Gate.apply(x_TD, weight_ED)
 
     def _select(self, scores_TE: torch.Tensor, expert_bias_E: torch.Tensor | None) -> torch.Tensor:
         """The routing decision: top-k of the (biased, noised) scores."""
@@ -128,7 +144,8 @@ class TokenChoiceTopKRouter(nn.Module):
 
     def forward(self, x_TD: torch.Tensor, expert_bias_E: torch.Tensor | None = None):
         if self.main:
-            logits_TE = regions.region(self.gate, "linear", self._gate, x_TD)
+            # The weight goes in as an argument, as main's Linear passes it to its region.
+            logits_TE = regions.region(self.gate, "linear", self._fp32_gate, x_TD, self.gate.weight)
         else:
             logits_TE = self.gate(x_TD)
         regions.needs(self, logits_TE)  # the score function reads the gate's output with a bare op
@@ -204,17 +221,20 @@ class _Experts(nn.Module):
             return self._masked(x_ND, expert_ids_N)
         return self._nonzero(x_ND, expert_ids_N)
 
-    def _gate_up(self, x_nD: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        w1, _, w3 = self.weights()
-        return torch.matmul(x_nD, w1[e].transpose(-2, -1)), torch.matmul(x_nD, w3[e].transpose(-2, -1))
+    @staticmethod
+    def _gate_up(x_nD: torch.Tensor, w1_FD: torch.Tensor, w3_FD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.matmul(x_nD, w1_FD.transpose(-2, -1)), torch.matmul(x_nD, w3_FD.transpose(-2, -1))
 
-    def _down(self, h_nF: torch.Tensor, e: int) -> torch.Tensor:
-        return torch.matmul(h_nF, self.weights()[1][e].transpose(-2, -1))
+    @staticmethod
+    def _down(h_nF: torch.Tensor, w2_DF: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(h_nF, w2_DF.transpose(-2, -1))
 
     def _swiglu(self, x_nD: torch.Tensor, e: int) -> torch.Tensor:
-        gate, up = regions.region(self, self._name(f"w13.expert{e}"), self._gate_up, x_nD, e)
+        # Weights go into the regions as arguments, as main's linears pass them.
+        w1, w2, w3 = self.weights()
+        gate, up = regions.region(self, self._name(f"w13.expert{e}"), self._gate_up, x_nD, w1[e], w3[e])
         regions.needs(self, gate, up)
-        out = regions.region(self, self._name(f"w2.expert{e}"), self._down, swiglu(gate, up), e)
+        out = regions.region(self, self._name(f"w2.expert{e}"), self._down, swiglu(gate, up), w2[e])
         regions.needs(self, out)
         return out
 
@@ -224,26 +244,26 @@ class _Experts(nn.Module):
         chunks = torch.split(x_ND, counts, dim=0)
         return torch.cat([self._swiglu(chunk, e) for e, chunk in enumerate(chunks)], dim=0)
 
-    def _grouped_gate_up(self, x, offsets_E):
+    def _grouped_gate_up(self, x, w1_EFD, w3_EFD, offsets_E):
         """w1 and w3 as one region: main's fused `w13` (same bytes saved, the same pattern matches it)."""
-        w1, _, w3 = self.weights()
         if self.bf16_grouped_mm:
-            w1, w3 = w1.bfloat16(), w3.bfloat16()
-        return (torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets_E),
-                torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets_E))
+            w1_EFD, w3_EFD = w1_EFD.bfloat16(), w3_EFD.bfloat16()
+        return (torch._grouped_mm(x, w1_EFD.transpose(-2, -1), offs=offsets_E),
+                torch._grouped_mm(x, w3_EFD.transpose(-2, -1), offs=offsets_E))
 
-    def _grouped_down(self, h_NF, offsets_E):
-        w2 = self.weights()[1]
+    def _grouped_down(self, h_NF, w2_EDF, offsets_E):
         # The cast lies inside the region, as in main's GroupedLinear: a kept w2 keeps its bfloat16 copy.
-        w2 = w2.bfloat16() if self.bf16_grouped_mm else w2
-        return torch._grouped_mm(h_NF, w2.transpose(-2, -1), offs=offsets_E)
+        w2_EDF = w2_EDF.bfloat16() if self.bf16_grouped_mm else w2_EDF
+        return torch._grouped_mm(h_NF, w2_EDF.transpose(-2, -1), offs=offsets_E)
 
     def _grouped_mm(self, x_ND, counts_E):
+        w1, w2, w3 = self.weights()
         offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
         x = x_ND.bfloat16() if self.bf16_grouped_mm else x_ND
-        gate_NF, up_NF = regions.region(self, self._name("w13.grouped_mm"), self._grouped_gate_up, x, offsets_E)
+        gate_NF, up_NF = regions.region(self, self._name("w13.grouped_mm"), self._grouped_gate_up, x, w1, w3,
+                                        offsets_E)
         regions.needs(self, gate_NF, up_NF)
-        out_ND = regions.region(self, self._name("w2.grouped_mm"), self._grouped_down, swiglu(gate_NF, up_NF),
+        out_ND = regions.region(self, self._name("w2.grouped_mm"), self._grouped_down, swiglu(gate_NF, up_NF), w2,
                                 offsets_E)
         regions.needs(self, out_ND)
         return out_ND.type_as(x_ND)
@@ -328,10 +348,14 @@ class LocalTokenDispatcher:
     def __init__(self, top_k: int):
         self.top_k = top_k
 
-    def dispatch(self, x_TD: torch.Tensor, weights_TK: torch.Tensor, expert_ids_TK: torch.Tensor):
+    def dispatch(self, x_TD: torch.Tensor, weights_TK: torch.Tensor, expert_ids_TK: torch.Tensor,
+                 with_ids: bool = True):
+        """Rows sorted by expert, their tokens, their weights and (`with_ids`, for the experts that need them)
+        their experts; main's dispatcher returns no ids."""
         order_N = torch.argsort(expert_ids_TK.flatten(), stable=True)
         token_N = order_N // self.top_k
-        return x_TD[token_N], token_N, weights_TK.flatten()[order_N].unsqueeze(-1), expert_ids_TK.flatten()[order_N]
+        ids_N = expert_ids_TK.flatten()[order_N] if with_ids else None
+        return x_TD[token_N], token_N, weights_TK.flatten()[order_N].unsqueeze(-1), ids_N
 
     def combine(self, out_ND: torch.Tensor, token_N: torch.Tensor, weights_N1: torch.Tensor,
                 x_TD: torch.Tensor) -> torch.Tensor:
@@ -369,7 +393,8 @@ class MainRoutedExperts(nn.Module):
         self.token_dispatcher = LocalTokenDispatcher(cfg.top_k)
 
     def forward(self, x_TD, weights_TK, expert_ids_TK, counts_E):
-        routed_ND, token_N, weights_N1, _ = self.token_dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK)
+        routed_ND, token_N, weights_N1, _ = self.token_dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK,
+                                                                           with_ids=False)
         offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
         gate_NF, up_NF = self.w13(routed_ND.bfloat16(), offsets_E).unbind(dim=-2)
         regions.needs(self, gate_NF, up_NF)
