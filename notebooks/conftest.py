@@ -11,3 +11,6 @@ def pytest_collectstart(collector):
 import importlib.util  # noqa: E402
 
 collect_ignore = [] if importlib.util.find_spec("torchtitan") else ["08_torchtitan_in_the_loop.ipynb"]
+# 09 applies torchtitan main's torch_remat (`pip install -e ".[remat]"`; .ci/run installs it).
+if not importlib.util.find_spec("torch_remat"):
+    collect_ignore.append("09_torchtitan_main.ipynb")

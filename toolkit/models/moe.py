@@ -202,8 +202,8 @@ class _Experts(nn.Module):
         """The fqn the regions are named after (main's `routed_experts`)."""
         return fqn
 
-    def _name(self, local: str):
-        return lambda fqn: qualified(self.owner(fqn), local)
+    def _name(self, local: str, e: int | None = None):  # formatted lazily: Dynamo would specialise an f-string's e
+        return lambda fqn: qualified(self.owner(fqn), local if e is None else f"{local}{e}")
 
     def remat_regions(self, fqn: str) -> list[str]:
         base = self.owner(fqn)
@@ -232,9 +232,9 @@ class _Experts(nn.Module):
     def _swiglu(self, x_nD: torch.Tensor, e: int) -> torch.Tensor:
         # Weights go into the regions as arguments, as main's linears pass them.
         w1, w2, w3 = self.weights()
-        gate, up = regions.region(self, self._name(f"w13.expert{e}"), self._gate_up, x_nD, w1[e], w3[e])
+        gate, up = regions.region(self, self._name("w13.expert", e), self._gate_up, x_nD, w1[e], w3[e])
         regions.needs(self, gate, up)
-        out = regions.region(self, self._name(f"w2.expert{e}"), self._down, swiglu(gate, up), w2[e])
+        out = regions.region(self, self._name("w2.expert", e), self._down, swiglu(gate, up), w2[e])
         regions.needs(self, out)
         return out
 
