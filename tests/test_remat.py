@@ -337,6 +337,11 @@ def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
 @pytest.mark.skipif(tk.compat.available("storage_placeholder"), reason="this torch build has the placeholder helper")
 def test_the_cpu_build_placeholder_error_is_explained():
     """C31 as a user meets it: a kept region's output that nothing marks, on a +cpu torch build."""
+    import gc
+
+    gc.collect()  # models of earlier tests with the toolkit's remat applied (and its C31 stand-in) go away
+    if tk.compat.remat_placeholders_active():
+        pytest.skip("a model with the toolkit's remat applied is still alive: its stand-in hides C31")
 
     class Block(nn.Module):
         def __init__(self):

@@ -10,6 +10,7 @@ themselves are declared where the model computes (`toolkit/models/regions.py`): 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from .naming import RECOMPUTES_FORWARD
 # Kept under every policy, whatever the patterns: main declares them `recompute=False` in its code (the routing
 # decision, so that recompute never re-routes, C11; the trailing adds, which save nothing and so cost nothing).
 FIXED = ("routing_decision", "ffn_residual", "shared_add")
+_RELEASE = "_toolkit_remat_placeholder_release"
 
 
 def is_fixed(name: str) -> bool:
@@ -74,13 +76,18 @@ def apply_remat(block: nn.Module, block_name: str, cfg: Any) -> list[str]:
                                      recompute_state_hooks=hooks)(block.forward)
     setattr(block, RECOMPUTES_FORWARD, True)
     compat.remat_placeholders_acquire()
+    # Released by `remove_remat`, or when the block is garbage: a model dropped with remat applied must not keep
+    # the stand-in on for the rest of the process.
+    block.__dict__[_RELEASE] = weakref.finalize(block, compat.remat_placeholders_release)
     return [block_name]
 
 
 def remove_remat(module: nn.Module) -> None:
     """Undo `apply_remat` on one block: its class's `forward` is used again and its regions are bare calls."""
-    if module.__dict__.pop("forward", None) is not None:
-        compat.remat_placeholders_release()
+    module.__dict__.pop("forward", None)
+    release = module.__dict__.pop(_RELEASE, None)
+    if release is not None:
+        release()  # a finalizer runs once: now, not again at garbage collection
     module.__dict__.pop(RECOMPUTES_FORWARD, None)
     regions.unconfigure(module)
 
