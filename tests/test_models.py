@@ -35,7 +35,7 @@ def test_the_main_layout_has_torchtitan_mains_names_exactly():
     03d9819f3416), listed in full; tests/test_torchtitan_main.py loads these weights into main's rebuilt code."""
     cfg = ModelConfig(layout="torchtitan_main", n_layers=2, moe_layers=(1,))
     model = tk.build_model(cfg)
-    E, D, F, Fd, H = cfg.n_experts, cfg.dim, cfg.moe_hidden, cfg.ffn_hidden, cfg.n_heads
+    E, D, F, Fd = cfg.n_experts, cfg.dim, cfg.moe_hidden, cfg.ffn_hidden
     assert {n: tuple(p.shape) for n, p in model.named_parameters()} == {
         "tok_embeddings.weight": (cfg.vocab_size, D),
         "layers.0.attention_norm.weight": (D,), "layers.0.attention.qkv_linear.wqkv.weight": (3 * D, D),
