@@ -35,17 +35,23 @@ MODE_DEFAULTS: dict[str, Any] = {
     "layer_every": 2, "submodule_ac": "selective", "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
     "memory_budget": 0.5,
 }
-# mode="remat" reads three of the options too, with torch_remat's defaults (it refuses preserve_rng_state=True of
-# its own: the toolkit gives that flag remat's meaning, a RecomputeStateHook).
-REMAT_DEFAULTS: dict[str, Any] = {"preserve_rng_state": False, "determinism_check": "none",
+# mode="remat" reads three of the options too, with torchtitan main's `ActivationRematConfig` defaults
+# (distributed/activation_checkpoint.py at 03d9819f3416: determinism_check "default", preserve_rng_state False).
+REMAT_DEFAULTS: dict[str, Any] = {"preserve_rng_state": False, "determinism_check": "default",
                                   "save_regions": (), "recompute_regions": ()}
 
-# torchtitan main's SelectiveActivationRematConfig (docs/remat.md, PR #4497): keep every region but the routed
-# experts' first grouped projection. The toolkit's experts are one module (w1, w3 and w2 together), so on its
-# model the pattern that matches is the experts module's; torchtitan's own name is kept for models that have it.
-REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {
-    "save_regions": ("*",),
-    "recompute_regions": ("*routed_experts.w13*", "*routed_experts.inner_experts", "*moe.experts")}
+# torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
+# routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
+# keeps none but the regions the model code always keeps.
+REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {"save_regions": ("*",), "recompute_regions": ("*routed_experts.w13.*",)}
+REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions": ()}
+
+# main's reasons, word for word, for the two options its remat configs refuse.
+REMAT_REFUSED = {
+    "preserve_rng_state": ("torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
+                           "a torch_remat RecomputeStateHook for random state used in retained regions."),
+    "debug": "torch_remat activation checkpointing does not support the debug option.",
+}
 
 
 def mode_default(name: str, mode: str) -> Any:
@@ -67,19 +73,21 @@ class ACConfig:
     "per_submodule" (attention and moe/feed_forward wrapped separately, as torchtitan's 2025 FlexAttention
     workaround did); "memory_budget" (no wrapping: the compile partitioner's activation budget); "custom"
     (each block with `policy` or `save_ops`); "remat" (torchtitan main's torch_remat: each block's `forward`
-    replaced by `torch_remat.checkpoint`, its modules declared as regions kept or recomputed by
+    replaced by `torch_remat.checkpoint`, the regions its model code declares kept or recomputed by
     `save_regions` / `recompute_regions`; `pip install torch-remat`)."""
     preserve_rng_state: bool | None = None
     """Modes that wrap: stash and restore the RNG state around recompute (default True, torchtitan's since
-    PR #2380). "remat": install a `RecomputeStateHook` that snapshots torch's RNG state at region entry and after
-    every kept region and restores it in recompute (default False, as torch_remat and torchtitan main; remat has
-    no flag, and such hooks do not work under compile)."""
+    PR #2380). "remat": default False, as in torchtitan main, whose configs (and `remat_selective()` /
+    `remat_full()`) refuse True; here True installs the toolkit's own `RecomputeStateHook`, which snapshots torch's
+    RNG state at region entry and after every kept region and restores it in recompute (such hooks do not work
+    under compile)."""
     early_stop: bool | None = None
     """Modes that wrap: stop the recompute once every needed tensor exists (default False, as torchtitan
     hard-codes: leak C19)."""
     determinism_check: Literal["default", "none"] | None = None
     """Modes that wrap and "remat": "default" compares shape/dtype/device of recomputed tensors with the
-    forward's; "none" skips it (default "default"; "none" for remat, whose default it is)."""
+    forward's; "none" skips it (default "default", also for remat: torchtitan main's `ActivationRematConfig`
+    passes "default" to `torch_remat.checkpoint`, whose own default is "none")."""
     debug: bool | None = None
     """Modes that wrap: torch.utils.checkpoint's debug traces (default False); torch refuses it together with a
     SAC policy (C24)."""
@@ -104,10 +112,13 @@ class ACConfig:
     """"custom" only: ops to save (MUST_SAVE); every other op is recomputed."""
     save_regions: tuple[str, ...] | None = None
     """"remat" only: shell-style patterns (fnmatch) of region names, relative to a block, to keep — a kept region
-    saves its activations and is skipped in recompute. Regions are the block's modules that hold weights
-    (`attention.wq`, `feed_forward.w1`, `moe.routed_experts.inner_experts`, `moe.shared_experts.w2` …; norms
-    excluded) plus `moe.router`, which is always kept (torchtitan main's routing decision: recompute never
-    re-routes). Default () keeps nothing else: remat's full recompute. `("*",)` keeps every region."""
+    saves its activations and is skipped in recompute. The regions are those the model's code declares, as
+    torchtitan main declares them: `<fqn>.linear` per Linear (`attention.wq.linear`, main's
+    `attention.qkv_linear.wqkv.linear`, `moe.router.gate.linear`, `moe.shared_experts.w2.linear` …),
+    `<fqn>.grouped_mm` per grouped matmul (`moe.routed_experts.w13.grouped_mm`, `…w2.grouped_mm`),
+    `attention.inner_attention`, and `routing_decision`, `ffn_residual`, `moe.shared_add`, which are always kept.
+    Default () keeps nothing else: `remat_full()`. `("*",)` keeps every region. A literal name that matches no
+    region is refused; a wildcard that matches none is ignored, as in main."""
     recompute_regions: tuple[str, ...] | None = None
     """"remat" only: patterns of regions to recompute even when `save_regions` matches them (they win). torchtitan
     main's selective policy is `ACConfig.remat_selective()`."""
@@ -120,6 +131,10 @@ class ACConfig:
         check_choice(own, "mode", self.mode, literal_choices(ACConfig, "mode"))
         self._check_types()
         # Only now, with every value well-formed: is it meaningful for this mode? Then fill the mode's defaults.
+        if self.mode == "remat" and self.debug:
+            raise ConfigError(own, "debug", REMAT_REFUSED["debug"], "drop debug (torchtitan main refuses it too).")
+        if self.mode == "remat" and self.debug is False:
+            object.__setattr__(self, "debug", None)  # main's default, which its remat configs accept
         for name, modes in _option_modes(self.submodule_ac).items():
             if self.mode not in modes and self._is_set(name):
                 if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
@@ -201,9 +216,29 @@ class ACConfig:
 
     @classmethod
     def remat_selective(cls, **options: Any) -> "ACConfig":
-        """torchtitan main's `SelectiveActivationRematConfig`: every region kept but the routed experts' first
-        projection (on the toolkit's model: the experts module, which holds w1, w3 and w2)."""
-        return cls(mode="remat", **{**REMAT_SELECTIVE, **options})
+        """torchtitan main's `SelectiveActivationRematConfig`, unchanged: save `("*",)`, recompute
+        `("*routed_experts.w13.*",)` (the routed experts' w13 grouped matmul; w2 and everything else declared is
+        kept), determinism check "default", `preserve_rng_state=False`. A fixed policy, as in main."""
+        return cls._fixed("SelectiveActivationRematConfig", REMAT_SELECTIVE, options)
+
+    @classmethod
+    def remat_full(cls, **options: Any) -> "ACConfig":
+        """torchtitan main's `FullActivationRematConfig`: save `()` — every block recomputed but the regions the
+        model code always keeps (`routing_decision`, `ffn_residual`, `moe.shared_add`)."""
+        return cls._fixed("FullActivationRematConfig", REMAT_FULL, options)
+
+    @classmethod
+    def _fixed(cls, owner: str, policy: dict[str, tuple[str, ...]], options: dict[str, Any]) -> "ACConfig":
+        for name, why in REMAT_REFUSED.items():
+            if options.get(name):
+                raise ConfigError(owner, name, why, f"drop {name} (torchtitan main refuses it too).")
+        options.pop("debug", None)  # debug=False is main's default: nothing to set
+        for name in policy:
+            if name in options and tuple(options[name]) != policy[name]:
+                raise ConfigError(owner, name, f"{owner} is a fixed policy (torchtitan main's).",
+                                  "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
+                                  "it, as main's ActivationRematConfig.")
+        return cls(mode="remat", **{**policy, **options})
 
     def _is_set(self, name: str) -> bool:
         value = getattr(self, name)
@@ -366,10 +401,9 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
                                                        f"layers.{key}.{child}"))
                     wrapped.append(f"layers.{key}.{child}")
     elif cfg.mode == "remat":
-        from .remat import apply_remat, check_patterns, regions
+        from .remat import apply_remat, check_patterns, region_names
 
-        region_names = {name for _, block in layer_items for name, _ in regions(block)}
-        check_patterns(cfg, region_names)
+        check_patterns(cfg, {name for _, block in layer_items for name in region_names(block)})
         try:
             for key, block in layer_items:
                 rec.ac_patched.extend(apply_remat(block, f"layers.{key}", cfg))
