@@ -30,7 +30,8 @@ DENSE_FULL = Cell("dense", "full")
 
 
 def _env(**extra):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # A terminal width of its own: the summary cuts its lines to the terminal, and pytest-xdist's workers say 80.
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "COLUMNS": "160"}
     env.update(extra)
     return env
 

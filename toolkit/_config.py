@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Callable
 
 
 class ConfigError(ValueError):
@@ -24,10 +24,25 @@ def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[An
 
 
 def check_int(owner: str, field: str, value: Any, minimum: int | None = None) -> None:
+    """A whole number (not a bool), at or above `minimum`: the one home of every such check."""
+    at_least = f" >= {minimum}" if minimum is not None else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(owner, field, f"{value!r} is not an int.", "pass a whole number.")
+        raise ConfigError(owner, field, f"{value!r} is not a whole number{at_least}.",
+                          f"pass e.g. {field}={max(1, minimum or 0)}.")
     if minimum is not None and value < minimum:
-        raise ConfigError(owner, field, f"{value} is below {minimum}.", f"pass a value >= {minimum}.")
+        raise ConfigError(owner, field, f"{value} is not a whole number{at_least} (it is below {minimum}).",
+                          f"pass e.g. {field}={max(1, minimum)}.")
+
+
+def check_seconds(owner: str, field: str, value: Any) -> None:
+    """A time limit: None (no limit) or a finite number of seconds above 0 — never NaN, inf or a bool."""
+    import math
+
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(owner, field, f"{value!r} is not a positive number of seconds.",
+                          f"pass e.g. {field}=600, or None for no limit.")
 
 
 def check_bool(owner: str, field: str, value: Any) -> None:
@@ -46,6 +61,29 @@ def check_number(owner: str, field: str, value: Any, *, minimum: float, inclusiv
     if value < minimum or (not inclusive and value == minimum):
         bound = f">= {minimum}" if inclusive else f"> {minimum}"
         raise ConfigError(owner, field, f"{value!r} is not {bound}.", f"pass e.g. {example}.")
+
+
+def arg_type(check: Callable[[Any], None], *, convert: Callable[[str], Any] = float, example: str = "") -> Callable[[str], Any]:
+    """An argparse `type=` made of a config check, so a flag and the API refuse the same values with the same
+    words: the text is converted, checked, and a failure names the text as typed (`-1 is not a positive number
+    of seconds (e.g. --timeout-s 600)`)."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            kind = "whole number" if convert is int else "number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind}" + (f" (e.g. {example})" if example else "")) \
+                from None
+        try:
+            check(value)
+        except ConfigError as e:
+            problem = e.problem.replace(repr(value), text, 1).rstrip(".")
+            raise argparse.ArgumentTypeError(problem + (f" (e.g. {example})" if example else "")) from None
+        return value
+
+    return parse
 
 
 def literal_choices(cls: type, field: str) -> tuple[Any, ...]:

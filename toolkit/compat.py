@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
@@ -672,12 +672,21 @@ def set_lru_cache(enabled: bool) -> None:
 # --- configs and flags ---------------------------------------------------------------------------------------
 
 
-def compiler_configs() -> list[Any]:
-    """The config modules whose values the toolkit may patch: Dynamo, functorch (AOTAutograd), Inductor."""
+class CompilerConfigs(NamedTuple):
+    """The config modules whose values the toolkit may patch."""
+
+    dynamo: Any
+    functorch: Any
+    """AOTAutograd's (`torch._functorch.config`)."""
+    inductor: Any
+
+
+def compiler_configs() -> CompilerConfigs:
+    """Dynamo's, AOTAutograd's and Inductor's config modules (a tuple of the three, by name)."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    return [torch._dynamo.config, functorch_config, inductor_config]
+    return CompilerConfigs(torch._dynamo.config, functorch_config, inductor_config)
 
 
 def checkpoint_early_stop() -> Any:

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
-from .._config import ConfigError
+from .._config import ConfigError, check_int
 from ..measure import Report, Scenario, run
 from ..measure.isolate import crashed_report, kill_live
-from .matrix import Cell
+from .cells import Cell
 
 EXECUTORS = ("local", "submitit", "ray")
 
@@ -51,11 +51,6 @@ class Executor:
         return self.name
 
 
-def _check_positive(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(owner, name, f"{value!r} is not a whole number >= {minimum}.", f"pass e.g. {name}={max(1, minimum)}.")
-
-
 # ------------------------------------------------------------------------------------------------------- local
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +67,7 @@ class LocalExecutor(Executor):
     """Measures one scenario instead of the isolated run (tests, custom measurement)."""
 
     def __post_init__(self) -> None:
-        _check_positive("LocalExecutor", "workers", self.workers)
+        check_int("LocalExecutor", "workers", self.workers, 1)
 
     def describe(self) -> str:
         if self.runner is not None:
@@ -214,11 +209,11 @@ class SubmititExecutor(Executor):
         if self.cluster not in (None, "slurm", "local", "debug"):
             raise ConfigError(own, "cluster", f"{self.cluster!r} is not a submitit cluster.",
                               "pass None (auto), 'slurm', 'local' or 'debug'.")
-        _check_positive(own, "time_min", self.time_min)
-        _check_positive(own, "gpus_per_cell", self.gpus_per_cell, 0)
-        _check_positive(own, "cpus_per_cell", self.cpus_per_cell)
-        _check_positive(own, "cells_per_job", self.cells_per_job)
-        _check_positive(own, "array_parallelism", self.array_parallelism)
+        check_int(own, "time_min", self.time_min, 1)
+        check_int(own, "gpus_per_cell", self.gpus_per_cell, 0)
+        check_int(own, "cpus_per_cell", self.cpus_per_cell, 1)
+        check_int(own, "cells_per_job", self.cells_per_job, 1)
+        check_int(own, "array_parallelism", self.array_parallelism, 1)
 
     def _executor(self, folder: pathlib.Path | None):
         try:
@@ -293,8 +288,8 @@ class RayExecutor(Executor):
     """Extra `ray.init` arguments (e.g. {"runtime_env": {...}})."""
 
     def __post_init__(self) -> None:
-        _check_positive("RayExecutor", "cpus_per_cell", self.cpus_per_cell)
-        _check_positive("RayExecutor", "cells_per_task", self.cells_per_task)
+        check_int("RayExecutor", "cpus_per_cell", self.cpus_per_cell, 1)
+        check_int("RayExecutor", "cells_per_task", self.cells_per_task, 1)
 
     def describe(self) -> str:
         return f"ray ({self.address or 'this machine'})"

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import ConfigError, check_int
+from .._config import check_int, check_seconds
 from .report import Report, fmt_bytes, fmt_measured_bytes
 from .scenario import Scenario
 
@@ -71,8 +71,7 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
     if not isinstance(scenario, Scenario):
         raise TypeError(f"run_distributed() needs a Scenario, got {type(scenario).__name__}")
     check_int("run_distributed", "nproc", nproc, 1)
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ConfigError("run_distributed", "timeout_s", f"{timeout_s!r} is not a positive number.", "pass e.g. 900.")
+    check_seconds("run_distributed", "timeout_s", timeout_s)
     with tempfile.TemporaryDirectory(prefix="toolkit-ranks-") as tmp:
         spec = pathlib.Path(tmp, "scenario.json")
         spec.write_text(scenario.to_json())

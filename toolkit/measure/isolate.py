@@ -1,7 +1,8 @@
 """`run(scenario, isolate=True)`: the step in a subprocess, so a segfault, abort or hang comes back as a `crashed` / `timeout` Report.
 
-The subprocess gets its Scenario on stdin and sends its Report back on stdout (`worker.py`): nothing is written to
-disk, so a `kill -9` of either side leaves no temp folder behind, and the worker dies with its parent.
+The subprocess gets its Scenario on stdin and sends its Report back on stdout (`worker.py`, over `channel.py`):
+nothing is written to disk, so a `kill -9` of either side leaves no temp folder behind, and the worker dies with
+its parent. `crashed_report`, `timeout_report` and `parse_result` also serve the warm pool's children.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import threading
 import time
 from typing import Callable
 
+from . import channel
 from .environment import environment
 from .report import ErrorInfo, Report, ScenarioRecord, Timing
 from .scenario import Scenario
-from .worker import PARENT_ENV
 
 
 _live: set[subprocess.Popen] = set()
@@ -34,16 +35,6 @@ def kill_live() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def cell_env(threads: int | None) -> dict[str, str]:
-    """The environment a cell runs with: the caller's, its intra-op thread cap, and who its parent is."""
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOOLKIT_THREADS=str(threads),
-                   TORCHINDUCTOR_COMPILE_THREADS=str(threads))
-    env[PARENT_ENV] = str(os.getpid())
-    return env
-
-
 def run_isolated(scenario: Scenario, timeout_s: float | None, on_stage: Callable[[str], None] | None = None,
                  threads: int | None = None) -> Report:
     """A fresh Python per call (torch imported each time); `toolkit.measure.forkserver` is the warm variant."""
@@ -52,7 +43,7 @@ def run_isolated(scenario: Scenario, timeout_s: float | None, on_stage: Callable
     # Its own session, so a timeout kills the worker's own children too (Inductor's compile workers); it still
     # dies with this process (PR_SET_PDEATHSIG, set by the worker), so it is never left running on its own.
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env=cell_env(threads))
+                            start_new_session=True, env=channel.child_env(dict(os.environ), threads))
     with _live_lock:
         _live.add(proc)
     try:
@@ -76,7 +67,7 @@ def run_isolated(scenario: Scenario, timeout_s: float | None, on_stage: Callable
 def parse_result(scenario: Scenario, out: bytes, err: bytes, returncode: int,
                  on_stage: Callable[[str], None] | None = None) -> Report:
     """The Report a worker sent on its channel, or a `crashed` Report naming how it died."""
-    stages, report = _lines(out)
+    stages, report = channel.read(out)
     if on_stage:
         for s in stages:
             on_stage(s)
@@ -90,7 +81,7 @@ def parse_result(scenario: Scenario, out: bytes, err: bytes, returncode: int,
 
 
 def timeout_report(scenario: Scenario, timeout_s: float | None, out: bytes, seconds: float) -> Report:
-    stages, _ = _lines(out)
+    stages, _ = channel.read(out)
     return Report(outcome="timeout", scenario=ScenarioRecord.of(scenario), environment=environment(),
                   error=ErrorInfo("Timeout", f"no result after {timeout_s:g} s", stages[-1] if stages else "build"),
                   timing=Timing(first_step_s=round(seconds, 2)))
@@ -99,16 +90,3 @@ def timeout_report(scenario: Scenario, timeout_s: float | None, out: bytes, seco
 def crashed_report(scenario: Scenario, why: str, stage: str = "build") -> Report:
     return Report(outcome="crashed", scenario=ScenarioRecord.of(scenario), environment=environment(),
                   error=ErrorInfo("Crash", why, stage))
-
-
-def _lines(out: bytes) -> tuple[list[str], str | None]:
-    stages, report = [], None
-    for line in (out or b"").decode(errors="replace").split("\n"):
-        if line.startswith("stage "):
-            stages.append(line[6:].strip())
-        elif line.startswith("report "):
-            report = line[7:]
-    # A torn last line (the worker killed mid-write) has no newline: the split leaves it last and unparsable.
-    if report is not None and not (out or b"").endswith(b"\n"):
-        report = None
-    return stages, report

@@ -134,6 +134,17 @@ class CompileInfo:
 
 
 @dataclass(frozen=True)
+class Transforms:
+    """What the toolkit's transforms did to the model, by canonical name (empty for torchtitan's own transforms and
+    for `measure` of a user's module, whose structure the toolkit did not make)."""
+
+    checkpointed: tuple[str, ...] = ()
+    """Modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`."""
+    compiled: tuple[str, ...] = ()
+    """Compile targets ("" = the whole model)."""
+
+
+@dataclass(frozen=True)
 class Memory:
     device: str = "cpu"
     peak_bytes: int = 0
@@ -212,6 +223,7 @@ class Report:
     blind_spots: tuple[str, ...] = ()
     """What this Report cannot see on this torch (a private API missing or changed), one sentence each."""
     distributed: Distributed = field(default_factory=Distributed)
+    transforms: Transforms = field(default_factory=Transforms)
     schema_version: int = SCHEMA_VERSION
 
     @property

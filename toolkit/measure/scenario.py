@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import ConfigError, check_bool, check_choice
+from .._config import ConfigError, check_bool, check_choice, check_int
 from ..models import ModelConfig, build_model
 from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
@@ -67,8 +67,7 @@ class Scenario:
         own = "Scenario"
         check_choice(own, "stack", self.stack, STACKS)
         check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
-        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
-            raise ConfigError(own, "ep", f"{self.ep!r} is not a whole number >= 1.", "pass ep=1 (no expert parallel) or ep=2.")
+        check_int(own, "ep", self.ep, 1)
         if self.ep > 1 and self.stack != "torchtitan":
             raise ConfigError(own, "ep", "expert parallel runs torchtitan's own token dispatcher and parallelize.",
                               "pass stack='torchtitan' with ep, or ep=1.")
@@ -95,6 +94,9 @@ class Scenario:
         if self.recipe is not None:
             if self.recipe not in RECIPES:
                 raise ConfigError(own, "recipe", f"{self.recipe!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
+            why = RECIPES[self.recipe].missing()
+            if why:
+                raise ConfigError(own, "recipe", f"{self.recipe!r} {why}", "install it, or pick another recipe.")
             if self.ac != ACConfig() or self.compile != CompileConfig():
                 raise ConfigError(own, "recipe", "a recipe applies its own AC and compile, but ac/compile were set too.",
                                   "drop ac/compile, or drop recipe.")
@@ -102,8 +104,7 @@ class Scenario:
                 raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a backend.",
                                   f"use one of {', '.join(BACKENDS)}.")
         check_ac_compile(self.ac, self.compile)
-        if isinstance(self.steady_steps, bool) or not isinstance(self.steady_steps, int) or self.steady_steps < 0:
-            raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
+        check_int(own, "steady_steps", self.steady_steps, 0)
         self.model_config  # validates device/seed overrides
 
     def _check_torchtitan(self) -> None:

@@ -19,12 +19,12 @@ from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
-from ..transforms import ACConfig, CompileConfig
-from ..transforms.ac import MODE_DEFAULTS
 from ..stacks import torchtitan as titan
+from ..transforms import ACConfig, CompileConfig
+from ..transforms.ac import MODES, MemoryBudgetAC, PerSubmoduleAC, RematAC, SelectiveLayerAC
 from ..transforms.compile import BACKENDS, SCOPES
 from ..transforms.fsdp import FSDP_MODES
-from ..transforms.recipes import NEEDS, RECIPES
+from ..transforms.recipes import RECIPES
 from . import display
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
@@ -59,21 +59,20 @@ class Explorer:
                                        description="experts impl", style=style),
             # "custom" needs a policy function, which a dropdown cannot give.
             # "remat" only where torch_remat is installed.
-            "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"
+            "ac_mode": W.Dropdown(options=[mode for mode in MODES if mode != "custom"
                                            and (mode != "remat" or compat.available("torch_remat"))],
                                   value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
             "remat_policy": W.Dropdown(options=[("full recompute", "full"), ("torchtitan main selective", "selective")],
-                                       value="selective" if ac.mode == "remat" and ac.save_regions else "full",
+                                       value="selective" if isinstance(ac, RematAC) and ac.save_regions else "full",
                                        description="remat policy", style=style),
-            # Mode-specific options are None unless their mode is chosen; the controls show the mode's default.
-            "layer_every": W.IntSlider(value=ac.layer_every or MODE_DEFAULTS["layer_every"], min=1, max=4,
+            # A mode's options exist on its own config only; the controls of the other modes show their defaults.
+            "layer_every": W.IntSlider(value=_option(ac, SelectiveLayerAC, "layer_every"), min=1, max=4,
                                        description="every N-th", style=style),
-            "submodule_ac": W.Dropdown(options=list(literal_choices(ACConfig, "submodule_ac")),
-                                       value=ac.submodule_ac or MODE_DEFAULTS["submodule_ac"],
+            "submodule_ac": W.Dropdown(options=list(literal_choices(PerSubmoduleAC, "submodule_ac")),
+                                       value=_option(ac, PerSubmoduleAC, "submodule_ac"),
                                        description="submodule AC", style=style),
-            "memory_budget": W.FloatSlider(value=MODE_DEFAULTS["memory_budget"] if ac.memory_budget is None
-                                           else ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
-                                           continuous_update=False, style=style),
+            "memory_budget": W.FloatSlider(value=_option(ac, MemoryBudgetAC, "memory_budget"), min=0.0, max=1.0,
+                                           step=0.05, description="budget", continuous_update=False, style=style),
             "scope": W.Dropdown(options=list(SCOPES), value=c.scope if isinstance(c.scope, str) else "none",
                                 description="compile scope", style=style),
             "backend": W.Dropdown(options=list(BACKENDS), value=c.backend if isinstance(c.backend, str) else "aot_eager",
@@ -86,7 +85,7 @@ class Explorer:
             "capture_dynamic_output_shape_ops": W.Checkbox(value=c.capture_dynamic_output_shape_ops,
                                                            description="capture dynamic shapes"),
             "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] +
-                                 [(k, k) for k in RECIPES if k not in NEEDS or compat.available(NEEDS[k])],
+                                 [(k, k) for k, r in RECIPES.items() if r.missing() is None],
                                  value=s.recipe or NO_RECIPE, description="recipe", style=style),
             "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style),
         }
@@ -144,18 +143,13 @@ class Explorer:
             return Scenario(stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp,
                             fsdp=v["fsdp"])
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
-        layout = "torchtitan_2025" if (recipe or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
         model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
                             n_experts=v["n_experts"], top_k=v["top_k"], experts_impl=v["experts_impl"],
-                            moe_hidden=v["dim"], ffn_hidden=2 * v["dim"],
-                            # The 2025 recipes rebuild PR #2052's era and its layout, whose grouped_mm experts
-                            # compile only in bfloat16 on CPU (C14); the 0.3.0 layout casts inside the experts.
-                            layout=layout,
-                            dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and layout == "torchtitan_2025"
-                            and (v["scope"] != "none" or recipe) else "float32",
-                            experts_graph_break=recipe == "torchtitan_2025_09")
+                            moe_hidden=v["dim"], ffn_hidden=2 * v["dim"])
         if recipe:
-            return Scenario(model=model, recipe=recipe, recipe_backend=v["backend"], fsdp=v["fsdp"])
+            # The recipe's own rules for its model (its era's layout, dtype, stand-in FSDP hook), as the matrix uses.
+            return Scenario(model=RECIPES[recipe].model_config(model, fsdp=v["fsdp"]), recipe=recipe,
+                            recipe_backend=v["backend"], fsdp=v["fsdp"])
         mode = v["ac_mode"]
         # Only the options the chosen mode reads: ACConfig refuses the others.
         options = {"selective_layer": {"layer_every": v["layer_every"]}, "per_submodule": {"submodule_ac": v["submodule_ac"]},
@@ -275,6 +269,11 @@ def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -
 
     bundle = export(report, path, scenario=scenario)
     return bundle.script, bundle.notebook
+
+
+def _option(ac: ACConfig, mode: type[ACConfig], name: str) -> Any:
+    """`ac`'s value of a mode option when `ac` is that mode's config, else the mode's default."""
+    return getattr(ac, name) if isinstance(ac, mode) else getattr(mode(), name)
 
 
 def _setup(scenario: Scenario) -> tuple:

@@ -151,7 +151,7 @@ def check_ac_compile(ac, cfg: CompileConfig) -> None:
                               "it, so a compiled block always compiles its remat checkpoint: compile(AC(x)) only.",
                               "pass order=None or 'compile_outside', or compile inside the blocks (scope='attention', "
                               "'moe', …), torchtitan main's way.")
-    if ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
+    if getattr(ac, "wrap_inductor_compiled_regions", False) and cfg.enabled and cfg.backend != "inductor":
         raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
                           f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
 
@@ -246,7 +246,7 @@ def _compile_kwargs(cfg: CompileConfig, model: nn.Module, name: str) -> dict[str
     kwargs: dict[str, Any] = dict(backend=cfg.backend, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
     options = dict(cfg.inductor_options)
     ac = applied(model).ac
-    if cfg.backend == "inductor" and ac is not None and ac.wrap_inductor_compiled_regions:
+    if cfg.backend == "inductor" and getattr(ac, "wrap_inductor_compiled_regions", False):
         options.setdefault("wrap_inductor_compiled_regions", True)
     if options:
         kwargs["options"] = options

@@ -177,15 +177,22 @@ def force_recompute_shapes(module: nn.Module, fqn_substrings: tuple[str, ...],
     return frozenset(shapes)
 
 
-def sac_context_fn(cfg: Any, module: nn.Module, base_fqn: str = "") -> Callable[[], Any]:
-    """A `context_fn` for `torch.utils.checkpoint` that builds a fresh policy per checkpoint call (its matmul
-    counters start at 0 in every block and every recompute, as torchtitan's do)."""
-    if cfg.mode == "custom" and cfg.policy is not None:
-        policy = cfg.policy
-        return lambda: create_selective_checkpoint_contexts(policy)
-    if cfg.mode == "custom":
-        ops = frozenset(cfg.save_ops)
-        return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
-    save = default_save_ops() | frozenset(cfg.extra_save_ops)
-    shapes = force_recompute_shapes(module, cfg.force_recompute_mm_shapes_by_fqns, base_fqn)
+def per_op_context(extra_save_ops: tuple[Any, ...], fqn_substrings: tuple[str, ...], module: nn.Module,
+                   base_fqn: str = "") -> Callable[[], Any]:
+    """A `context_fn` for `torch.utils.checkpoint` with torchtitan's per-op policy for `module` (named `base_fqn`):
+    a fresh policy per checkpoint call, so its matmul counters start at 0 in every block and every recompute, as
+    torchtitan's do."""
+    save = default_save_ops() | frozenset(extra_save_ops)
+    shapes = force_recompute_shapes(module, fqn_substrings, base_fqn)
     return lambda: create_selective_checkpoint_contexts(SelectiveOpPolicy(save, shapes))
+
+
+def save_ops_context(save_ops: tuple[Any, ...]) -> Callable[[], Any]:
+    """A `context_fn` saving exactly `save_ops`."""
+    ops = frozenset(save_ops)
+    return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
+
+
+def custom_context(policy: Callable[..., CheckpointPolicy]) -> Callable[[], Any]:
+    """A `context_fn` with a user's own policy, used as given."""
+    return lambda: create_selective_checkpoint_contexts(policy)

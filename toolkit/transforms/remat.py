@@ -98,11 +98,11 @@ def _region_call(remat: Any, original: Any, name: str, keep: bool):
     return call
 
 
-def apply_remat(block: nn.Module, block_name: str, cfg: Any) -> list[str]:
-    """Replace `block.forward` by a torch_remat checkpoint named `block_name` and declare its regions; returns the
-    canonical names (block first) of every module whose `forward` was replaced."""
+def apply_remat(block: nn.Module, block_name: str, cfg: Any, undo: list[tuple[str, str]]) -> None:
+    """Replace `block.forward` by a torch_remat checkpoint named `block_name` and declare its regions, appending
+    `("patched", canonical name)` to `undo` for each module as its `forward` is replaced — so that a failure
+    half-way (remat refusing the checkpoint) leaves nothing patched once `undo` is replayed."""
     remat = compat.remat()
-    patched: list[str] = []
     declared = regions(block)
     for name, m in [("", block)] + declared:
         if "forward" in m.__dict__:
@@ -110,12 +110,13 @@ def apply_remat(block: nn.Module, block_name: str, cfg: Any) -> list[str]:
                                "applied by hand?); toolkit.apply_ac would replace it. Remove it first.")
     for name, m in declared:
         m.forward = _region_call(remat, m.forward, name, kept(name, cfg.save_regions, cfg.recompute_regions))
-        patched.append(f"{block_name}.{name}")
+        undo.append(("patched", f"{block_name}.{name}"))
     hooks = (TorchRNGState(),) if cfg.preserve_rng_state else ()
-    block.forward = remat.checkpoint(region_name=block_name, determinism_check=cfg.determinism_check,
-                                     recompute_state_hooks=hooks)(block.forward)
+    checkpointed = remat.checkpoint(region_name=block_name, determinism_check=cfg.determinism_check,
+                                    recompute_state_hooks=hooks)(block.forward)
+    block.forward = checkpointed
     setattr(block, RECOMPUTES_FORWARD, True)
-    return [block_name] + patched
+    undo.append(("patched", block_name))
 
 
 def remove_remat(module: nn.Module) -> None:

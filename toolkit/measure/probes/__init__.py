@@ -106,7 +106,7 @@ class Probes:
             stack.enter_context(self.modules.hooks())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
             # A warm AOTAutograd cache skips the partition we read; the graphs themselves are unchanged.
-            stack.enter_context(compat.compiler_configs()[1].patch(enable_autograd_cache=False))
+            stack.enter_context(compat.compiler_configs().functorch.patch(enable_autograd_cache=False))
             yield
 
     @contextlib.contextmanager
