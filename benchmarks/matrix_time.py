@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from toolkit.analysis.matrix import quick_cells  # noqa: E402
+from toolkit.analysis.cells import quick_cells  # noqa: E402
 from toolkit.analysis.sweeps import sweep  # noqa: E402
 
 

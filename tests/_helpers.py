@@ -28,7 +28,8 @@ def break_count():
 def synthetic_matrix():
     """A MatrixResult with one cell of every classification, built from hand-made Reports (nothing runs): for the
     heatmap, the page and its browser test. Returns `(result, {classification: cell})`."""
-    from toolkit.analysis.matrix import Cell, MatrixResult, Row
+    from toolkit.analysis.cells import Cell
+    from toolkit.analysis.matrix import MatrixResult, Row
     from toolkit.measure.report import (CompileInfo, ErrorInfo, GraphBreak, Memory, Numerics, Report, Saved,
                                         ScenarioRecord)
 

@@ -323,3 +323,57 @@ def test_ac_config_json_round_trip():
     assert ACConfig.from_dict(cfg2.to_dict()) == cfg2
     with pytest.raises(ConfigError, match="callable"):
         ACConfig.from_dict(ACConfig(mode="custom", policy=print).to_dict())
+
+
+def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
+    """`ACConfig(mode=...)` is the one entry point; it builds the mode's own class (`MODES`), which holds only its
+    options and applies itself, and round-trips through the same JSON record as before the split."""
+    from toolkit.transforms.ac import MODES, FullAC, NoAC, RematAC, SelectiveOpAC
+
+    assert list(MODES) == ["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget",
+                           "custom", "remat"]
+    assert type(ACConfig()) is NoAC and type(ACConfig(mode="full")) is FullAC and FullAC() == ACConfig(mode="full")
+    assert type(ACConfig(mode="selective_op")) is SelectiveOpAC and isinstance(FullAC(), ACConfig)
+    assert FullAC.options() == ("preserve_rng_state", "early_stop", "determinism_check", "debug",
+                                "wrap_inductor_compiled_regions")
+    assert RematAC.options() == ("save_regions", "recompute_regions", "preserve_rng_state", "determinism_check",
+                                 "debug")
+    for mode, cls in MODES.items():
+        if mode in ("custom", "remat"):
+            continue  # a callable cannot travel through JSON; remat is checked in test_remat
+        cfg = cls()
+        record = cfg.to_dict()
+        assert list(record) == list(ACConfig().to_dict()) and record["mode"] == mode  # one record for every mode
+        assert ACConfig.from_dict(json.loads(json.dumps(record))) == cfg
+    model = tk.build_model(moe_cfg)
+    tk.apply_ac(model, FullAC(preserve_rng_state=False))  # a class used directly is the same config
+    assert tk.applied(model).ac == ACConfig(mode="full", preserve_rng_state=False)
+    tk.remove_ac(model)
+    with pytest.raises(ConfigError, match="ACConfig.mode: FullAC is mode 'full', not 'none'"):
+        FullAC(mode="none")
+
+
+def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg, monkeypatch):
+    """The changes a mode makes go into an undo list as they are made: when wrapping the second block fails, the
+    first is unwrapped again, and the next apply_ac works."""
+    from toolkit.transforms.ac import FullAC
+
+    model = tk.build_model(moe_cfg)
+    before = [type(b) for b in model.layers.values()]
+    calls = []
+    original = FullAC.wrap
+
+    def failing(self, module, fqn, **kw):
+        calls.append(fqn)
+        if fqn == "layers.1":
+            raise RuntimeError("refused")
+        return original(self, module, fqn, **kw)
+
+    monkeypatch.setattr(FullAC, "wrap", failing)
+    with pytest.raises(RuntimeError, match="refused"):
+        tk.apply_ac(model, ACConfig(mode="full"))
+    assert calls == ["layers.0", "layers.1"] and [type(b) for b in model.layers.values()] == before
+    assert tk.applied(model).empty
+    monkeypatch.setattr(FullAC, "wrap", original)
+    tk.apply_ac(model, ACConfig(mode="full"))
+    assert tk.applied(model).ac_wrapped == ["layers.0", "layers.1"]

@@ -14,9 +14,10 @@ import time
 import pytest
 
 import toolkit as tk
-from toolkit.analysis.matrix import Cell, MatrixResult, quick_cells
+from toolkit.analysis.cells import Cell, quick_cells
+from toolkit.analysis.matrix import MatrixResult
 from toolkit.analysis.classification import EXPLAIN, SILENT, classify, describe, headline, reference_scenarios
-from toolkit.analysis.matrix import COLORS, SYMBOLS
+from toolkit.analysis.views import COLORS, SYMBOLS
 from _helpers import synthetic_matrix
 from toolkit.analysis.sweeps import load_results, sweep
 
@@ -78,7 +79,7 @@ def test_rerun_skips_finished_cells(tmp_path):
 
 def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
     script = textwrap.dedent(f"""
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         cells = [Cell("dense"), Cell("dense", "full"), Cell("dense", "selective_op"), Cell("moe:for_loop")]
         sweep(cells, out={str(tmp_path)!r}, workers=1, timeout_s=300, progress=False)
@@ -212,7 +213,7 @@ def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
 def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     """Real FSDP2 in the full sweep (PR #2052 with `fully_shard(moe.experts)` itself, C4) and torchtitan's own
     models with its own transforms (`--stack torchtitan`), measured, classified and drawn like any cell."""
-    from toolkit.analysis.matrix import full_cells, torchtitan_cells
+    from toolkit.analysis.cells import full_cells, torchtitan_cells
     from toolkit.analysis.sweeps import default_cells
 
     c4 = Cell("moe:for_loop", recipe="torchtitan_2025_09", fsdp="blocks+experts")

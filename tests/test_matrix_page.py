@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from _helpers import playwright_and_chromium, synthetic_matrix
-from toolkit.analysis.matrix import COLORS, SYMBOLS
+from toolkit.analysis.views import COLORS, SYMBOLS
 
 pytestmark = pytest.mark.browser
 

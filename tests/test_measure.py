@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from _helpers import graph_count, state_diff
+from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import toolkit as tk
@@ -391,3 +392,45 @@ def test_global_state_compares_sets_as_sets(seed):
     env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, -1, 0, "600"])
+def test_run_refuses_a_time_limit_that_is_no_number_of_seconds(bad):
+    """One check for every time limit (`_config.check_seconds`): `run` used to accept NaN, inf and True, which
+    `sweep` refused (and NaN then died in `selectors` as a raw ValueError)."""
+    with pytest.raises(tk.ConfigError, match=r"run\.timeout_s: .* is not a positive number of seconds"):
+        tk.run(tk.Scenario(), isolate=True, timeout_s=bad)
+    with pytest.raises(tk.ConfigError, match=r"sweep\.timeout_s: .* is not a positive number of seconds"):
+        tk.sweep([], timeout_s=bad, progress=False)
+
+
+def test_what_a_probe_fails_to_read_is_a_blind_spot_not_a_silent_zero(monkeypatch):
+    """A compiled graph whose partition or saved tensors the probes cannot read, and FSDP2 state that cannot be
+    read, come back as sentences in `blind_spots` (they used to be dropped with `pass` / `continue`)."""
+    from toolkit.measure.probes import compiled
+
+    def broken(*args, **kwargs):
+        raise KeyError("fw_metadata")
+
+    monkeypatch.setattr(compiled, "_graph_record", broken)
+    sc = tk.Scenario(model=tk.ModelConfig(experts_impl="masked"), compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+                     measure_memory=False, steady_steps=0)
+    r = tk.run(sc)
+    assert r.ok and any("its partition could not be read: KeyError" in b for b in r.blind_spots), r.blind_spots
+    assert "cannot see: which module and op each tensor a compiled graph saves comes from" in str(r)
+
+
+def test_unreadable_fsdp_state_is_named(monkeypatch):
+    class Broken(nn.Module):
+        def _get_fsdp_state(self):
+            raise AttributeError("_fsdp_param_group")
+
+    monkeypatch.setitem(tk.compat._found, "fsdp_state", tk.compat._Found(True, "", Broken))
+    model = nn.Sequential(Broken())
+    tensors, unreadable = tk.compat.fsdp_unsharded_parameters(model)
+    assert tensors == [] and unreadable == ["0 (AttributeError)"]
+    from toolkit.measure.probes.census import parameter_storages
+
+    blind = []
+    parameter_storages(model, blind)
+    assert blind and "their state could not be read" in blind[0]

@@ -29,6 +29,55 @@ def test_default_model_has_torchtitan_0_3_0_names(moe_cfg):
     assert type(model.layers["0"].moe.routed_experts.token_dispatcher).__name__ == "LocalTokenDispatcher"
 
 
+def test_the_main_layout_has_torchtitan_mains_names_exactly():
+    """Every module, parameter and buffer name as torchtitan main's files name them (models/common/moe.py at
+    00a4c147699f; attention's qkv_linear.wqkv, w13 + w2 feed-forwards and lm_head per docs/remat.md at
+    03d9819f3416), listed in full; tests/test_torchtitan_main.py loads these weights into main's rebuilt code."""
+    cfg = ModelConfig(layout="torchtitan_main", n_layers=2, moe_layers=(1,))
+    model = tk.build_model(cfg)
+    E, D, F, Fd = cfg.n_experts, cfg.dim, cfg.moe_hidden, cfg.ffn_hidden
+    assert {n: tuple(p.shape) for n, p in model.named_parameters()} == {
+        "tok_embeddings.weight": (cfg.vocab_size, D),
+        "layers.0.attention_norm.weight": (D,), "layers.0.attention.qkv_linear.wqkv.weight": (3 * D, D),
+        "layers.0.attention.wo.weight": (D, D), "layers.0.ffn_norm.weight": (D,),
+        "layers.0.feed_forward.w13.weight": (2, Fd, D), "layers.0.feed_forward.w2.weight": (D, Fd),
+        "layers.1.attention_norm.weight": (D,), "layers.1.attention.qkv_linear.wqkv.weight": (3 * D, D),
+        "layers.1.attention.wo.weight": (D, D), "layers.1.ffn_norm.weight": (D,),
+        "layers.1.moe.router.gate.weight": (E, D),
+        "layers.1.moe.routed_experts.w13.weight": (E, 2, F, D), "layers.1.moe.routed_experts.w2.weight": (E, D, F),
+        "layers.1.moe.shared_experts.w13.weight": (2, F, D), "layers.1.moe.shared_experts.w2.weight": (D, F),
+        "norm.weight": (D,), "lm_head.weight": (cfg.vocab_size, D)}
+    assert [n for n, _ in model.named_buffers()] == ["rope", "layers.1.moe.expert_bias_E",
+                                                     "layers.1.moe.router.tokens_per_expert_E"]
+    modules = {n for n, _ in tk.named_modules(model)}
+    assert {"layers.1.moe.routed_experts.w13", "layers.1.moe.routed_experts.w2",
+            "layers.1.attention.qkv_linear"} <= modules
+    assert not any("inner_experts" in n or n.endswith((".wq", ".wk", ".wv", ".w1", ".w3")) for n in modules)
+    # The activation and the dispatcher are plain objects beside the grouped linears, as in main.
+    routed = model.layers["1"].moe.routed_experts
+    assert {type(routed.activation_fn).__name__, type(routed.token_dispatcher).__name__} == {"SwiGLU",
+                                                                                             "LocalTokenDispatcher"}
+    # The gate computes in float32 whatever the model's dtype (main's RouterGateLinear).
+    bf16 = tk.build_model(cfg.replace(dtype="bfloat16"))
+    x = torch.randn(4, D, dtype=torch.bfloat16)
+    assert bf16.layers["1"].moe.router(x, None)[0].dtype == torch.float32
+    # One seed, the same model: main's fused weights hold 0.3.0's draws, so the step is the same.
+    old = tk.build_model(cfg.replace(layout="torchtitan_0_3_0"))
+    w13 = model.layers["1"].moe.routed_experts.w13.weight
+    assert torch.equal(w13[:, 0], old.layers["1"].moe.routed_experts.inner_experts.w1_EFD)
+    assert torch.equal(w13[:, 1], old.layers["1"].moe.routed_experts.inner_experts.w3_EFD)
+    batch = tk.make_batch(cfg)
+    assert tk.train_step(model, batch).item() == pytest.approx(tk.train_step(old, batch).item(), abs=1e-6)
+
+
+def test_the_main_layout_refuses_what_main_does_not_have():
+    with pytest.raises(ConfigError, match="experts_impl.*'masked' does not exist in torchtitan main.*grouped_mm"):
+        ModelConfig(layout="torchtitan_main", experts_impl="masked")
+    with pytest.raises(ConfigError, match="token_count.*'histc' does not exist in torchtitan main"):
+        ModelConfig(layout="torchtitan_main", token_count="histc")
+    ModelConfig(layout="torchtitan_main", experts_impl="masked", moe_layers="none")  # no experts, nothing to refuse
+
+
 def test_the_2025_layout_keeps_the_names_of_pr_2052s_era():
     model = tk.build_model(ModelConfig(layout="torchtitan_2025", experts_impl="for_loop"))
     names = {n for n, _ in tk.named_modules(model)}

@@ -19,7 +19,7 @@ import pytest
 from _helpers import extra
 
 import toolkit as tk
-from toolkit.analysis.matrix import Cell, full_cells
+from toolkit.analysis.cells import Cell, full_cells
 from toolkit.analysis.sweeps import Progress, load_results, merge_results, sweep
 from toolkit.measure.forkserver import WarmPool
 from toolkit.measure.isolate import crashed_report, timeout_report
@@ -198,7 +198,7 @@ def test_merge_results_from_two_machines_by_key(tmp_path):
 def _sweep_script(out, cells, **kw):
     args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
     return textwrap.dedent(f"""
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         sweep([Cell(*c) for c in {cells!r}], out={str(out)!r}, progress=False, {args})
     """)
@@ -376,7 +376,7 @@ def test_ray_executor_in_a_loopback_only_namespace(tmp_path):
     # namespace of its own with only `lo`. The script checks every socket of every Ray process against 127.0.0.1.
     script = textwrap.dedent(f"""
         import json, os, socket, psutil, ray
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         names = [n for _, n in socket.if_nameindex()]
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -492,3 +492,26 @@ def test_central_list_command_on_a_subset_of_the_full_sweep(tmp_path):
     assert "eager | eager" not in changed and "fullgraph" not in changed
     assert "changed from another torch release (1):" in p.stdout and "was crashed on 2.99.0" in p.stdout
     assert "Changed between torch releases (1)" in (out / "matrix.html").read_text()
+
+
+def test_the_isolation_channel_has_one_format_and_one_environment():
+    """What a child sends (`stage` lines, then one `report` line) and the environment it gets (its parent, its
+    threads) come from `measure.channel` for both isolations: a fresh Python and the warm pool's children."""
+    import io
+
+    from toolkit.measure import channel
+
+    buf = io.StringIO()
+    channel.send_stage(buf, "build")
+    channel.send_stage(buf, "forward")
+    channel.send_report(buf, '{"outcome":\n"ok"}')
+    out = buf.getvalue().encode()
+    assert channel.read(out) == (["build", "forward"], '{"outcome": "ok"}')
+    assert channel.read(out[:-1]) == (["build", "forward"], None)  # a torn last line is no report
+    env = channel.child_env({"TOOLKIT_THREADS": "8", channel.PARENT_ENV: "1", "KEEP": "x"}, 2)
+    assert env == {"KEEP": "x", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "TOOLKIT_THREADS": "2",
+                   "TORCHINDUCTOR_COMPILE_THREADS": "2", channel.PARENT_ENV: str(os.getpid())}
+    assert channel.child_env({"TOOLKIT_THREADS": "8"}, None) == {channel.PARENT_ENV: str(os.getpid())}
+    for module in ("isolate", "forkserver", "worker"):
+        src = (ROOT / "toolkit" / "measure" / f"{module}.py").read_text()
+        assert "TOOLKIT_PARENT_PID" not in src and "OMP_NUM_THREADS" not in src and '"report "' not in src, module

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import pytest
 from _helpers import extra
 
 from toolkit.notebook.widgets import Explorer
@@ -164,3 +163,25 @@ def test_explorer_runs_torchtitans_own_model_and_fsdp2():
     # The toolkit's model with real FSDP2 on its experts too.
     c["stack"].value, c["fullgraph"].value, c["scope"].value, c["fsdp"].value = "toolkit", False, "none", "blocks+experts"
     assert not c["experts_impl"].disabled and ex.scenario.fsdp == "blocks+experts" and ex.scenario.stack == "toolkit"
+
+
+def test_a_recipe_gets_the_same_model_in_the_explorer_as_in_the_matrix():
+    """One owner for what a recipe needs of the model (`Recipe.model_config`): the 2025 layout, grouped_mm experts
+    in bfloat16, and PR #2052's stand-in FSDP hook only where real FSDP2 does not put its own there (the Explorer
+    used to install both)."""
+    from toolkit.analysis.cells import Cell
+
+    ex = Explorer()
+    c = ex.controls
+    c["n_layers"].value, c["dim"].value = 2, 64
+    for recipe, impl, fsdp in (("torchtitan_2025_09", "for_loop", "none"), ("torchtitan_2025_09", "for_loop", "blocks"),
+                               ("torchtitan_2025_12", "grouped_mm", "none"), ("torchtitan_0_3_0", "masked", "none")):
+        c["experts_impl"].value, c["recipe"].value, c["fsdp"].value = impl, recipe, fsdp
+        model = ex.build_scenario().model
+        cell = Cell(f"moe:{impl}", recipe=recipe, fsdp=fsdp).model_config()
+        assert (model.layout, model.dtype, model.experts_graph_break) == \
+            (cell.layout, cell.dtype, cell.experts_graph_break), (recipe, impl, fsdp)
+    c["experts_impl"].value, c["recipe"].value, c["fsdp"].value = "for_loop", "torchtitan_2025_09", "blocks"
+    assert ex.build_scenario().model.experts_graph_break is False  # FSDP2's own hook, not the stand-in too
+    c["fsdp"].value = "none"
+    assert ex.build_scenario().model.experts_graph_break is True

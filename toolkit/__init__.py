@@ -21,10 +21,22 @@ from .measure import presets, report
 from .analysis import catalogue, classify, matrix, sweep
 from . import bugs
 from .bugs import repro
-from .notebook import display, setup_notebook
-from .notebook import widgets
+from .notebook.setup import setup_notebook
 
 __version__ = "0.2.0"
+
+# The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
+_LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name])
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
 
 __all__ = [
     "compat", "ConfigError", "ACConfig", "PolicyDecision", "SelectiveOpPolicy", "apply_ac", "default_save_ops",

@@ -8,6 +8,10 @@ import os
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .measure import Scenario
 
 
 def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[str, "Scenario"]]:

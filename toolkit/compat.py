@@ -568,18 +568,22 @@ def storage_nbytes_now(weak_cdata: int) -> int | None:
     return None if st is None else st.nbytes()
 
 
-def fsdp_unsharded_parameters(model: nn.Module) -> list[torch.Tensor]:
-    """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (empty without FSDP2)."""
+def fsdp_unsharded_parameters(model: nn.Module) -> tuple[list[torch.Tensor], list[str]]:
+    """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (none without FSDP2), and
+    the names of the FSDP2 units whose state could not be read (the caller says so: those parameters would
+    otherwise count as activations)."""
     f = _found["fsdp_state"]
     if not f.ok:
-        return []
-    out = []
-    for m in model.modules():
+        return [], []
+    out: list[torch.Tensor] = []
+    unreadable: list[str] = []
+    for name, m in model.named_modules():
         if not isinstance(m, f.value):
             continue
         try:
             group = m._get_fsdp_state()._fsdp_param_group
-        except Exception:
+        except (AttributeError, RuntimeError) as e:  # the private state changed shape
+            unreadable.append(f"{name or 'the model'} ({type(e).__name__})")
             continue
         for p in getattr(group, "fsdp_params", ()) if group is not None else ():
             for attr in ("_unsharded_param", "_unsharded_inner_tensors"):
@@ -590,7 +594,7 @@ def fsdp_unsharded_parameters(model: nn.Module) -> list[torch.Tensor]:
             for t in getattr(p, "all_gather_outputs", None) or ():
                 if isinstance(t, torch.Tensor):
                     out.append(t)
-    return out
+    return out, unreadable
 
 
 def is_fsdp_module(m: nn.Module) -> bool:
@@ -624,6 +628,13 @@ def _tracking_setter(original: Callable[[bool], None]) -> Callable[[bool], None]
 
     set_lru_cache.__wrapped__ = original  # type: ignore[attr-defined]
     return set_lru_cache
+
+
+def mark_static(t: torch.Tensor, dim: int) -> None:
+    """`torch._dynamo.mark_static` while Dynamo traces (torchtitan main's SwiGLU keeps its hidden size static so
+    each size gets its own graph); nothing in eager."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.mark_static(t, dim)
 
 
 def lru_cache_enabled() -> bool | None:
@@ -812,3 +823,98 @@ def remat_recomputing() -> bool:
     """True while torch_remat replays a region in backward."""
     mod = remat()
     return bool(mod is not None and mod.is_recomputing())
+
+
+# A kept region's output that nothing reads in replay comes back from torch_remat as a storage-free placeholder,
+# poisoned with `torch._C._set_storage_data_ptr_access_error_msg` — which CPU-only torch builds lack (C31), so
+# on them every remat block with a kept trailing add (torchtitan main's `ffn_residual`) fails in backward. While
+# the toolkit's remat mode is applied on such a build, torch_remat 0.2.2's two placeholder functions are stood in
+# for: the placeholder is a real, NaN-filled buffer (made in backward, freed right after; nothing the forward
+# holds changes) that `is_placeholder` still recognises, so a wrong read shows up as NaN gradients instead of an
+# error. Builds that have the helper are left alone.
+_placeholder_users = 0
+_placeholder_originals: list[tuple[Any, str, Any]] = []
+_placeholder_storages: dict[int, Any] = {}
+
+
+def _stand_in_make_placeholder(metadata: Any, message: str, *, requires_grad: bool = False) -> torch.Tensor:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    del message  # it can only be raised by the poisoned storage this build cannot make
+    for key in [k for k, r in _placeholder_storages.items() if r.expired()]:
+        del _placeholder_storages[key]  # a freed storage's address can come back for another tensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    item = torch.empty((), dtype=metadata.dtype).element_size()
+    fill = float("nan") if metadata.dtype.is_floating_point else 0
+    # Out of sight of any dispatch mode (the probes' op counter among them): a real build makes no ops here.
+    with _disable_current_modes():
+        base = torch.full((max(1, -(-metadata.storage_nbytes // item)),), fill, dtype=metadata.dtype,
+                          device=metadata.device)
+        placeholder = torch.empty(0, dtype=metadata.dtype, device=metadata.device)
+        placeholder.set_(base.untyped_storage(), 0, torch.Size(metadata.shape), tuple(metadata.stride))
+    _placeholder_storages[placeholder.untyped_storage()._cdata] = StorageWeakRef(placeholder.untyped_storage())
+    if requires_grad:
+        placeholder.requires_grad_(True)
+    return placeholder
+
+
+def _stand_in_is_placeholder(tensor: torch.Tensor) -> bool:
+    try:
+        ref = _placeholder_storages.get(tensor.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):  # tensors without a storage (fake, functional) are no placeholder
+        return False
+    return ref is not None and not ref.expired()
+
+
+def remat_placeholders_needed() -> bool:
+    """This build cannot make torch_remat's placeholders (C31) and torch_remat's functions can be stood in for."""
+    mod = remat()
+    if mod is None or _found["storage_placeholder"].ok:
+        return False
+    import importlib
+
+    api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
+    return all(hasattr(m, n) for m, n in ((api, "_make_placeholder_tensor"), (api, "_is_placeholder"),
+                                         (view, "_is_placeholder")))
+
+
+def remat_placeholders_acquire() -> None:
+    """Stand in for torch_remat's placeholders on a build that cannot make them (counted: the first user installs,
+    the last `release` restores torch_remat's own functions)."""
+    global _placeholder_users
+    _placeholder_users += 1
+    if _placeholder_users > 1 or not remat_placeholders_needed():
+        return
+    import importlib
+
+    api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
+    for owner, name, new in ((api, "_make_placeholder_tensor", _stand_in_make_placeholder),
+                             (api, "_is_placeholder", _stand_in_is_placeholder),
+                             (view, "_is_placeholder", _stand_in_is_placeholder)):
+        _placeholder_originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+
+def remat_placeholders_release() -> None:
+    global _placeholder_users
+    _placeholder_users = max(0, _placeholder_users - 1)
+    if _placeholder_users == 0:
+        while _placeholder_originals:
+            owner, name, original = _placeholder_originals.pop()
+            setattr(owner, name, original)
+        _placeholder_storages.clear()
+
+
+@contextlib.contextmanager
+def remat_placeholders() -> Iterator[None]:
+    """`remat_placeholders_acquire` for the duration of a block (a hand-written remat model's step)."""
+    remat_placeholders_acquire()
+    try:
+        yield
+    finally:
+        remat_placeholders_release()
+
+
+def remat_placeholders_active() -> bool:
+    return bool(_placeholder_originals)

@@ -89,6 +89,12 @@ _REMAT_PLACEHOLDER_NOTE = (
     "torch_remat.recompute_needs_tensor(...) (it is then kept instead) or use a CUDA build.")
 
 
+_REMAT_STAND_IN_NOTE = (
+    "on this +cpu torch build the toolkit stands in for torch_remat's placeholders while a model with its remat "
+    "applied is alive (C31: the build lacks the helper they need): a kept region's output that nothing reads in "
+    "replay is a NaN-filled buffer made in backward instead of an AttributeError; saved bytes are unchanged")
+
+
 def _assemble(*, record: ScenarioRecord, stage: Stage, steps: StepResult | None, err: BaseException | None,
               warn: list[str], timing: dict, requested: bool, orders: dict, numerics: Numerics | None,
               transforms: Transforms) -> Report:
@@ -118,7 +124,9 @@ def _assemble(*, record: ScenarioRecord, stage: Stage, steps: StepResult | None,
                                fell_back_to_eager=bool(requested and (without or graphs == 0)),
                                regions_without_graphs=tuple(without), orders=orders)
             names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
-            blind = [compat.blind_spot(name) for name in dict.fromkeys(names)]
+            # A feature this torch lacks is named by its `compat` entry; what a probe failed to read in this step
+            # comes as its own sentence.
+            blind = [compat.blind_spot(name) if name in compat.FEATURES else name for name in dict.fromkeys(names)]
             if warm and not steps.compiled_in_step:
                 blind.append(_WARM_NOTE)
         if steps.memory is not None:
@@ -127,6 +135,8 @@ def _assemble(*, record: ScenarioRecord, stage: Stage, steps: StepResult | None,
             blind.append(compat.blind_spot("profiler_allocations"))
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
         warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
+    if compat.remat_placeholders_active():
+        warn.append(_REMAT_STAND_IN_NOTE)
     t = steps.timings if steps is not None else {}
     import torch.distributed as dist
 

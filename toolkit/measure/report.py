@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 2
-KINDS = ("autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other")
-STAGES = ("build", "ac", "compile", "forward", "backward", "measure")
-OUTCOMES = ("ok", "error", "crashed", "timeout")
+Outcome = Literal["ok", "error", "crashed", "timeout"]
+Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other"]
+KINDS: tuple[str, ...] = typing.get_args(Kind)
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,9 @@ class ScenarioRecord:
     """The ACConfig mode ("recipe" when a recipe applied AC; "unknown" for a user's module)."""
     compile_scope: str = "none"
     backend: str = "eager"
-    stack: str = "toolkit"
+    stack: Literal["toolkit", "torchtitan", "user"] = "toolkit"
     """"toolkit", "torchtitan" (its own model and transforms) or "user" (`tk.measure`)."""
-    fsdp: str = "none"
+    fsdp: Literal["none", "blocks", "blocks+experts"] = "none"
     ep: int = 1
     """Expert-parallel degree (torchtitan's own EP)."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -69,7 +71,7 @@ class SavedTensor:
     dtype: str
     bytes: int
     """Bytes of the whole storage (views of one storage count once)."""
-    kind: str
+    kind: Kind
     """"autograd" (saved by an eager op outside checkpoints), "compiled" (saved by a compiled graph),
     "sac_cache" (cached by a selective-checkpoint policy), "remat_save" (kept by a torch_remat region declared
     `recompute=False`: saved for backward, or its output persisted for the recompute), "checkpoint_input" (held
@@ -209,7 +211,7 @@ class ErrorInfo:
 
 @dataclass(frozen=True)
 class Report:
-    outcome: str = "ok"
+    outcome: Outcome = "ok"
     error: ErrorInfo | None = None
     warnings: tuple[str, ...] = ()
     scenario: ScenarioRecord = field(default_factory=ScenarioRecord)
@@ -280,8 +282,6 @@ def _plain(obj: Any) -> Any:
 
 
 def _build(cls: type, data: Any) -> Any:
-    import typing
-
     if data is None:
         return None
     hints = typing.get_type_hints(cls)
@@ -294,14 +294,12 @@ def _build(cls: type, data: Any) -> Any:
 
 
 def _convert(tp: Any, value: Any) -> Any:
-    import typing
-
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if value is None:
         return float("nan") if tp is float else None
     if dataclasses.is_dataclass(tp):
         return _build(tp, value)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+    if origin is typing.Union or origin is types.UnionType:
         for a in args:
             if a is type(None):
                 continue

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._config import ConfigError, check_bool, check_choice, check_int
 from ..models import ModelConfig, build_model
@@ -13,17 +14,18 @@ from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
-from ..transforms.fsdp import FSDP_MODES
+from ..transforms.fsdp import FSDP_MODES, FsdpMode
 from ..transforms.recipes import RECIPES, prepare, reset
 
-STACKS = ("toolkit", "torchtitan")
+Stack = Literal["toolkit", "torchtitan"]
+STACKS: tuple[str, ...] = typing.get_args(Stack)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """Everything needed to rebuild and measure one training step."""
 
-    stack: str = "toolkit"
+    stack: Stack = "toolkit"
     """Whose model and transforms: "toolkit" (its torchtitan-shaped model, its AC / compile / recipes) or
     "torchtitan" (torchtitan 0.3.0's own model from `torchtitan`, and its own `FullAC` / `SelectiveAC`,
     `apply_compile` and `apply_fsdp_to_decoder`, in the order its `parallelize_*` uses; an optional extra)."""
@@ -53,7 +55,7 @@ class Scenario:
     """Extra un-instrumented steps timed for the steady-state step time (0 skips them)."""
     memory_snapshot: str | None = None
     """CUDA only: write an allocator snapshot (for PyTorch's memory viewer) to this path."""
-    fsdp: str = "none"
+    fsdp: FsdpMode = "none"
     """Real FSDP2 after AC and compile: "none", "blocks" (torchtitan 0.3.0's units: embeddings, norm + head,
     each block, the root) or "blocks+experts" (the MoE's routed experts a unit of their own first, as in PR
     #2052's era: C4). On the default process group, or a 1-rank gloo group on 127.0.0.1 made for the run."""

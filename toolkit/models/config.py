@@ -11,7 +11,7 @@ from .._config import (ConfigError, check_bool, check_choice, check_int, check_n
 
 ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
 TokenCount = Literal["scatter", "histc", "bincount"]
-Layout = Literal["torchtitan_0_3_0", "torchtitan_2025"]
+Layout = Literal["torchtitan_0_3_0", "torchtitan_main", "torchtitan_2025"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,11 +23,18 @@ class ModelConfig:
     """
 
     layout: Layout = "torchtitan_0_3_0"
-    """Names as in a torchtitan release: "torchtitan_0_3_0" (`lm_head`; `moe.routed_experts.inner_experts` with
-    `w1_EFD`/`w2_EDF`/`w3_EFD` and a `token_dispatcher`; buffers `moe.expert_bias_E`, `moe.tokens_per_expert_E`,
-    the counter always kept) or the historical "torchtitan_2025" (`output`; `moe.experts` with `w1`/`w2`/`w3`,
-    `_grouped_mm` in the model's dtype; buffers `expert_bias`, `tokens_per_expert` with load balancing only), the
-    layout of PR #2052's era that the 2025 recipes and some bug notebooks rebuild."""
+    """Names as in a torchtitan release: "torchtitan_0_3_0" (`lm_head`; `attention.wq`/`wk`/`wv`/`wo`;
+    `moe.routed_experts.inner_experts` with `w1_EFD`/`w2_EDF`/`w3_EFD` and a `token_dispatcher`; buffers
+    `moe.expert_bias_E`, `moe.tokens_per_expert_E`, the counter always kept); "torchtitan_main", torchtitan main
+    after 0.3.0 as its files read at the commits in README's recipe line (`attention.qkv_linear.wqkv` and
+    `attention.wo`; `moe.routed_experts.w13.weight` [E, 2, F, D] and `w2.weight` [E, D, F], grouped linears run in
+    bfloat16, with `activation_fn` and `token_dispatcher` beside them; `moe.router.gate` computed in float32;
+    buffers `moe.expert_bias_E` and `moe.router.tokens_per_expert_E`; dense and shared feed-forwards as `w13`
+    [2, F, D] + `w2`; only `experts_impl="grouped_mm"` and `token_count="scatter"`, main's only paths); or the
+    historical "torchtitan_2025" (`output`; `moe.experts` with `w1`/`w2`/`w3`, `_grouped_mm` in the model's dtype;
+    buffers `expert_bias`, `tokens_per_expert` with load balancing only), the layout of PR #2052's era that the
+    2025 recipes and some bug notebooks rebuild. Every layout declares main's remat regions (`ACConfig(mode=
+    "remat")` chooses among them), and one seed gives the same weights in each."""
     n_layers: int = 2
     """Number of transformer blocks, registered as `layers.0` … `layers.{n-1}`."""
     dim: int = 64
@@ -121,6 +128,19 @@ class ModelConfig:
                     raise ConfigError(own, name, f"{name}={getattr(self, name)} is not a multiple of 8, which "
                                       "torch._grouped_mm needs for 16-byte aligned strides.",
                                       "use a multiple of 8 or another experts_impl.")
+        if self.layout == "torchtitan_main" and self.has_moe:
+            # main's routed experts are grouped linears and its router counts with a routing map: nothing else
+            # exists there to be faithful to.
+            if self.experts_impl != "grouped_mm":
+                raise ConfigError(own, "experts_impl", f"{self.experts_impl!r} does not exist in torchtitan main, "
+                                  "whose routed experts are two grouped linears (w13, w2) run with "
+                                  "torch._grouped_mm in bfloat16.",
+                                  "use experts_impl='grouped_mm' with layout='torchtitan_main', or "
+                                  "layout='torchtitan_0_3_0' for the other implementations.")
+            if self.token_count != "scatter":
+                raise ConfigError(own, "token_count", f"{self.token_count!r} does not exist in torchtitan main, whose "
+                                  "router counts tokens from a routing map (scatter, then sum).",
+                                  "use token_count='scatter' with layout='torchtitan_main'.")
         if self.attention == "flex" and self.device_type == "cpu":
             raise ConfigError(own, "attention", "FlexAttention has no backward on CPU in torch 2.13 "
                               "(NotImplementedError in the first training step).",

@@ -1,6 +1,11 @@
 """The toolkit's transformer with torchtitan's module names, plus `build_model`, `make_batch`, `loss_fn`.
 
 Shape legend: B batch, S sequence, D model dim, H heads, Dh head dim, V vocabulary.
+
+Remat regions as torchtitan main declares them (see `regions.py`): each Linear's `<fqn>.linear`,
+`attention.inner_attention` around the attention kernel, the kept trailing add `ffn_residual`, and a `needs(...)`
+before each bare op that reads a region's output. RoPE and the loss are main's `@local_compile` functions
+"cos_sin_rope" and "loss" (`local_compile.py`).
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import regions
 from .config import ModelConfig
-from .moe import FeedForward, MoE
+from .local_compile import local_compile
+from .moe import FeedForward, Linear, MoE, init_feed_forward
 
 
 def rope_cache(seq_len: int, head_dim: int, theta: float = 10000.0) -> torch.Tensor:
@@ -28,30 +35,75 @@ def apply_rope(x_BSHD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+@local_compile("cos_sin_rope")
+def rope_qk(q_BSHD: torch.Tensor, k_BSHD: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on queries and keys, one function as main's `CosSinRoPE` is (its `@local_compile("cos_sin_rope")`)."""
+    return apply_rope(q_BSHD, rope), apply_rope(k_BSHD, rope)
+
+
+class QKVLinear(nn.Module):
+    """torchtitan main's `attention.qkv_linear`: one `wqkv` projection whose rows are laid out (H, 3, Dh) — each
+    head's q, k, v together (R = heads per KV group + 2 = 3 without GQA) — split into contiguous q, k, v."""
+
+    def __init__(self, dim: int, n_heads: int, head_dim: int):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.wqkv = Linear(dim, 3 * n_heads * head_dim)
+
+    def forward(self, x_BSD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, S, _ = x_BSD.shape
+        qkv = self.wqkv(x_BSD)
+        regions.needs(self, qkv)  # the split below copies the projection's output with bare ops
+        q, k, v = torch.split(qkv.view(B, S, self.n_heads, 3, self.head_dim), [1, 1, 1], dim=-2)
+        return (q.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
+                k.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
+                v.reshape(B, S, self.n_heads, self.head_dim).contiguous())
+
+
 class Attention(nn.Module):
-    """Multi-head causal self-attention with RoPE; `wq`, `wk`, `wv`, `wo` as in torchtitan."""
+    """Multi-head causal self-attention with RoPE: `wq`, `wk`, `wv`, `wo` as in torchtitan 0.3.0, or main's
+    `qkv_linear.wqkv` and `wo`."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         D = cfg.dim
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.wq = nn.Linear(D, D, bias=False)
-        self.wk = nn.Linear(D, D, bias=False)
-        self.wv = nn.Linear(D, D, bias=False)
-        self.wo = nn.Linear(D, D, bias=False)
+        self.fused = cfg.layout == "torchtitan_main"
+        if self.fused:
+            self.qkv_linear = QKVLinear(D, cfg.n_heads, cfg.head_dim)
+        else:
+            self.wq = Linear(D, D)
+            self.wk = Linear(D, D)
+            self.wv = Linear(D, D)
+        self.wo = Linear(D, D)
         self.kind = cfg.attention
         self._block_mask = None
 
     def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         B, S, D = x_BSD.shape
-        q = apply_rope(self.wq(x_BSD).view(B, S, self.n_heads, self.head_dim), rope).transpose(1, 2)
-        k = apply_rope(self.wk(x_BSD).view(B, S, self.n_heads, self.head_dim), rope).transpose(1, 2)
-        v = self.wv(x_BSD).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
-        if self.kind == "flex":
-            o_BHSD = self._flex(q, k, v)
+        H, Dh = self.n_heads, self.head_dim
+        if self.fused:
+            q, k, v = self.qkv_linear(x_BSD)
         else:
-            o_BHSD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            q, k, v = self.wq(x_BSD).view(B, S, H, Dh), self.wk(x_BSD).view(B, S, H, Dh), self.wv(x_BSD).view(B, S, H, Dh)
+        regions.needs(self, q, k)  # RoPE reads the projections with bare ops (v only reaches the kernel's region)
+        q, k = rope_qk(q, k, rope)
+        o_BHSD = regions.region(self, "inner_attention", self._attend, q.transpose(1, 2), k.transpose(1, 2),
+                                v.transpose(1, 2))
+        regions.needs(self, o_BHSD)  # the head merge copies the kernel's output with a bare op
         return self.wo(o_BHSD.transpose(1, 2).reshape(B, S, D))
+
+    def _attend(self, q, k, v):
+        if self.kind == "flex":
+            return self._flex(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def remat_regions(self, fqn: str) -> list[str]:
+        return [regions.qualified(fqn, "inner_attention")]
+
+    def projections(self) -> list[nn.Linear]:
+        """In 0.3.0's draw order: wq, wk, wv, wo (main's wqkv holds the first three)."""
+        return [self.qkv_linear.wqkv, self.wo] if self.fused else [self.wq, self.wk, self.wv, self.wo]
 
     def _flex(self, q, k, v):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -75,12 +127,19 @@ class TransformerBlock(nn.Module):
         if self.moe_enabled:
             self.moe = MoE(cfg)
         else:
-            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden)
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden, fused=cfg.layout == "torchtitan_main")
 
     def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h_BSD = x_BSD + self.attention(self.attention_norm(x_BSD), rope)
+        attn_BSD = self.attention(self.attention_norm(x_BSD), rope)
+        regions.needs(self, attn_BSD)  # the residual add reads the attention output with a bare op
+        h_BSD = x_BSD + attn_BSD
         ffn = self.moe if self.moe_enabled else self.feed_forward
-        return h_BSD + ffn(self.ffn_norm(h_BSD))
+        # The trailing add, kept under every policy: it saves nothing for backward, so replay skips it and its
+        # inputs need no marker (main's `ffn_residual`).
+        return regions.kept(self, "ffn_residual", torch.add, h_BSD, ffn(self.ffn_norm(h_BSD)))
+
+    def remat_regions(self, fqn: str) -> list[str]:
+        return ["ffn_residual"]
 
 
 class Transformer(nn.Module):
@@ -93,7 +152,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.n_layers)})
         self.norm = nn.RMSNorm(cfg.dim, eps=1e-6)
-        self.head_name = "lm_head" if cfg.layout == "torchtitan_0_3_0" else "output"
+        self.head_name = "output" if cfg.layout == "torchtitan_2025" else "lm_head"
         self.add_module(self.head_name, nn.Linear(cfg.dim, cfg.vocab_size, bias=False))
         self.register_buffer("rope", rope_cache(cfg.seq_len, cfg.head_dim), persistent=False)
 
@@ -110,15 +169,24 @@ class Transformer(nn.Module):
         # Attribute access goes through the AC / compile wrappers (they forward `__getattr__`), so this also
         # works after transforms; the order of the draws is what makes a seed give bit-identical weights.
         for block in self.layers.values():
-            for name in ("wq", "wk", "wv", "wo"):
-                nn.init.trunc_normal_(getattr(block.attention, name).weight, std=std)
+            if block.attention.fused:
+                # 0.3.0's wq, wk, wv draws, laid out as main's wqkv rows (H, 3, Dh): same seed, same model.
+                D, H, Dh = self.config.dim, self.config.n_heads, self.config.head_dim
+                wqkv = block.attention.qkv_linear.wqkv.weight.view(H, 3, Dh, D)
+                for j in range(3):
+                    w = torch.empty(D, D)
+                    nn.init.trunc_normal_(w, std=std)
+                    wqkv[:, j].copy_(w.view(H, Dh, D))
+                nn.init.trunc_normal_(block.attention.wo.weight, std=std)
+            else:
+                for lin in block.attention.projections():
+                    nn.init.trunc_normal_(lin.weight, std=std)
             for norm in (block.attention_norm, block.ffn_norm):
                 nn.init.ones_(norm.weight)
             if block.moe_enabled:
                 block.moe.init_weights(std)
             else:
-                for lin in ("w1", "w2", "w3"):
-                    nn.init.trunc_normal_(getattr(block.feed_forward, lin).weight, std=std)
+                init_feed_forward(block.feed_forward, std)
         nn.init.ones_(self.norm.weight)
         nn.init.trunc_normal_(self.get_submodule(self.head_name).weight, std=self.config.dim ** -0.5)
 
@@ -144,9 +212,10 @@ def build_model(cfg: ModelConfig | None = None) -> Transformer:
     model.rope = model.rope.float()
     for block in model.layers.values():
         if block.moe_enabled:
-            for name in MoE.buffer_names(cfg.layout):
-                if getattr(block.moe, name) is not None:
-                    setattr(block.moe, name, getattr(block.moe, name).float())
+            for owner in (block.moe, block.moe.router):
+                for name in MoE.buffer_names(cfg.layout):
+                    if getattr(owner, name, None) is not None:
+                        setattr(owner, name, getattr(owner, name).float())
     model.train()
     return model
 
@@ -160,6 +229,7 @@ def make_batch(cfg: ModelConfig | None = None, *, seed: int | None = None) -> Ba
     return Batch(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
 
 
+@local_compile("loss")
 def loss_fn(logits_BSV: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy in float32 (its gradient is dense, which `torch._grouped_mm`'s CPU backward needs)."""
     return F.cross_entropy(logits_BSV.flatten(0, 1).float(), labels_BS.flatten())

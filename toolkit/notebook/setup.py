@@ -54,8 +54,9 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
             from IPython import get_ipython
 
             ip = get_ipython()
-            ip.run_line_magic("load_ext", "autoreload")
-            ip.run_line_magic("autoreload", "2")
-        except Exception:  # not in IPython
+            if ip is not None:  # None outside IPython (a plain script): nothing to reload
+                ip.run_line_magic("load_ext", "autoreload")
+                ip.run_line_magic("autoreload", "2")
+        except ImportError:  # IPython is not installed
             pass
     _done = True

@@ -24,12 +24,18 @@ from .settings import Applied, applied, forget, record
 
 ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom", "remat"]
 
-# torchtitan main's SelectiveActivationRematConfig (docs/remat.md, PR #4497): keep every region but the routed
-# experts' first grouped projection. The toolkit's experts are one module (w1, w3 and w2 together), so on its
-# model the pattern that matches is the experts module's; torchtitan's own name is kept for models that have it.
-REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {
-    "save_regions": ("*",),
-    "recompute_regions": ("*routed_experts.w13*", "*routed_experts.inner_experts", "*moe.experts")}
+# torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
+# routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
+# keeps none but the regions the model code always keeps.
+REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {"save_regions": ("*",), "recompute_regions": ("*routed_experts.w13.*",)}
+REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions": ()}
+
+# main's reasons, word for word, for the two options its remat configs refuse.
+REMAT_REFUSED = {
+    "preserve_rng_state": ("torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
+                           "a torch_remat RecomputeStateHook for random state used in retained regions."),
+    "debug": "torch_remat activation checkpointing does not support the debug option.",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,9 +138,29 @@ class ACConfig:
 
     @classmethod
     def remat_selective(cls, **options: Any) -> "RematAC":
-        """torchtitan main's `SelectiveActivationRematConfig`: every region kept but the routed experts' first
-        projection (on the toolkit's model: the experts module, which holds w1, w3 and w2)."""
-        return RematAC(**{**REMAT_SELECTIVE, **options})
+        """torchtitan main's `SelectiveActivationRematConfig`, unchanged: save `("*",)`, recompute
+        `("*routed_experts.w13.*",)` (the routed experts' w13 grouped matmul; w2 and everything else declared is
+        kept), determinism check "default", `preserve_rng_state=False`. A fixed policy, as in main."""
+        return _fixed_remat("SelectiveActivationRematConfig", REMAT_SELECTIVE, options)
+
+    @classmethod
+    def remat_full(cls, **options: Any) -> "RematAC":
+        """torchtitan main's `FullActivationRematConfig`: save `()` — every block recomputed but the regions the
+        model code always keeps (`routing_decision`, `ffn_residual`, `moe.shared_add`)."""
+        return _fixed_remat("FullActivationRematConfig", REMAT_FULL, options)
+
+
+def _fixed_remat(owner: str, policy: dict[str, tuple[str, ...]], options: dict[str, Any]) -> "RematAC":
+    """One of main's fixed remat policies: main refuses preserve_rng_state / debug, and its patterns are its own."""
+    for name, why in REMAT_REFUSED.items():
+        if options.get(name):
+            raise ConfigError(owner, name, why, f"drop {name} (torchtitan main refuses it too).")
+    for name in policy:
+        if name in options and tuple(options[name]) != policy[name]:
+            raise ConfigError(owner, name, f"{owner} is a fixed policy (torchtitan main's).",
+                              "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
+                              "it, as main's ActivationRematConfig.")
+    return RematAC(**{**policy, **options})
 
 
 def _refuse_option(name: str, own: type[ACConfig], value: Any) -> None:
@@ -383,31 +409,40 @@ class MemoryBudgetAC(ACConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class RematAC(ACConfig):
-    """torchtitan main's torch_remat: each block's `forward` becomes `torch_remat.checkpoint`, its regions kept or
-    recomputed by name (`toolkit.transforms.remat`)."""
+    """torchtitan main's torch_remat: each block's `forward` becomes `torch_remat.checkpoint`, choosing among the
+    regions the model's code declares by name (`toolkit.transforms.remat`)."""
 
     mode: Literal["remat"] = "remat"
     IGNORES: ClassVar[str] = "torch_remat has no such option"
     save_regions: tuple[str, ...] = ()
     """Shell-style patterns (fnmatch) of region names, relative to a block, to keep — a kept region saves its
-    activations and is skipped in recompute. Regions are the block's modules that hold weights (`attention.wq`,
-    `feed_forward.w1`, `moe.routed_experts.inner_experts`, `moe.shared_experts.w2` …; norms excluded) plus
-    `moe.router`, which is always kept (torchtitan main's routing decision: recompute never re-routes).
-    () keeps nothing else: remat's full recompute. `("*",)` keeps every region."""
+    activations and is skipped in recompute. The regions are those the model's code declares, as torchtitan main
+    declares them: `<fqn>.linear` per Linear (`attention.wq.linear`, main's `attention.qkv_linear.wqkv.linear`,
+    `moe.router.gate.linear`, `moe.shared_experts.w2.linear` …), `<fqn>.grouped_mm` per grouped matmul
+    (`moe.routed_experts.w13.grouped_mm`, `…w2.grouped_mm`), `attention.inner_attention`, and `routing_decision`,
+    `ffn_residual`, `moe.shared_add`, which are always kept. () keeps nothing else: `remat_full()`. `("*",)` keeps
+    every region. A literal name that matches no region is refused; a wildcard that matches none is ignored, as
+    in main."""
     recompute_regions: tuple[str, ...] = ()
     """Patterns of regions to recompute even when `save_regions` matches them (they win). torchtitan main's
     selective policy is `ACConfig.remat_selective()`."""
     preserve_rng_state: bool = False
-    """Install a `RecomputeStateHook` that snapshots torch's RNG state at region entry and after every kept
-    region and restores it in recompute (default False, as torch_remat and torchtitan main; remat has no flag,
-    and such hooks do not work under compile)."""
-    determinism_check: Literal["default", "none"] = "none"
-    """torch_remat's check of recomputed tensors against the forward's: "default" or "none" (its default)."""
+    """Default False, as in torchtitan main, whose configs (and `remat_selective()` / `remat_full()`) refuse True;
+    here True installs the toolkit's own `RecomputeStateHook`, which snapshots torch's RNG state at region entry
+    and after every kept region and restores it in recompute (such hooks do not work under compile)."""
+    determinism_check: Literal["default", "none"] = "default"
+    """torch_remat's check of recomputed tensors against the forward's: "default" (torchtitan main's
+    `ActivationRematConfig` passes it; torch_remat's own default is "none") or "none"."""
+    debug: bool = False
+    """main's `ActivationRematConfig.debug`: only False (True is refused with main's reason)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         own = "ACConfig"
         check_bool(own, "preserve_rng_state", self.preserve_rng_state)
+        check_bool(own, "debug", self.debug)
+        if self.debug:
+            raise ConfigError(own, "debug", REMAT_REFUSED["debug"], "drop debug (torchtitan main refuses it too).")
         check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
         for name in ("save_regions", "recompute_regions"):
             patterns = getattr(self, name)
@@ -423,9 +458,9 @@ class RematAC(ACConfig):
             raise ConfigError(own, "mode", f"'remat' {reason('torch_remat')}", "install it, or pick another mode.")
 
     def _apply(self, model, layer_items, rec, undo):
-        from .remat import apply_remat, check_patterns, regions
+        from .remat import apply_remat, check_patterns, region_names
 
-        check_patterns(self, {name for _, block in layer_items for name, _ in regions(block)})
+        check_patterns(self, {name for _, block in layer_items for name in region_names(block)})
         for key, block in layer_items:
             apply_remat(block, f"layers.{key}", self, undo)  # records each forward it replaces, as it goes
         rec.ac_patched = [name for what, name in undo if what == "patched"]

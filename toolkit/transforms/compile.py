@@ -58,6 +58,12 @@ class CompileConfig:
     `nn.RMSNorm` compiles this way where `Module.compile(fullgraph=True)` finds no frame, C26)."""
     inductor_options: tuple[tuple[str, Any], ...] = ()
     """Inductor config overrides passed as torch.compile `options` (inductor backend only); a dict is accepted."""
+    functions: tuple[str, ...] = ()
+    """The model's functions to compile on their own, by name, as torchtitan main's `@local_compile` regions
+    (`LocalCompileConfig.regions`): "swiglu" (every SwiGLU activation, with main's 16 recompiles), "cos_sin_rope"
+    (RoPE), "loss". Each becomes `torch.compile(fn, fullgraph=True, backend=...)`; needs fullgraph=True (main
+    refuses False) and may go with scope="none" (main's trainer compiles nothing else). Process-wide while
+    applied, as main binds them, until `remove_compile`."""
     name_regions: bool = False
     """Pass each target's canonical name as torch.compile's `name` (where torch has it), so SAC policies and
     logs can tell compiled regions apart. Off by default: under inductor on torch 2.13 a distinct name per
@@ -92,9 +98,26 @@ class CompileConfig:
         if isinstance(opts, dict):
             opts = tuple(sorted(opts.items()))
         object.__setattr__(self, "inductor_options", tuple(tuple(kv) for kv in opts))
+        self._check_functions()
         if self.inductor_options and self.backend != "inductor":
             raise ConfigError(own, "inductor_options", f"options only apply to the inductor backend, not {self.backend!r}.",
                               "use backend='inductor' or drop inductor_options.")
+
+    def _check_functions(self) -> None:
+        from ..models import local_compile
+
+        own, fns = "CompileConfig", self.functions
+        if isinstance(fns, str) or not isinstance(fns, (tuple, list)) or not all(isinstance(f, str) for f in fns):
+            raise ConfigError(own, "functions", f"{fns!r} is not a tuple of function names.",
+                              f"pass e.g. ('swiglu', 'cos_sin_rope', 'loss') from {', '.join(local_compile.names())}.")
+        unknown = [f for f in fns if f not in local_compile.names()]
+        if unknown:
+            raise ConfigError(own, "functions", f"{unknown} name no local compile function of the toolkit's models.",
+                              f"use names from {', '.join(local_compile.names())}.")
+        if fns and not self.fullgraph:
+            raise ConfigError(own, "fullgraph", "local compile functions are compiled whole: torchtitan main's "
+                              "local_compile refuses fullgraph=False.", "pass fullgraph=True.")
+        object.__setattr__(self, "functions", tuple(fns))
 
     @classmethod
     def of(cls, scope: Any, **options: Any) -> "CompileConfig":
@@ -104,7 +127,7 @@ class CompileConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.scope != "none"
+        return self.scope != "none" or bool(self.functions)
 
     @property
     def backend_name(self) -> str:
@@ -116,14 +139,17 @@ class CompileConfig:
     def to_dict(self) -> dict:
         d = to_dict(self)
         d["inductor_options"] = {k: v for k, v in self.inductor_options}
+        if not self.functions:
+            d.pop("functions")  # absent as before the field existed, so stored results keep their keys
         return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "CompileConfig":
         check_object("CompileConfig", data, '{"scope": "blocks", "backend": "aot_eager"}')
         data = dict(data)
-        if isinstance(data.get("scope"), list):
-            data["scope"] = tuple(data["scope"])
+        for key in ("scope", "functions"):
+            if isinstance(data.get(key), list):
+                data[key] = tuple(data[key])
         if isinstance(data.get("inductor_options"), dict):
             data["inductor_options"] = tuple(sorted(data["inductor_options"].items()))
         if isinstance(data.get("backend"), str) and data["backend"].startswith("<callable "):
@@ -271,6 +297,12 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
                           "in place.", "use method='module_compile' for the whole model.")
     _warn_inert_regions(model, targets, orders)
     undo = []
+    if cfg.functions:
+        from ..models import local_compile
+
+        kwargs = {k: v for k, v in _compile_kwargs(cfg, model, "").items() if k not in ("fullgraph", "name")}
+        local_compile.bind(cfg.functions, **kwargs)
+        undo.append(("functions", cfg.functions))
     for t in targets:
         kwargs = _compile_kwargs(cfg, model, t)
         if t == "":
@@ -292,7 +324,8 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
             undo.append(("wrapper", (parent, attr, obj)))
     rec = record(model)
     record_dynamo_settings(rec, cfg)
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, targets, orders, undo
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, targets + [f"{f}()" for f in cfg.functions], \
+        orders, undo
     return model
 
 
@@ -310,10 +343,14 @@ def _warn_inert_regions(model: nn.Module, targets: list[str], orders: dict[str, 
         block = ac_region_of(model, t) if t else None
         if block is None or orders.get(t) != AC_OUTSIDE:
             continue
-        for name in rec.ac_patched:
-            rel = name[len(block) + 1:] if name.startswith(block + ".") else None
-            if rel and _covers(t, name) and kept(rel, rec.ac.save_regions, rec.ac.recompute_regions):
-                inert.append(name)
+        sub = t[len(block) + 1:]
+        module = get_slot(model, t)[2]
+        for fqn, m in unwrap(module).named_modules():
+            own = getattr(m, "remat_regions", None)
+            rel = f"{sub}.{fqn}" if fqn else sub
+            for name in (own(rel) if callable(own) else []):
+                if kept(name, rec.ac.save_regions, rec.ac.recompute_regions):
+                    inert.append(f"{block}.{name}")
     if inert:
         warnings.warn(f"compiling inside torch_remat checkpoints makes the kept regions {', '.join(inert[:6])}"
                       f"{' …' if len(inert) > 6 else ''} plain calls: under compile torch_remat honours "
@@ -337,6 +374,10 @@ def remove_compile(model: nn.Module) -> nn.Module:
     for kind, item in reversed(rec.compile_undo):
         if kind == "module":
             compat.clear_in_place_compile(item)
+        elif kind == "functions":
+            from ..models import local_compile
+
+            local_compile.unbind(item)
         elif kind == "forward":
             obj, previous = item
             if previous is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import contextlib
 import os
 import socket
@@ -16,7 +18,8 @@ from .naming import unwrap
 from .settings import record
 
 FSDPMode = Literal["none", "blocks", "blocks+experts"]
-FSDP_MODES: tuple[str, ...] = ("none", "blocks", "blocks+experts")
+FsdpMode = Literal["none", "blocks", "blocks+experts"]
+FSDP_MODES: tuple[str, ...] = typing.get_args(FsdpMode)
 
 
 def _free_port() -> int:

@@ -76,7 +76,7 @@ def _out_bytes(ctx) -> int | None:
         if isinstance(t, torch.Tensor):
             try:
                 st = t.untyped_storage()
-            except Exception:  # fake tensors at trace time
+            except (RuntimeError, NotImplementedError):  # fake and functional tensors at trace time have none
                 return None
             if st._cdata not in seen:
                 seen.add(st._cdata)

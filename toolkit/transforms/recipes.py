@@ -8,7 +8,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import compat
 from .._config import ConfigError
 from .._extras import missing
 from ..models import ModelConfig
@@ -231,36 +230,41 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
     return model
 
 
+# The torchtitan main commits the `torchtitan_main` recipe and the "torchtitan_main" layout were read at
+# (repository pytorch/torchtitan; tests/test_torchtitan_main.py rebuilds main's block from the same files).
+MAIN_COMMITS = {
+    "distributed/activation_checkpoint.py, protocols/module.py, docs/remat.md": "03d9819f3416",
+    "models/common/moe.py": "00a4c147699f",
+    "distributed/local_compile.py": "2350f753348e",
+}
+# main's `@local_compile` regions the toolkit's models have: SwiGLU (16 recompiles), RoPE, the loss. main's
+# defaults also name gated_rmsnorm, which only Qwen3.5-style models have; its plain RMSNorm is not compiled.
+MAIN_LOCAL_COMPILE = ("swiglu", "cos_sin_rope", "loss")
+
+
 def torchtitan_main(model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
-    """torchtitan main as of late 2026 (after the 0.3.0 release), rebuilt from its PRs and docs:
+    """torchtitan main after 0.3.0, as its own files say (commits in `MAIN_COMMITS`; checked against main's code
+    by tests/test_torchtitan_main.py: same saved bytes, recompute and graphs, 0 and 1 shared experts):
 
-    AC (#4159 draft, #4497 merged 2026-09, `docs/remat.md`): torch_remat instead of per-op SAC — each block's
-    `forward` replaced by `torch_remat.checkpoint(region_name="layers.N")`, with torchtitan's
-    `SelectiveActivationRematConfig` (save every region, recompute `*routed_experts.w13.*`; on the toolkit's
-    model the experts module, which holds w1, w3 and w2 together) and `preserve_rng_state=False`, the routing
-    decision always kept. Compile (#4895, 2026-09-29, and the `@local_compile` functions of #4985 / #5008):
-    no per-block compile any more; small functions are compiled with `fullgraph=True` *inside* the remat
-    regions ("compile inside a remat region is fine; avoid remat inside a compiled region"), with Dynamo's
-    `recompile_limit=8`. torchtitan compiles its RMSNorm, RoPE, SwiGLU activation and loss functions; the
-    toolkit's model exposes only its norms as separate callables (its RoPE and activation are inline), so the
-    `forward` of every block's norms is compiled here, as a function (`CompileConfig(method="forward")`).
-
-    Not a release: no code of torchtitan main is installed to compare with, so this recipe has no fidelity test
-    against torchtitan itself (0.3.0's recipe does).
+    AC (`SelectiveActivationRematConfig` applied by `apply_activation_remat`): each block's `forward` replaced by
+    `torch_remat.checkpoint(region_name="layers.N", determinism_check="default")`, choosing among the regions the
+    model code declares — save `("*",)`, recompute `("*routed_experts.w13.*",)`: every Linear's projection, the
+    attention kernel, the router gate, `routing_decision` and the routed `w2` grouped matmul (with its bfloat16
+    weight copy) are kept; the routed `w13` grouped matmul and every bare op (norms, RoPE, activation, dispatch,
+    combine) are recomputed; the trailing adds `ffn_residual` / `moe.shared_add` are kept and skipped in replay;
+    token counting ignores the replay. On the 0.3.0 layout the inner experts declare w1_EFD and w3_EFD as one
+    `moe.routed_experts.w13.grouped_mm` region, so the same bytes are saved as with main's fused weights.
+    Compile (#4895): no block compile; main's `@local_compile` functions `swiglu` (recompile_limit=16),
+    `cos_sin_rope` and `loss`, each with `torch.compile(fullgraph=True)`; plain RMSNorm stays eager.
     """
     _start(model, "torchtitan_main")
     apply_ac(model, ACConfig.remat_selective())
-    targets = [f"layers.{key}.{norm}" for key, block in blocks(model) for norm in ("attention_norm", "ffn_norm")
-               if isinstance(getattr(block, norm, None), nn.Module)]
     try:
-        apply_compile(model, CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, method="forward"))
+        apply_compile(model, CompileConfig(functions=MAIN_LOCAL_COMPILE, backend=backend, fullgraph=True))
     except Exception:
         remove_ac(model)
         raise
-    rec = record(model)
-    if compat.dynamo_has_config("recompile_limit"):
-        rec.dynamo_config["recompile_limit"] = 8
-    rec.recipe = "torchtitan_main"
+    record(model).recipe = "torchtitan_main"
     return model
 
 
@@ -278,8 +282,9 @@ RECIPES: dict[str, Recipe] = {
                "fullgraph=True: compile(SAC(block))", torchtitan_0_3_0, release="0.3.0"),
         Recipe("torchtitan_0_3_0_full_ac", "torchtitan 0.3.0 with FullAC: compile(AC(block))",
                lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"), release="0.3.0"),
-        Recipe("torchtitan_main", "torchtitan main, late 2026: torch_remat per block (its selective policy), norms "
-               "compiled inside the remat regions with fullgraph=True", torchtitan_main, needs=("torch_remat",)),
+        Recipe("torchtitan_main", "torchtitan main (files at 03d9819f3416 / 00a4c147699f / 2350f753348e): torch_remat "
+               "per block choosing among the model's regions (save *, recompute *routed_experts.w13.*), SwiGLU, RoPE "
+               "and the loss compiled as local functions with fullgraph=True", torchtitan_main, needs=("torch_remat",)),
     )
 }
 

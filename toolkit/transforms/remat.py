@@ -1,15 +1,16 @@
-"""torchtitan main's activation checkpointing, applied from outside the model: each block's `forward` replaced by `torch_remat.checkpoint`, its weight-holding modules declared as regions that are kept or recomputed by name.
+"""torchtitan main's activation checkpointing: each block's `forward` replaced by `torch_remat.checkpoint`, choosing among the remat regions the model's code declares.
 
-torchtitan main declares its regions in model code (`remat.region(...)` around every `Linear`, grouped matmul and
-the routing decision, docs/remat.md). The toolkit's models are plain torch, so the same declarations are made
-here, per module: the region of `attention.wq` is that module's call. Nothing in the model's classes changes;
-`remove_remat` deletes the instance attributes again.
+As main's `apply_activation_remat` (distributed/activation_checkpoint.py at 03d9819f3416) does: every module of a
+block is told its name relative to the block and the save / recompute patterns (`configure_remat_regions`), then
+`block.forward = remat.checkpoint(region_name="layers.N", determinism_check=...)(block.forward)`. The regions
+themselves are declared where the model computes (`toolkit/models/regions.py`): `<fqn>.linear`,
+`<fqn>.grouped_mm`, `<fqn>.inner_attention`, and the fixed kept `routing_decision`, `ffn_residual`,
+`moe.shared_add`. A model that declares none is fully recomputed, as in main. `remove_remat` undoes both steps.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import functools
+import weakref
 from typing import Any
 
 import torch
@@ -17,47 +18,28 @@ from torch import nn
 
 from .. import compat
 from .._config import ConfigError
-from .naming import RECOMPUTES_FORWARD, canonical_name
+from ..models import regions
+from .naming import RECOMPUTES_FORWARD
 
-# Always kept, whatever the policy: torchtitan main keeps the routing decision (the `routing_decision` region)
-# so that recompute never re-routes tokens (the answer to C11).
-ALWAYS_KEPT = ("moe.router",)
-
-
-def _is_norm(m: nn.Module) -> bool:
-    return "norm" in type(m).__name__.lower()
+# Kept under every policy, whatever the patterns: main declares them `recompute=False` in its code (the routing
+# decision, so that recompute never re-routes, C11; the trailing adds, which save nothing and so cost nothing).
+FIXED = ("routing_decision", "ffn_residual", "shared_add")
+_RELEASE = "_toolkit_remat_placeholder_release"
 
 
-def regions(block: nn.Module) -> list[tuple[str, nn.Module]]:
-    """`(name relative to the block, module)` of the regions remat declares in `block`: the router, and every
-    module that holds weights itself (Linear layers, expert weight banks) outside it, norms excepted (torchtitan
-    declares none for norms: they are cheap to recompute)."""
-    out: list[tuple[str, nn.Module]] = []
-    for fqn, m in block.named_modules():
-        name = canonical_name(fqn)
-        if not name:
-            continue
-        if name in ALWAYS_KEPT:
-            out.append((name, m))
-            continue
-        if any(name.startswith(k + ".") for k in ALWAYS_KEPT):
-            continue
-        if any(True for _ in m.parameters(recurse=False)) and not _is_norm(m):
-            out.append((name, m))
-    return out
+def is_fixed(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in FIXED
 
 
 def kept(name: str, save: tuple[str, ...], recompute: tuple[str, ...]) -> bool:
-    """Does the policy keep region `name`? `recompute` patterns win over `save` ones; the router is always kept."""
-    if name in ALWAYS_KEPT:
-        return True
-    if any(fnmatch.fnmatchcase(name, p) for p in recompute):
-        return False
-    return any(fnmatch.fnmatchcase(name, p) for p in save)
+    """Does the policy keep region `name`? main's rule: a recompute pattern beats a save pattern; fixed regions are
+    always kept."""
+    return is_fixed(name) or not regions.should_recompute(name, save, recompute)
 
 
 def check_patterns(cfg: Any, names: set[str]) -> None:
-    """A pattern without a wildcard that names no region is a typo, not a policy: refuse it, listing the regions."""
+    """A pattern without a wildcard that names no region is a typo, not a policy: refuse it, listing the regions.
+    (Wildcard patterns that match nothing are ignored, as main ignores them.)"""
     for field in ("save_regions", "recompute_regions"):
         for p in getattr(cfg, field):
             if not any(ch in p for ch in "*?[") and p not in names:
@@ -67,8 +49,8 @@ def check_patterns(cfg: Any, names: set[str]) -> None:
 
 
 class TorchRNGState:
-    """A `torch_remat.RecomputeStateHook` for torch's own generators (CPU, and CUDA where it is used): what
-    `preserve_rng_state=True` means under remat."""
+    """A `torch_remat.RecomputeStateHook` for torch's own generators (CPU, and CUDA where it is used): what the
+    toolkit's `preserve_rng_state=True` means under its generic remat mode (main refuses the flag)."""
 
     def snapshot(self) -> Any:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -81,53 +63,44 @@ class TorchRNGState:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _region_call(remat: Any, original: Any, name: str, keep: bool):
-    """The module's call inside a region named `name`; a kept region's outputs are marked as needed by recompute,
-    since the consumers are bare ops of the parent's forward that no region declares (without the mark they read a
-    placeholder in recompute: case C32)."""
-    wrapped = remat.region(original, name, recompute=not keep)
-
-    @functools.wraps(original)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        out = wrapped(*args, **kwargs)
-        if keep:
-            tensors = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
-            if tensors:
-                remat.recompute_needs_tensor(*tensors)
-        return out
-    return call
-
-
 def apply_remat(block: nn.Module, block_name: str, cfg: Any, undo: list[tuple[str, str]]) -> None:
-    """Replace `block.forward` by a torch_remat checkpoint named `block_name` and declare its regions, appending
-    `("patched", canonical name)` to `undo` for each module as its `forward` is replaced — so that a failure
-    half-way (remat refusing the checkpoint) leaves nothing patched once `undo` is replayed."""
+    """Configure `block`'s declared regions with `cfg`'s patterns and replace `block.forward` by a torch_remat
+    checkpoint named `block_name`. `("patched", block_name)` goes into `undo` as soon as the regions are
+    configured, so that a failure after it (torch_remat refusing the checkpoint) is rolled back too."""
     remat = compat.remat()
-    declared = regions(block)
-    for name, m in [("", block)] + declared:
-        if "forward" in m.__dict__:
-            raise RuntimeError(f"{block_name}{'.' + name if name else ''} already has its own `forward` (a remat "
-                               "applied by hand?); toolkit.apply_ac would replace it. Remove it first.")
-    for name, m in declared:
-        m.forward = _region_call(remat, m.forward, name, kept(name, cfg.save_regions, cfg.recompute_regions))
-        undo.append(("patched", f"{block_name}.{name}"))
-    hooks = (TorchRNGState(),) if cfg.preserve_rng_state else ()
-    checkpointed = remat.checkpoint(region_name=block_name, determinism_check=cfg.determinism_check,
-                                    recompute_state_hooks=hooks)(block.forward)
-    block.forward = checkpointed
-    setattr(block, RECOMPUTES_FORWARD, True)
+    if "forward" in block.__dict__:
+        raise RuntimeError(f"{block_name} already has its own `forward` (a remat applied by hand?); "
+                           "toolkit.apply_ac would replace it. Remove it first.")
+    regions.configure(block, cfg.save_regions, cfg.recompute_regions)
     undo.append(("patched", block_name))
+    hooks = (TorchRNGState(),) if cfg.preserve_rng_state else ()
+    block.forward = remat.checkpoint(region_name=block_name, determinism_check=cfg.determinism_check,
+                                     recompute_state_hooks=hooks)(block.forward)
+    setattr(block, RECOMPUTES_FORWARD, True)
+    compat.remat_placeholders_acquire()
+    # Released by `remove_remat`, or when the block is garbage: a model dropped with remat applied must not keep
+    # the stand-in on for the rest of the process.
+    block.__dict__[_RELEASE] = weakref.finalize(block, compat.remat_placeholders_release)
 
 
 def remove_remat(module: nn.Module) -> None:
-    """Undo `apply_remat` on one module (the block or a region): its class's `forward` is used again."""
+    """Undo `apply_remat` on one block: its class's `forward` is used again and its regions are bare calls."""
     module.__dict__.pop("forward", None)
+    release = module.__dict__.pop(_RELEASE, None)
+    if release is not None:
+        release()  # a finalizer runs once: now, not again at garbage collection
     module.__dict__.pop(RECOMPUTES_FORWARD, None)
+    regions.unconfigure(module)
+
+
+def region_names(block: nn.Module) -> list[str]:
+    """The regions `block`'s code declares, relative to the block."""
+    return regions.declared(block)
 
 
 def plan(block: nn.Module, cfg: Any) -> dict[str, bool]:
-    """Region name → kept, for `block` under `cfg` (what `apply_remat` would declare)."""
-    return {name: kept(name, cfg.save_regions, cfg.recompute_regions) for name, _ in regions(block)}
+    """Region name → kept, for `block` under `cfg` (what its declared regions will do once configured)."""
+    return {name: kept(name, cfg.save_regions, cfg.recompute_regions) for name in region_names(block)}
 
 
-__all__ = ["apply_remat", "remove_remat", "regions", "plan", "kept", "ALWAYS_KEPT", "TorchRNGState"]
+__all__ = ["apply_remat", "remove_remat", "region_names", "plan", "kept", "is_fixed", "FIXED", "TorchRNGState"]

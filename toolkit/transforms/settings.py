@@ -26,7 +26,8 @@ class Applied:
     """Canonical names of the modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`
     (the blocks)."""
     ac_patched: list[str] = field(default_factory=list)
-    """Canonical names of the modules whose `forward` torch_remat mode replaced: the blocks and their regions."""
+    """Canonical names of the modules whose `forward` torch_remat mode replaced: the blocks (their regions are
+    declared in the model code and only configured)."""
     compile: Any = None
     """The CompileConfig applied, or None."""
     compiled: list[str] = field(default_factory=list)

@@ -28,7 +28,7 @@ from ... import compat
 from ...transforms.naming import has_checkpoint
 from ..report import GraphBreak
 from . import census as _census
-from .base import StepState, dtype_name, is_real
+from .base import Held, StepState, dtype_name, is_real
 from .checkpoints import Checkpoints
 from .compiled import CompiledGraphs
 from .modules import Modules
@@ -58,7 +58,8 @@ class ProbeRecord:
     unknown_age_graphs: int
     """Of those, graphs that may have been compiled before the step or in it (the partition was not watched)."""
     blind_spots: tuple[str, ...]
-    """Names of the `toolkit.compat` features this step needed and torch lacked."""
+    """Names of the `toolkit.compat` features this step needed and torch lacked, then sentences saying what a probe
+    failed to see in this step."""
     collectives: dict[str, int]
     """"phase: op" → calls of collective ops dispatched eagerly during the step."""
 
@@ -92,8 +93,8 @@ class Probes:
             if key not in self.packed_keys:
                 self.packed_keys.add(key)
                 if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
-                    self.packed[key] = (StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t),
-                                        st.nbytes())
+                    self.packed[key] = Held(StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t),
+                                            st.nbytes())
         return t
 
     @contextlib.contextmanager
@@ -133,9 +134,10 @@ class Probes:
         graph break, say) is not held for backward, and whether the collector had run yet would otherwise decide
         whether it is counted (C13's for-loop run flipped between two totals)."""
         gc.collect()
-        return _census.take(self.model, [self.inputs], output, self.tracker.produced, self.compiled.saves,
-                            self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys(),
-                            self.remat_kinds)
+        return _census.take(self.model, inputs=[self.inputs], output=output, produced=self.tracker.produced,
+                            compiled=self.compiled.saves, packed=self.packed, packed_keys=self.packed_keys,
+                            held_inputs=self.state.held_inputs, sac_keys=self.checkpoints.sac_cached_keys(),
+                            remat_kinds=self.remat_kinds)
 
     def collect(self) -> ProbeRecord:
         self.compiled.finish()
@@ -157,7 +159,7 @@ class Probes:
             graphs_run=len(self.compiled.graphs_run),
             warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is True),
             unknown_age_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is None),
-            blind_spots=tuple(sorted(blind)),
+            blind_spots=tuple(sorted(blind)) + tuple(dict.fromkeys(self.compiled.failures)),
             collectives=dict(sorted(self.tracker.collectives.items())),
         )
 

@@ -67,6 +67,8 @@ class CompiledGraphs:
     unattributed: int = 0
     """Graphs with neither a seen partition nor a kept forward graph (warm inductor): saves attributed to the region."""
     blind: set[str] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+    """What this step's probes could not read, one sentence each (a Report's blind spots: never a silent zero)."""
 
     @contextlib.contextmanager
     def patches(self) -> Iterator[None]:
@@ -95,8 +97,10 @@ class CompiledGraphs:
             try:
                 meta = sig.bind(*args, **kwargs).arguments["fw_metadata"]
                 graphs.records[id(meta)] = _graph_record(graphs.state.region(), fw, bw, n)
-            except Exception:  # attribution is best effort; never break the compile we observe
-                pass
+            except (KeyError, TypeError, AttributeError, IndexError) as e:  # never break the compile we observe
+                graphs.failures.append(
+                    f"which module and op each tensor a compiled graph saves comes from, and which forward ops its "
+                    f"backward recomputes (its partition could not be read: {type(e).__name__}: {e})")
             return fw, bw, n
         return partition
 
@@ -106,8 +110,9 @@ class CompiledGraphs:
         def save_from_forward(saved_state, ctx, fw_outs):
             try:
                 graphs.on_save(saved_state, ctx, fw_outs)
-            except Exception:
-                pass
+            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:  # never break the step
+                graphs.failures.append(f"the tensors a compiled graph saved in this step (reading them failed: "
+                                       f"{type(e).__name__}: {e}); saved bytes may be too low")
             return original(saved_state, ctx, fw_outs)
         return save_from_forward
 
