@@ -10,8 +10,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "toolkit"
 
 # Each layer may import the ones before it in this list (README's Layout), never one after it.
-LAYERS = ["_config", "_extras", "compat", "models", "stacks", "transforms", "measure", "analysis", "bugs", "notebook",
-          "cli", "__main__"]
+LAYERS = [
+    "_config",
+    "_extras",
+    "compat",
+    "models",
+    "stacks",
+    "transforms",
+    "measure",
+    "analysis",
+    "bugs",
+    "notebook",
+    "cli",
+    "__main__",
+]
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -105,10 +117,12 @@ def test_imports_go_one_way_down_the_layers():
 
 
 def test_import_toolkit_loads_no_notebook_library():
-    code = ("import sys, toolkit\n"
-            "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython', 'nbformat') if m in sys.modules))\n"
-            "toolkit.display, toolkit.widgets\n"
-            "print(sorted(m for m in ('ipywidgets',) if m in sys.modules))")
+    code = (
+        "import sys, toolkit\n"
+        "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython', 'nbformat') if m in sys.modules))\n"
+        "toolkit.display, toolkit.widgets\n"
+        "print(sorted(m for m in ('ipywidgets',) if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "['ipywidgets']"]

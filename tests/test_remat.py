@@ -10,9 +10,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import toolkit as tk
-from toolkit.models import local_compile
+from toolkit.models import local_compile, regions
 from toolkit.transforms.naming import has_checkpoint, is_compiled
-from toolkit.models import regions
 from toolkit.transforms.remat import plan, region_names
 from toolkit.transforms.settings import applied, global_state
 
@@ -54,19 +53,36 @@ def test_regions_are_declared_in_the_model_code_as_torchtitan_main_declares_them
     unqualified `routing_decision`, `ffn_residual`, `moe.shared_add`), read off the model's own declarations."""
     main = tk.get_module(tk.build_model(tk.ModelConfig(layout="torchtitan_main")), "layers.0")
     assert region_names(main) == [
-        "ffn_residual", "attention.inner_attention", "attention.qkv_linear.wqkv.linear", "attention.wo.linear",
-        "moe.shared_add", "routing_decision", "moe.router.gate.linear", "moe.routed_experts.w13.grouped_mm",
-        "moe.routed_experts.w2.grouped_mm", "moe.shared_experts.w13.linear", "moe.shared_experts.w2.linear"]
+        "ffn_residual",
+        "attention.inner_attention",
+        "attention.qkv_linear.wqkv.linear",
+        "attention.wo.linear",
+        "moe.shared_add",
+        "routing_decision",
+        "moe.router.gate.linear",
+        "moe.routed_experts.w13.grouped_mm",
+        "moe.routed_experts.w2.grouped_mm",
+        "moe.shared_experts.w13.linear",
+        "moe.shared_experts.w2.linear",
+    ]
     # 0.3.0's inner experts declare w1_EFD + w3_EFD as main's w13 region, so main's patterns apply unchanged.
     grouped = region_names(tk.get_module(tk.build_model(), "layers.0"))
-    assert [n for n in grouped if "routed" in n] == ["moe.routed_experts.w13.grouped_mm",
-                                                      "moe.routed_experts.w2.grouped_mm"]
-    assert {"attention.wq.linear", "attention.wk.linear", "attention.wv.linear", "moe.shared_experts.w1.linear",
-            "moe.shared_experts.w3.linear"} <= set(grouped)
+    assert [n for n in grouped if "routed" in n] == [
+        "moe.routed_experts.w13.grouped_mm",
+        "moe.routed_experts.w2.grouped_mm",
+    ]
+    assert {
+        "attention.wq.linear",
+        "attention.wk.linear",
+        "attention.wv.linear",
+        "moe.shared_experts.w1.linear",
+        "moe.shared_experts.w3.linear",
+    } <= set(grouped)
     # Experts without a grouped matmul declare one w13 / w2 region per expert.
     masked = region_names(tk.get_module(tk.build_model(CFG), "layers.0"))
-    assert [n for n in masked if "routed" in n] == [f"moe.routed_experts.{w}.expert{e}" for e in range(4)
-                                                     for w in ("w13", "w2")]
+    assert [n for n in masked if "routed" in n] == [
+        f"moe.routed_experts.{w}.expert{e}" for e in range(4) for w in ("w13", "w2")
+    ]
     fixed = {"routing_decision", "ffn_residual", "moe.shared_add"}
     assert {n for n, k in plan(main, tk.ACConfig.remat_full()).items() if k} == fixed
     assert {n for n, k in plan(main, SELECTIVE).items() if not k} == {"moe.routed_experts.w13.grouped_mm"}
@@ -81,8 +97,9 @@ def test_main_refusals_and_fixed_policies():
     assert (SELECTIVE.save_regions, SELECTIVE.recompute_regions) == (("*",), ("*routed_experts.w13.*",))
     assert (SELECTIVE.determinism_check, SELECTIVE.preserve_rng_state) == ("default", False)
     assert tk.ACConfig.remat_full() == FULL == tk.ACConfig(mode="remat", save_regions=())
-    with pytest.raises(tk.ConfigError, match="does not support preserve_rng_state=True. Register a torch_remat "
-                       "RecomputeStateHook"):
+    with pytest.raises(
+        tk.ConfigError, match="does not support preserve_rng_state=True. Register a torch_remat RecomputeStateHook"
+    ):
         tk.ACConfig.remat_selective(preserve_rng_state=True)
     with pytest.raises(tk.ConfigError, match="does not support the debug option"):
         tk.ACConfig.remat_selective(debug=True)
@@ -130,10 +147,14 @@ def test_kept_regions_are_their_own_kind_with_exact_sizes():
     full = tk.measure(_built(FULL), tk.make_batch(CFG).tokens, reference=None)
     sel = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
     # Each block's input is what its checkpoint holds: B·S·D fp32 per block.
-    assert full.saved.by_kind["checkpoint_input"] == sel.saved.by_kind["checkpoint_input"] == CFG.n_layers * B * S * D * 4
+    assert (
+        full.saved.by_kind["checkpoint_input"] == sel.saved.by_kind["checkpoint_input"] == CFG.n_layers * B * S * D * 4
+    )
     # Full remat keeps only the routing decision; the selective policy keeps every projection's output too.
-    assert set(t.module for t in full.saved.tensors if t.kind == "remat_save") == {"layers.0.moe.router",
-                                                                                   "layers.1.moe.router"}
+    assert set(t.module for t in full.saved.tensors if t.kind == "remat_save") == {
+        "layers.0.moe.router",
+        "layers.1.moe.router",
+    }
     wq = [t for t in sel.saved.tensors if t.module == "layers.0.attention.wq" and t.kind == "remat_save"]
     assert sum(t.bytes for t in wq) == B * S * D * 4
     assert sel.saved.by_kind["remat_save"] > 40 * full.saved.by_kind["remat_save"]
@@ -177,8 +198,11 @@ def test_bad_remat_options_are_refused_before_anything_runs():
     with pytest.raises(tk.ConfigError, match="'attention.wx' names no region.*attention.wq.linear"):
         tk.apply_ac(tk.build_model(CFG), tk.ACConfig(mode="remat", save_regions=("attention.wx",)))
     with pytest.raises(tk.ConfigError, match="preserve_rng_state.*recompute_state_hooks"):
-        tk.prepare(tk.build_model(CFG), ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
-                   compile=tk.CompileConfig(scope="blocks"))
+        tk.prepare(
+            tk.build_model(CFG),
+            ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
+            compile=tk.CompileConfig(scope="blocks"),
+        )
     with pytest.raises(tk.ConfigError, match="order.*compile\\(AC\\(x\\)\\) only"):
         tk.prepare(tk.build_model(CFG), ac=FULL, compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
     # Defaults as torch_remat has them; the replace() of another mode drops them.
@@ -191,8 +215,9 @@ def test_bad_remat_options_are_refused_before_anything_runs():
 class Dropping(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16))
-                                     for _ in range(2)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16)) for _ in range(2)]
+        )
 
     def forward(self, x):
         for layer in self.layers:
@@ -204,6 +229,7 @@ class Dropping(nn.Module):
 def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
     """Dropout outside any kept region: without restoring the RNG the replay draws a new mask (wrong gradients,
     silently); with the hook the replay draws the forward's. Compared with the same step run without remat."""
+
     def grads(ac):
         torch.manual_seed(0)
         model = Dropping()
@@ -219,8 +245,9 @@ def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
 
 
 def test_compiling_inside_a_block_says_which_kept_regions_it_makes_inert():
-    with pytest.warns(UserWarning, match="kept regions layers.0.attention.inner_attention, "
-                      "layers.0.attention.wq.linear.*plain calls"):
+    with pytest.warns(
+        UserWarning, match="kept regions layers.0.attention.inner_attention, layers.0.attention.wq.linear.*plain calls"
+    ):
         model = _built(SELECTIVE, "attention")
     report = tk.measure(model, tk.make_batch(CFG).tokens, cold=True, reference=None)
     eager = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
@@ -238,8 +265,11 @@ def test_a_hand_applied_remat_block_is_measured_right():
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.w1, self.w3, self.w2 = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), \
-                nn.Linear(64, 32, bias=False)
+            self.w1, self.w3, self.w2 = (
+                nn.Linear(32, 64, bias=False),
+                nn.Linear(32, 64, bias=False),
+                nn.Linear(64, 32, bias=False),
+            )
 
         def forward(self, x):
             a = remat.region(self.w1, "w1", recompute=False)(x)
@@ -368,8 +398,8 @@ def test_the_cpu_build_placeholder_error_is_explained():
 
 def test_the_central_list_compares_the_0_3_0_and_main_recipes():
     from toolkit.analysis.cells import Cell
-    from toolkit.analysis.matrix import MatrixResult, Row
     from toolkit.analysis.classification import classify
+    from toolkit.analysis.matrix import MatrixResult, Row
     from toolkit.measure.report import fmt_bytes
 
     rows = []

@@ -1,4 +1,8 @@
-"""The matrix's grid: one cell per block kind × AC mode × compile scope × order × backend (and the recipes), what `run` measures for each, and its cache key."""
+"""The matrix's grid: its cells (block × AC × scope × order × backend, recipes), their scenarios and keys.
+
+The matrix's grid: one cell per block kind × AC mode × compile scope × order × backend (and the recipes), what `run`
+measures for each, and its cache key.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero"
 # The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
 REMAT_ACS = ("remat", "remat_selective")
 
+
 @dataclass(frozen=True)
 class Cell:
     """One point of the matrix; `scenario()` turns it into something `run` measures."""
@@ -37,13 +42,16 @@ class Cell:
 
     @property
     def stack(self) -> str:
-        """"torchtitan" for the blocks named `titan:FAMILY` (torchtitan's own model and transforms)."""
+        """ "torchtitan" for the blocks named `titan:FAMILY` (torchtitan's own model and transforms)."""
         return "torchtitan" if self.block.startswith("titan:") else "toolkit"
 
     def model_config(self) -> ModelConfig:
         """The block kind's model; a recipe cell's as the recipe needs it (`Recipe.model_config`)."""
-        model = ModelConfig(moe_layers="none") if self.block == "dense" else \
-            ModelConfig(experts_impl=self.block.split(":", 1)[1])
+        model = (
+            ModelConfig(moe_layers="none")
+            if self.block == "dense"
+            else ModelConfig(experts_impl=self.block.split(":", 1)[1])
+        )
         return RECIPES[self.recipe].model_config(model, fsdp=self.fsdp) if self.recipe else model
 
     def scenario(self) -> Scenario:
@@ -56,8 +64,13 @@ class Cell:
             return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
-        ac = ACConfig(mode=self.ac, memory_budget=0.3) if self.ac == "memory_budget" else \
-            ACConfig.remat_selective() if self.ac == "remat_selective" else ACConfig(mode=self.ac)
+        ac = (
+            ACConfig(mode=self.ac, memory_budget=0.3)
+            if self.ac == "memory_budget"
+            else ACConfig.remat_selective()
+            if self.ac == "remat_selective"
+            else ACConfig(mode=self.ac)
+        )
         comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
         return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
 
@@ -68,22 +81,29 @@ class Cell:
             return f"recipe {self.recipe}{sharded}"
         if self.scope == "none":
             return "eager" + sharded
-        extra = [x for x in ("fullgraph" if self.fullgraph else "", "AC outside" if self.order == "ac_outside" else "") if x]
+        extra = [
+            x for x in ("fullgraph" if self.fullgraph else "", "AC outside" if self.order == "ac_outside" else "") if x
+        ]
         return self.scope + (f" ({', '.join(extra)})" if extra else "") + sharded
 
     @property
     def label(self) -> str:
         if self.recipe:
             return f"{self.block} | {self.compile_label} | {self.backend}"
-        return f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
+        return (
+            f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def _scopes(block: str) -> tuple[str, ...]:
-    return ("none", "model", "blocks", "attention", "feed_forward") if block == "dense" else \
-        ("none", "model", "blocks", "attention", "moe", "experts")
+    return (
+        ("none", "model", "blocks", "attention", "feed_forward")
+        if block == "dense"
+        else ("none", "model", "blocks", "attention", "moe", "experts")
+    )
 
 
 def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
@@ -113,7 +133,7 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                             cells.append(Cell(block, ac))
                         continue
                     for fullgraph in (False, True):
-                        for order in ((None,) if ac in ("none", "memory_budget") else (None, "ac_outside")):
+                        for order in (None,) if ac in ("none", "memory_budget") else (None, "ac_outside"):
                             cells.append(Cell(block, ac, scope, fullgraph, order, backend))
         # torchtitan main's torch_remat (`pip install torch-remat`): full recompute and its selective policy, eager
         # or compiled whole (compile(remat)) or inside the blocks (torchtitan main's way); no "AC outside" order,
@@ -121,8 +141,10 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
         for ac in REMAT_ACS if compat.available("torch_remat") else ():
             for block in BLOCKS:
                 for scope in _scopes(block):
-                    for fullgraph in ((False,) if scope == "none" else (False, True)):
-                        cells.append(Cell(block, ac, scope, fullgraph, None, backend) if scope != "none" else Cell(block, ac))
+                    for fullgraph in (False,) if scope == "none" else (False, True):
+                        cells.append(
+                            Cell(block, ac, scope, fullgraph, None, backend) if scope != "none" else Cell(block, ac)
+                        )
         for recipe, r in RECIPES.items():
             if r.missing():
                 continue

@@ -1,4 +1,8 @@
-"""The matrix's results: each cell's Report and classification (against the same setup without AC / with full AC), grouped into the central list; its views are `views.MatrixViews`."""
+"""The matrix's results: each cell's Report and classification, grouped into the central list.
+
+The matrix's results: each cell's Report and classification (against the same setup without AC / with full AC), grouped
+into the central list; its views are `views.MatrixViews`.
+"""
 
 from __future__ import annotations
 
@@ -36,9 +40,13 @@ class MatrixResult(MatrixViews):
         for r in self.rows:
             c = r.cell
             if not c.recipe:
-                by_setup.setdefault((c.block, c.scope, c.fullgraph, c.order if c.ac != "none" else None, c.backend), {})[c.ac] = r.report
+                by_setup.setdefault(
+                    (c.block, c.scope, c.fullgraph, c.order if c.ac != "none" else None, c.backend), {}
+                )[c.ac] = r.report
                 if c.ac == "none":
-                    by_setup.setdefault((c.block, c.scope, c.fullgraph, "ac_outside", c.backend), {}).setdefault("none", r.report)
+                    by_setup.setdefault((c.block, c.scope, c.fullgraph, "ac_outside", c.backend), {}).setdefault(
+                        "none", r.report
+                    )
         for r in self.rows:
             c = r.cell
             refs = by_setup.get((c.block, c.scope, c.fullgraph, c.order if c.ac != "none" else None, c.backend), {})
@@ -46,11 +54,17 @@ class MatrixResult(MatrixViews):
                 refs = {**by_setup.get((c.block, c.scope, c.fullgraph, None, c.backend), {}), **refs}
             r.classification = classify(r.report, refs)
 
-    def filter(self, *, label: str | None = None, block: str | None = None, ac: str | None = None,
-               case: str | None = None) -> "MatrixResult":
-        rows = [r for r in self.rows if (label is None or r.classification.label == label)
-                and (block is None or r.cell.block == block) and (ac is None or r.cell.ac == ac)
-                and (case is None or case in r.classification.cases)]
+    def filter(
+        self, *, label: str | None = None, block: str | None = None, ac: str | None = None, case: str | None = None
+    ) -> "MatrixResult":
+        rows = [
+            r
+            for r in self.rows
+            if (label is None or r.classification.label == label)
+            and (block is None or r.cell.block == block)
+            and (ac is None or r.cell.ac == ac)
+            and (case is None or case in r.classification.cases)
+        ]
         out = MatrixResult.__new__(MatrixResult)
         out.rows, out.environment, out.others = rows, self.environment, self.others
         return out
@@ -65,20 +79,28 @@ class MatrixResult(MatrixViews):
         """`(classification, rows)` groups, most severe first; each row holds the columns the outputs show."""
         groups = []
         for label in SEVERITY:
-            rows = sorted((r for r in self.rows if r.classification.label == label),
-                          key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label))
+            rows = sorted(
+                (r for r in self.rows if r.classification.label == label),
+                key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label),
+            )
             if not rows:
                 continue
             out = []
             for r in rows:
                 rep, ok = r.report, r.report.outcome == "ok"
-                out.append({"block": r.cell.block, "AC": "-" if r.cell.recipe else r.cell.ac,
-                            "compile": r.cell.compile_label,
-                            "backend": r.cell.backend if r.cell.scope != "none" or r.cell.recipe else "eager",
-                            "saved": fmt_bytes(rep.saved.total_bytes) if ok else "-",
-                            "peak": fmt_measured_bytes(rep.memory.peak_bytes) if ok else "-",
-                            "breaks": str(rep.compile.graph_breaks) if ok else "-",
-                            "explanation": r.classification.explanation, "cases": r.classification.cases})
+                out.append(
+                    {
+                        "block": r.cell.block,
+                        "AC": "-" if r.cell.recipe else r.cell.ac,
+                        "compile": r.cell.compile_label,
+                        "backend": r.cell.backend if r.cell.scope != "none" or r.cell.recipe else "eager",
+                        "saved": fmt_bytes(rep.saved.total_bytes) if ok else "-",
+                        "peak": fmt_measured_bytes(rep.memory.peak_bytes) if ok else "-",
+                        "breaks": str(rep.compile.graph_breaks) if ok else "-",
+                        "explanation": r.classification.explanation,
+                        "cases": r.classification.cases,
+                    }
+                )
             groups.append((label, out))
         return groups
 
@@ -99,9 +121,20 @@ class MatrixResult(MatrixViews):
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"environment": self.environment, "counts": self.counts(), "cells": [
-            {"key": r.key, "cell": r.cell.to_dict(), "label": r.cell.label,
-             "classification": dataclasses.asdict(r.classification), "report": _compact(r.report)} for r in self.rows]}
+        return {
+            "environment": self.environment,
+            "counts": self.counts(),
+            "cells": [
+                {
+                    "key": r.key,
+                    "cell": r.cell.to_dict(),
+                    "label": r.cell.label,
+                    "classification": dataclasses.asdict(r.classification),
+                    "report": _compact(r.report),
+                }
+                for r in self.rows
+            ],
+        }
 
     def __str__(self) -> str:
         return f"MatrixResult: {len(self.rows)} cells: " + ", ".join(f"{v} {k}" for k, v in self.counts().items())

@@ -1,4 +1,7 @@
-"""Sweeping the matrix: every cell isolated (a subprocess with a timeout, here or on a cluster), results appended to `results.jsonl` as each cell finishes, re-runs resume.
+"""Sweeping the matrix: every cell isolated, appended to `results.jsonl` as it finishes; re-runs resume.
+
+Sweeping the matrix: every cell isolated (a subprocess with a timeout, here or on a cluster), results appended to
+`results.jsonl` as each cell finishes, re-runs resume.
 
 `results.jsonl` holds one record per line, `{"key", "cell", "report", "limit_s"}`, keyed by scenario, torch version
 and device (`matrix.cell_key`); the last record of a key wins. A re-run skips cells already there, except
@@ -23,9 +26,9 @@ import torch
 from .._config import ConfigError, check_int, check_seconds
 from ..measure import Report
 from ..measure import environment as run_environment
+from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
 from .classification import EXPLAIN, classify
 from .executors import Executor, Job, make
-from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
 from .matrix import MatrixResult, Row
 
 RESULTS = "results.jsonl"
@@ -33,6 +36,7 @@ LOCK = ".sweep.lock"
 
 
 # ------------------------------------------------------------------------------------------------ results.jsonl
+
 
 def _records(path: pathlib.Path) -> dict[str, dict]:
     """key → the last valid record for it (a torn line, e.g. after `kill -9`, is skipped)."""
@@ -98,8 +102,10 @@ def merge_results(sources: Iterable[str | os.PathLike], into: str | os.PathLike)
         for src in sources:
             for key, rec in _records(pathlib.Path(src)).items():
                 mine = have.get(key)
-                if mine is not None and (mine["_report"].outcome not in ("crashed", "timeout")
-                                         or rec["_report"].outcome in ("crashed", "timeout")):
+                if mine is not None and (
+                    mine["_report"].outcome not in ("crashed", "timeout")
+                    or rec["_report"].outcome in ("crashed", "timeout")
+                ):
                     continue
                 f.write(json.dumps({k: v for k, v in rec.items() if not k.startswith("_")}) + "\n")
                 have[key] = rec
@@ -120,14 +126,19 @@ class _Folder:
     def __enter__(self) -> "_Folder":
         p = self.path
         if p.exists() and not p.is_dir():
-            raise ConfigError("sweep", "out", f"{str(p)!r} is a file, not a folder.",
-                              "pass a folder (created if missing), or move the file away.")
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"{str(p)!r} is a file, not a folder.",
+                "pass a folder (created if missing), or move the file away.",
+            )
         try:
             p.mkdir(parents=True, exist_ok=True)
             lock = open(p / LOCK, "a+")
         except OSError as e:
-            raise ConfigError("sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).",
-                              "pass a folder you can write to.") from None
+            raise ConfigError(
+                "sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).", "pass a folder you can write to."
+            ) from None
         import fcntl
 
         try:
@@ -136,8 +147,12 @@ class _Folder:
             lock.seek(0)
             who = lock.read().strip() or "another process"
             lock.close()
-            raise ConfigError("sweep", "out", f"another sweep is writing into {str(p)!r} ({who}).",
-                              "wait for it to finish, or pass another folder.") from None
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"another sweep is writing into {str(p)!r} ({who}).",
+                "wait for it to finish, or pass another folder.",
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -149,8 +164,12 @@ class _Folder:
             repair_tail(self.results)
         except OSError as e:
             self.__exit__()
-            raise ConfigError("sweep", "out", f"cannot write {str(self.results)!r} ({e.strerror or e}).",
-                              "pass a folder you can write to.") from None
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"cannot write {str(self.results)!r} ({e.strerror or e}).",
+                "pass a folder you can write to.",
+            ) from None
         return self
 
     def append(self, rec: dict) -> None:
@@ -169,6 +188,7 @@ class _Folder:
 
 # --------------------------------------------------------------------------------------------------- progress
 
+
 class Progress:
     """Cells done, findings (any label but `works`), lost cells (crashed / timeout) and the last finished cell.
     On a terminal a tqdm bar sized to it (time left appears once a cell has finished); elsewhere a line per cell."""
@@ -183,8 +203,15 @@ class Progress:
         if self.enabled and self.tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=done, file=self.stream, dynamic_ncols=True, unit="cell",
-                             desc="matrix", bar_format="{desc} {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining} {postfix}")
+            self._bar = tqdm(
+                total=total,
+                initial=done,
+                file=self.stream,
+                dynamic_ncols=True,
+                unit="cell",
+                desc="matrix",
+                bar_format="{desc} {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining} {postfix}",
+            )
 
     def finish(self, cell: Cell, label: str) -> None:
         self.done += 1
@@ -208,6 +235,7 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------------------ sweep
 
+
 def environment() -> dict[str, Any]:
     """The runner's environment plus the device the cells run on (part of every cell's cache key)."""
     return {**run_environment(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
@@ -220,8 +248,12 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
     """The cells of a sweep: the quick or full toolkit sweep, torchtitan's own models, or both. torchtitan is
     checked for before anything runs."""
     if stack not in STACKS:
-        raise ConfigError("sweep", "stack", f"{stack!r} is not one of {', '.join(STACKS)}.",
-                          "pass stack='toolkit' (the default), 'torchtitan' or 'all'.")
+        raise ConfigError(
+            "sweep",
+            "stack",
+            f"{stack!r} is not one of {', '.join(STACKS)}.",
+            "pass stack='toolkit' (the default), 'torchtitan' or 'all'.",
+        )
     cells = [] if stack == "torchtitan" else (quick_cells(backends) if quick else full_cells(backends))
     if stack != "toolkit":
         from ..stacks.torchtitan import require
@@ -231,11 +263,21 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
     return cells
 
 
-def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,
-          backends: Iterable[str] = ("aot_eager",), workers: int = 1, timeout_s: float | None = 600,
-          progress: bool = True, runner: Callable[..., Report] | None = None,
-          executor: str | Executor = "local", warm: bool = True, stack: str = "toolkit",
-          **executor_options: Any) -> MatrixResult:
+def sweep(
+    cells: Iterable[Cell] | None = None,
+    *,
+    out: str | os.PathLike | None = None,
+    quick: bool = True,
+    backends: Iterable[str] = ("aot_eager",),
+    workers: int = 1,
+    timeout_s: float | None = 600,
+    progress: bool = True,
+    runner: Callable[..., Report] | None = None,
+    executor: str | Executor = "local",
+    warm: bool = True,
+    stack: str = "toolkit",
+    **executor_options: Any,
+) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
     there (same scenario, torch version and device) are not run again, `crashed` ones and shorter-limit timeouts
     are. `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
@@ -255,21 +297,28 @@ def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None 
         done = {k: (r["_cell"], r["_report"]) for k, r in records.items()}
         pending = [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s)]
         if progress and pending:
-            print(f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
-                  + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
+                + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
         try:
             for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
-                    folder.append({"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(),
-                                   "limit_s": timeout_s})
+                    folder.append(
+                        {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
+                    )
                 bar.finish(job.cell, classify(report).label)
         finally:
             bar.close()
-        result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment(),
-                              _other_releases(records, set(runnable), set(keys.values())))
+        result = MatrixResult(
+            [Row(keys[c], c, done[keys[c]][1]) for c in runnable],
+            environment(),
+            _other_releases(records, set(runnable), set(keys.values())),
+        )
         if out is not None:
             result.write(out)
     return result
@@ -295,8 +344,10 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
     lines = [str(result)]
     for label, n in result.counts().items():
         lines.append(f"  {label:20} {n:4d}  {EXPLAIN[label]}")
-    bad = sorted((r for r in result.rows if r.classification.label != "works"),
-                 key=lambda r: (r.classification.severity, r.cell.label))
+    bad = sorted(
+        (r for r in result.rows if r.classification.label != "works"),
+        key=lambda r: (r.classification.severity, r.cell.label),
+    )
     if bad:
         lines.append(f"\nnot works ({len(bad)}):")
     for r in bad:
@@ -315,10 +366,12 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:max(10, width - 1)] + "…"
+    return text if len(text) <= width else text[: max(10, width - 1)] + "…"
 
 
-def plan(cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600) -> tuple[list[Cell], list[Cell]]:
+def plan(
+    cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600
+) -> tuple[list[Cell], list[Cell]]:
     """`(runnable, pending)`: the cells that can be built, and those of them `sweep` would run into `out` (not in
     its results.jsonl yet, crashed, or timed out under a shorter limit) — read only, nothing is run or written."""
     check_seconds("sweep", "timeout_s", timeout_s)
@@ -338,4 +391,3 @@ def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> 
             raise ConfigError("matrix", "merge", f"{str(src)!r} is not a file.", "pass results.jsonl files.")
     with _Folder(out) as folder:
         return merge_results(sources, folder.results)
-

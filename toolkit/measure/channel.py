@@ -1,4 +1,7 @@
-"""The parent/child channel of an isolated run, in one place: who the parent is, the threads a child may use, and the lines a child sends back (`stage NAME` as the step goes, then `report JSON`).
+"""The parent/child channel of an isolated run: its parent, its threads, and the lines it sends back.
+
+The parent/child channel of an isolated run, in one place: who the parent is, the threads a child may use, and the lines
+a child sends back (`stage NAME` as the step goes, then `report JSON`).
 
 Used by both ways of isolating a run — a fresh Python per run (`isolate`, `worker`) and a child forked from the warm
 server (`forkserver`) — so the two cannot drift apart. Nothing here imports torch.
@@ -57,6 +60,7 @@ def die_with_parent(parent: int | None = None) -> None:
         # The signal is sent when the parent *thread* that forked us exits: callers spawn from long-lived threads.
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     else:
+
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(0.5)
@@ -92,5 +96,14 @@ def read(out: bytes) -> tuple[list[str], str | None]:
     return stages, report
 
 
-__all__ = ["PARENT_ENV", "THREADS_ENV", "thread_env", "child_env", "apply_threads", "die_with_parent", "send_stage",
-           "send_report", "read"]
+__all__ = [
+    "PARENT_ENV",
+    "THREADS_ENV",
+    "thread_env",
+    "child_env",
+    "apply_threads",
+    "die_with_parent",
+    "send_stage",
+    "send_report",
+    "read",
+]

@@ -1,4 +1,7 @@
-"""Warm isolated runs: one server process imports torch once and forks a fresh child per Scenario, so each run is still its own process (a crash or hang is a result) without paying torch's import every time.
+"""Warm isolated runs: a server imports torch once and forks a fresh child per Scenario.
+
+Warm isolated runs: one server process imports torch once and forks a fresh child per Scenario, so each run is still its
+own process (a crash or hang is a result) without paying torch's import every time.
 
 Fork safety: the server never runs a step, never touches CUDA and stays single-threaded (numpy's OpenBLAS pool
 is held at one thread, and the server checks `/proc/self/task` before every fork); intra-op threads are set in
@@ -28,9 +31,18 @@ import traceback
 from . import channel
 
 # Imported before the first fork, so a child finds them loaded (what a compiled cell would import on its own).
-PREIMPORT = ("toolkit.measure.local", "torch._dynamo", "torch._dynamo.backends.debugging", "torch._functorch.aot_autograd",
-             "torch._functorch.partitioners", "torch._inductor.compile_fx", "torch._inductor.lowering",
-             "torch._inductor.scheduler", "torch._inductor.codegen.cpp", "torch.export")
+PREIMPORT = (
+    "toolkit.measure.local",
+    "torch._dynamo",
+    "torch._dynamo.backends.debugging",
+    "torch._functorch.aot_autograd",
+    "torch._functorch.partitioners",
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.scheduler",
+    "torch._inductor.codegen.cpp",
+    "torch.export",
+)
 _MSG = 1 << 20
 
 
@@ -47,6 +59,7 @@ def _send(sock: socket.socket, msg: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- server side
+
 
 def serve(fd: int) -> None:
     """The server's loop: fork a child per request, report each child's pid and exit status; exit with the caller."""
@@ -152,7 +165,9 @@ def _child(req: dict, fds: list[int], ctrl: socket.socket, wake: tuple[int, int]
         os.dup2(devnull, 1)
         os.dup2(err_fd, 2)
         os.close(err_fd)
-        for k in [k for k in os.environ if k.startswith("TOOLKIT_") and k != channel.PARENT_ENV and k not in req["env"]]:
+        for k in [
+            k for k in os.environ if k.startswith("TOOLKIT_") and k != channel.PARENT_ENV and k not in req["env"]
+        ]:
             del os.environ[k]  # the caller's toolkit settings now, not those of when the server started
         os.environ.update(req["env"])
         with os.fdopen(chan_fd, "w") as chan:
@@ -168,6 +183,7 @@ def _child(req: dict, fds: list[int], ctrl: socket.socket, wake: tuple[int, int]
 
 
 # --------------------------------------------------------------------------------------------------- caller side
+
 
 class _Waiter:
     def __init__(self) -> None:
@@ -234,8 +250,13 @@ class WarmPool:
                 try:
                     box["proc"] = subprocess.Popen(
                         [sys.executable, "-m", "toolkit.measure.forkserver", str(theirs.fileno())],
-                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+                        pass_fds=[theirs.fileno()],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                        env=env,
+                    )
                 except BaseException as e:
                     box["error"] = e
                 started.set()
@@ -258,8 +279,9 @@ class WarmPool:
                 raise RuntimeError(f"the warm pool's server did not start: {hello.get('error')}")
             if hello.get("threads", 1) != 1:
                 self._stop_proc(proc)
-                raise RuntimeError(f"the warm pool's server has {hello['threads']} threads after importing torch; "
-                                   "forking it is unsafe")
+                raise RuntimeError(
+                    f"the warm pool's server has {hello['threads']} threads after importing torch; forking it is unsafe"
+                )
             mine.settimeout(None)
             self._ctrl, self._proc, self.server_pid = mine, proc, hello["pid"]
             self.starts += 1
@@ -348,8 +370,11 @@ class WarmPool:
         err_r, err_w = socket.socketpair()
         try:
             with self._send_lock:
-                socket.send_fds(ctrl, [json.dumps({"id": rid, "scenario": scenario.to_json(), "env": env}).encode()],
-                                [chan_w.fileno(), err_w.fileno()])
+                socket.send_fds(
+                    ctrl,
+                    [json.dumps({"id": rid, "scenario": scenario.to_json(), "env": env}).encode()],
+                    [chan_w.fileno(), err_w.fileno()],
+                )
         except OSError as e:
             self._waiting.pop(rid, None)
             for s in (chan_r, chan_w, err_r, err_w):

@@ -1,4 +1,8 @@
-"""`run(scenario)`: one measured training step of a Scenario, in this process or isolated in a subprocess (a fresh Python, or a child forked from the warm server), whose Report comes back the same either way."""
+"""`run(scenario)`: one measured step of a Scenario, in this process or isolated in a subprocess.
+
+`run(scenario)`: one measured training step of a Scenario, in this process or isolated in a subprocess (a fresh Python,
+or a child forked from the warm server), whose Report comes back the same either way.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,14 @@ from .report import Report
 from .scenario import Scenario
 
 
-def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = None,
-        on_stage: Callable[[str], None] | None = None, threads: int | None = None) -> Report:
+def run(
+    scenario: Scenario,
+    *,
+    isolate: bool = False,
+    timeout_s: float | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> Report:
     """Build, transform and measure one training step. Errors come back as a Report, never as an exception
     (except an invalid Scenario, which fails when it is constructed). `isolate=True` runs it in a subprocess
     so a segfault, abort or hang comes back as `crashed` / `timeout`; `threads` caps its intra-op threads
@@ -26,8 +36,12 @@ def run(scenario: Scenario, *, isolate: bool = False, timeout_s: float | None = 
     if threads is not None:
         check_int("run", "threads", threads, 1)
     if timeout_s is not None and not isolate:
-        raise ConfigError("run", "timeout_s", "a time limit needs a subprocess to stop.",
-                          "pass isolate=True together with timeout_s, or drop timeout_s.")
+        raise ConfigError(
+            "run",
+            "timeout_s",
+            "a time limit needs a subprocess to stop.",
+            "pass isolate=True together with timeout_s, or drop timeout_s.",
+        )
     if isolate:
         from .isolate import run_isolated
 

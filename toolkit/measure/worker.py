@@ -1,4 +1,7 @@
-"""Subprocess side of `run(isolate=True)`: read a Scenario, measure it, send its Report back; a crash here cannot reach the caller.
+"""Subprocess side of `run(isolate=True)`: read a Scenario, measure it, send its Report back.
+
+Subprocess side of `run(isolate=True)`: read a Scenario, measure it, send its Report back; a crash here cannot reach the
+caller.
 
 The channel (`channel.py`) is a pipe or socket — no files, so nothing is left on disk if either side is killed —
 carrying `stage NAME` lines as the step goes, then `report JSON`. The process dies with its parent.

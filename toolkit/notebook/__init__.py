@@ -1,4 +1,8 @@
-"""The notebook front end: figures with plain-text twins (`display`), the Explorer widget (`widgets`), and `setup_notebook()`; `display` and `widgets` are imported when first used."""
+"""The notebook front end: `display`, the Explorer (`widgets`) and `setup_notebook()`, loaded on use.
+
+The notebook front end: figures with plain-text twins (`display`), the Explorer widget (`widgets`), and
+`setup_notebook()`; `display` and `widgets` are imported when first used.
+"""
 
 from .setup import setup_notebook
 

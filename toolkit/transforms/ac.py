@@ -1,4 +1,7 @@
-"""`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied to `model.layers` the way torchtitan does it; one config class per mode, which owns its options and applies itself.
+"""`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied the way torchtitan does it.
+
+`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied to `model.layers` the way torchtitan does it;
+one config class per mode, which owns its options and applies itself.
 
 `ACConfig(mode="selective_op", ...)` is the one entry point: it builds that mode's own config (`MODES`), a frozen
 dataclass holding only the options the mode reads. An option another mode reads is a ConfigError naming that mode.
@@ -16,8 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .. import compat
-from .._config import (ConfigError, check_bool, check_choice, check_int, check_object, from_dict,
-                       to_dict)
+from .._config import ConfigError, check_bool, check_choice, check_int, check_object, from_dict, to_dict
 from .naming import get_module, get_slot, has_checkpoint, unwrap
 from .policies import custom_context, per_op_context, save_ops_context
 from .settings import Applied, applied, forget, record
@@ -32,8 +34,10 @@ REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions
 
 # main's reasons, word for word, for the two options its remat configs refuse.
 REMAT_REFUSED = {
-    "preserve_rng_state": ("torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
-                           "a torch_remat RecomputeStateHook for random state used in retained regions."),
+    "preserve_rng_state": (
+        "torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
+        "a torch_remat RecomputeStateHook for random state used in retained regions."
+    ),
     "debug": "torch_remat activation checkpointing does not support the debug option.",
 }
 
@@ -73,8 +77,12 @@ class ACConfig:
     def __post_init__(self) -> None:
         own = type(self).own_mode()
         if self.mode != own:
-            raise ConfigError("ACConfig", "mode", f"{type(self).__name__} is mode {own!r}, not {self.mode!r}.",
-                              f"use ACConfig(mode={self.mode!r}, ...) instead.")
+            raise ConfigError(
+                "ACConfig",
+                "mode",
+                f"{type(self).__name__} is mode {own!r}, not {self.mode!r}.",
+                f"use ACConfig(mode={self.mode!r}, ...) instead.",
+            )
 
     @classmethod
     def own_mode(cls) -> str:
@@ -88,8 +96,9 @@ class ACConfig:
 
     # --- applying ----------------------------------------------------------------------------------------
 
-    def _apply(self, model: nn.Module, layer_items: list[tuple[str, nn.Module]], rec: Applied,
-               undo: list[tuple[str, str]]) -> list[str]:
+    def _apply(
+        self, model: nn.Module, layer_items: list[tuple[str, nn.Module]], rec: Applied, undo: list[tuple[str, str]]
+    ) -> list[str]:
         """Transform `model.layers` in place; each change goes into `undo` as it is made (so a failure half-way
         is rolled back); returns the canonical names of the modules that now checkpoint."""
         return []
@@ -104,8 +113,11 @@ class ACConfig:
         if mode == self.mode:
             return dataclasses.replace(self, **changes)
         default = type(self)()
-        carried = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                   if f.name != "mode" and getattr(self, f.name) != getattr(default, f.name)}
+        carried = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "mode" and getattr(self, f.name) != getattr(default, f.name)
+        }
         return ACConfig(**{**carried, **changes})
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,9 +169,13 @@ def _fixed_remat(owner: str, policy: dict[str, tuple[str, ...]], options: dict[s
             raise ConfigError(owner, name, why, f"drop {name} (torchtitan main refuses it too).")
     for name in policy:
         if name in options and tuple(options[name]) != policy[name]:
-            raise ConfigError(owner, name, f"{owner} is a fixed policy (torchtitan main's).",
-                              "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
-                              "it, as main's ActivationRematConfig.")
+            raise ConfigError(
+                owner,
+                name,
+                f"{owner} is a fixed policy (torchtitan main's).",
+                "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
+                "it, as main's ActivationRematConfig.",
+            )
     return RematAC(**{**policy, **options})
 
 
@@ -167,26 +183,40 @@ def _refuse_option(name: str, own: type[ACConfig], value: Any) -> None:
     """`ACConfig(mode=..., name=value)` where that mode does not read `name`. A value of the wrong type is named as
     such first (whichever mode reads it would refuse it too); a good value is refused naming the modes that read it."""
     if name in ("policy", "save_ops"):
-        raise ConfigError("ACConfig", "mode", f"policy/save_ops are only used by mode='custom', not "
-                          f"{own.own_mode()!r}.", "set mode='custom' or drop policy/save_ops.")
+        raise ConfigError(
+            "ACConfig",
+            "mode",
+            f"policy/save_ops are only used by mode='custom', not {own.own_mode()!r}.",
+            "set mode='custom' or drop policy/save_ops.",
+        )
     readers = [m for m, c in MODES.items() if name in c.options()]
     if not readers:
-        raise ConfigError("ACConfig", name, "is not an option of any AC mode.",
-                          f"use the options of mode={own.own_mode()!r}: {', '.join(own.options()) or 'none'}.")
+        raise ConfigError(
+            "ACConfig",
+            name,
+            "is not an option of any AC mode.",
+            f"use the options of mode={own.own_mode()!r}: {', '.join(own.options()) or 'none'}.",
+        )
     try:  # the reading mode's own check of the value
         MODES[readers[0]](**{name: value})
     except ConfigError as e:
         if e.field == name:
             raise
     if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
-        users, fix = ("the per-op policy (mode='selective_op', or 'per_submodule' with submodule_ac='selective')",
-                      "or use mode='selective_op'")
+        users, fix = (
+            "the per-op policy (mode='selective_op', or 'per_submodule' with submodule_ac='selective')",
+            "or use mode='selective_op'",
+        )
     elif len(readers) == 1:
         users, fix = f"mode={readers[0]!r}", f"or set mode={readers[0]!r}"
     else:
         users, fix = f"the modes that wrap ({', '.join(readers)})", "or pick a mode that wraps"
-    raise ConfigError("ACConfig", name, f"is only used by {users}, not mode={own.own_mode()!r}, which would ignore it "
-                      f"({own.IGNORES}).", f"drop {name}, {fix}.")
+    raise ConfigError(
+        "ACConfig",
+        name,
+        f"is only used by {users}, not mode={own.own_mode()!r}, which would ignore it ({own.IGNORES}).",
+        f"drop {name}, {fix}.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,14 +251,22 @@ class Checkpointing(ACConfig):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
         if self.debug and self.uses_sac:
-            raise ConfigError(own, "debug", "torch.utils.checkpoint rejects debug=True together with a selective "
-                              "policy ('debug=True is incompatible with non-default context_fn', C24).",
-                              "use debug=False, or mode='full'.")
-        if self.wrap_inductor_compiled_regions and not hasattr(compat.compiler_configs().inductor,
-                                                                "wrap_inductor_compiled_regions"):
-            raise ConfigError(own, "wrap_inductor_compiled_regions",
-                              f"torch {torch.__version__} has no inductor option wrap_inductor_compiled_regions.",
-                              "upgrade torch (the option arrived with pytorch#167844) or leave it False.")
+            raise ConfigError(
+                own,
+                "debug",
+                "torch.utils.checkpoint rejects debug=True together with a selective "
+                "policy ('debug=True is incompatible with non-default context_fn', C24).",
+                "use debug=False, or mode='full'.",
+            )
+        if self.wrap_inductor_compiled_regions and not hasattr(
+            compat.compiler_configs().inductor, "wrap_inductor_compiled_regions"
+        ):
+            raise ConfigError(
+                own,
+                "wrap_inductor_compiled_regions",
+                f"torch {torch.__version__} has no inductor option wrap_inductor_compiled_regions.",
+                "upgrade torch (the option arrived with pytorch#167844) or leave it False.",
+            )
 
     def context_fn(self, module: nn.Module, fqn: str) -> Callable[[], Any] | None:
         """The SAC `context_fn` for `module` (named `fqn`), or None for a plain checkpoint."""
@@ -237,16 +275,20 @@ class Checkpointing(ACConfig):
     def wrap(self, module: nn.Module, fqn: str, *, selective: bool | None = None) -> nn.Module:
         """A non-reentrant CheckpointWrapper around `module` (named `fqn`), with this mode's SAC policy when it has
         one (`selective=False` wraps it plainly)."""
-        kwargs: dict[str, Any] = dict(preserve_rng_state=self.preserve_rng_state,
-                                      determinism_check=self.determinism_check, early_stop=self.early_stop,
-                                      debug=self.debug)
+        kwargs: dict[str, Any] = dict(
+            preserve_rng_state=self.preserve_rng_state,
+            determinism_check=self.determinism_check,
+            early_stop=self.early_stop,
+            debug=self.debug,
+        )
         context = self.context_fn(module, fqn) if selective is not False else None
         if context is not None:
             kwargs["context_fn"] = context
         return compat.checkpoint_wrapper(module, **kwargs)
 
-    def _wrap_blocks(self, layers: nn.Module, items: list[tuple[str, nn.Module]],
-                     undo: list[tuple[str, str]]) -> list[str]:
+    def _wrap_blocks(
+        self, layers: nn.Module, items: list[tuple[str, nn.Module]], undo: list[tuple[str, str]]
+    ) -> list[str]:
         for key, block in items:
             layers.register_module(key, self.wrap(block, f"layers.{key}"))
             undo.append(("wrapped", f"layers.{key}"))
@@ -280,11 +322,19 @@ class PerOpPolicy(Checkpointing):
         super().__post_init__()
         fqns = self.force_recompute_mm_shapes_by_fqns
         if isinstance(fqns, str):
-            raise ConfigError("ACConfig", "force_recompute_mm_shapes_by_fqns", "is a single string, not a tuple.",
-                              f"pass ({fqns!r},).")
+            raise ConfigError(
+                "ACConfig",
+                "force_recompute_mm_shapes_by_fqns",
+                "is a single string, not a tuple.",
+                f"pass ({fqns!r},).",
+            )
         if not isinstance(fqns, (tuple, list)) or not all(isinstance(f, str) for f in fqns):
-            raise ConfigError("ACConfig", "force_recompute_mm_shapes_by_fqns", f"{fqns!r} is not a tuple of strings.",
-                              "pass e.g. ('moe.router.gate',), or () to force nothing.")
+            raise ConfigError(
+                "ACConfig",
+                "force_recompute_mm_shapes_by_fqns",
+                f"{fqns!r} is not a tuple of strings.",
+                "pass e.g. ('moe.router.gate',), or () to force nothing.",
+            )
         object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
         object.__setattr__(self, "extra_save_ops", ops_of("extra_save_ops", self.extra_save_ops))
 
@@ -332,9 +382,13 @@ class PerSubmoduleAC(PerOpPolicy):
         if self.submodule_ac == "full":
             for name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
                 if getattr(self, name) not in (PerSubmoduleAC.__dataclass_fields__[name].default, None):
-                    raise ConfigError("ACConfig", name, "is only used by the per-op policy, not mode='per_submodule' "
-                                      "with submodule_ac='full', which wraps each submodule whole, with no policy.",
-                                      f"drop {name}, or use submodule_ac='selective'.")
+                    raise ConfigError(
+                        "ACConfig",
+                        name,
+                        "is only used by the per-op policy, not mode='per_submodule' "
+                        "with submodule_ac='full', which wraps each submodule whole, with no policy.",
+                        f"drop {name}, or use submodule_ac='selective'.",
+                    )
             object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", ())
         super().__post_init__()
         if self.submodule_ac == "full":
@@ -373,11 +427,19 @@ class CustomAC(Checkpointing):
     def __post_init__(self) -> None:
         super().__post_init__()
         if (self.policy is None) == (self.save_ops is None):
-            raise ConfigError("ACConfig", "policy", "mode='custom' needs exactly one of policy and save_ops.",
-                              "pass policy=callable or save_ops=(torch.ops.aten.mm.default, ...).")
+            raise ConfigError(
+                "ACConfig",
+                "policy",
+                "mode='custom' needs exactly one of policy and save_ops.",
+                "pass policy=callable or save_ops=(torch.ops.aten.mm.default, ...).",
+            )
         if self.policy is not None and not callable(self.policy):
-            raise ConfigError("ACConfig", "policy", f"{self.policy!r} is not callable.",
-                              "pass a function (ctx, func, *args, **kwargs) -> CheckpointPolicy.")
+            raise ConfigError(
+                "ACConfig",
+                "policy",
+                f"{self.policy!r} is not callable.",
+                "pass a function (ctx, func, *args, **kwargs) -> CheckpointPolicy.",
+            )
         if self.save_ops is not None:
             object.__setattr__(self, "save_ops", ops_of("save_ops", self.save_ops))
 
@@ -398,8 +460,12 @@ class MemoryBudgetAC(ACConfig):
         super().__post_init__()
         m = self.memory_budget
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
-            raise ConfigError("ACConfig", "memory_budget", f"{m!r} is not between 0 and 1.",
-                              "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
+            raise ConfigError(
+                "ACConfig",
+                "memory_budget",
+                f"{m!r} is not between 0 and 1.",
+                "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).",
+            )
 
     def _apply(self, model, layer_items, rec, undo):
         rec.functorch_config["activation_memory_budget"] = float(self.memory_budget)
@@ -449,8 +515,12 @@ class RematAC(ACConfig):
             if isinstance(patterns, str):
                 raise ConfigError(own, name, "is a single string, not a tuple of patterns.", f"pass ({patterns!r},).")
             if not isinstance(patterns, (tuple, list)) or not all(isinstance(p, str) and p for p in patterns):
-                raise ConfigError(own, name, f"{patterns!r} is not a tuple of non-empty strings.",
-                                  "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().")
+                raise ConfigError(
+                    own,
+                    name,
+                    f"{patterns!r} is not a tuple of non-empty strings.",
+                    "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().",
+                )
             object.__setattr__(self, name, tuple(patterns))
         if not compat.available("torch_remat"):
             from .._extras import reason
@@ -467,39 +537,73 @@ class RematAC(ACConfig):
         return [f"layers.{key}" for key, _ in layer_items]
 
 
-MODES: dict[str, type[ACConfig]] = {c.own_mode(): c for c in (
-    NoAC, FullAC, SelectiveOpAC, SelectiveLayerAC, PerSubmoduleAC, MemoryBudgetAC, CustomAC, RematAC)}
+MODES: dict[str, type[ACConfig]] = {
+    c.own_mode(): c
+    for c in (NoAC, FullAC, SelectiveOpAC, SelectiveLayerAC, PerSubmoduleAC, MemoryBudgetAC, CustomAC, RematAC)
+}
 
 # Every option of every mode, with the value the JSON record gives one that a mode does not read.
 JSON_FIELDS: dict[str, Any] = {
-    "mode": "none", "preserve_rng_state": None, "early_stop": None, "determinism_check": None, "debug": None,
-    "layer_every": None, "submodule_ac": None, "force_recompute_mm_shapes_by_fqns": None, "extra_save_ops": [],
-    "memory_budget": None, "policy": None, "save_ops": None, "save_regions": None, "recompute_regions": None,
-    "wrap_inductor_compiled_regions": False}
+    "mode": "none",
+    "preserve_rng_state": None,
+    "early_stop": None,
+    "determinism_check": None,
+    "debug": None,
+    "layer_every": None,
+    "submodule_ac": None,
+    "force_recompute_mm_shapes_by_fqns": None,
+    "extra_save_ops": [],
+    "memory_budget": None,
+    "policy": None,
+    "save_ops": None,
+    "save_regions": None,
+    "recompute_regions": None,
+    "wrap_inductor_compiled_regions": False,
+}
 # What files written before options became mode-specific hold for an option whatever the mode: accepted (and
 # dropped) for a mode that does not read it.
 LEGACY_DEFAULTS: dict[str, Any] = {
-    "preserve_rng_state": True, "early_stop": False, "determinism_check": "default", "debug": False,
-    "layer_every": 2, "submodule_ac": "selective", "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
-    "memory_budget": 0.5, "extra_save_ops": (), "wrap_inductor_compiled_regions": False}
+    "preserve_rng_state": True,
+    "early_stop": False,
+    "determinism_check": "default",
+    "debug": False,
+    "layer_every": 2,
+    "submodule_ac": "selective",
+    "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
+    "memory_budget": 0.5,
+    "extra_save_ops": (),
+    "wrap_inductor_compiled_regions": False,
+}
 
 
 def ops_of(field: str, ops: Any) -> tuple[Any, ...]:
     """A tuple of ops a SAC policy can match (`func is op`): names are looked up, anything else is refused."""
     if isinstance(ops, str) or not isinstance(ops, (tuple, list, set, frozenset)):
-        raise ConfigError("ACConfig", field, f"{ops!r} is not a tuple of ops.",
-                          "pass e.g. (torch.ops.aten.mm.default,) or ('aten.mm.default',).")
+        raise ConfigError(
+            "ACConfig",
+            field,
+            f"{ops!r} is not a tuple of ops.",
+            "pass e.g. (torch.ops.aten.mm.default,) or ('aten.mm.default',).",
+        )
     out = []
     for op in ops:
         if isinstance(op, str):
             op = op_from_name(op, field=field)
         kind = compat.op_kind(op)
         if kind == "packet":
-            raise ConfigError("ACConfig", field, f"torch.ops.{op} is an overload packet, which a policy's func never "
-                              f"equals.", f"name the overload, e.g. torch.ops.{op}.default.")
+            raise ConfigError(
+                "ACConfig",
+                field,
+                f"torch.ops.{op} is an overload packet, which a policy's func never equals.",
+                f"name the overload, e.g. torch.ops.{op}.default.",
+            )
         if kind is None:
-            raise ConfigError("ACConfig", field, f"{op!r} is not a torch op.",
-                              "pass ops like torch.ops.aten.mm.default or names like 'aten.mm.default'.")
+            raise ConfigError(
+                "ACConfig",
+                field,
+                f"{op!r} is not a torch op.",
+                "pass ops like torch.ops.aten.mm.default or names like 'aten.mm.default'.",
+            )
         out.append(op)
     return tuple(out)
 
@@ -514,8 +618,9 @@ def op_from_name(name: Any, *, owner: str = "ACConfig", field: str = "save_ops")
         packet = getattr(getattr(torch.ops, ns), packet_name)
         return getattr(packet, overload or "default")
     except (AttributeError, RuntimeError, ValueError):
-        raise ConfigError(owner, field, f"{name!r} is not a torch op.",
-                          "use names like 'aten.mm.default' (namespace.op.overload).") from None
+        raise ConfigError(
+            owner, field, f"{name!r} is not a torch op.", "use names like 'aten.mm.default' (namespace.op.overload)."
+        ) from None
 
 
 # --- applying and removing -------------------------------------------------------------------------------
@@ -526,8 +631,12 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     root = unwrap(model)
     layers = getattr(root, "layers", None)
     if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-        raise ConfigError("model", "layers", f"{type(root).__name__} has no `layers` ModuleDict/ModuleList of blocks.",
-                          "build the model with toolkit.build_model, or keep the blocks in `model.layers`.")
+        raise ConfigError(
+            "model",
+            "layers",
+            f"{type(root).__name__} has no `layers` ModuleDict/ModuleList of blocks.",
+            "build the model with toolkit.build_model, or keep the blocks in `model.layers`.",
+        )
     return [(k, unwrap(b)) for k, b in layers.named_children()]
 
 
@@ -538,12 +647,16 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
         raise TypeError(f"apply_ac needs an ACConfig, got {type(cfg).__name__}")
     rec = applied(model)
     if rec.ac is not None or has_checkpoint(model):
-        raise RuntimeError("activation checkpointing is already applied to this model "
-                           f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
-                           "call toolkit.remove_ac(model) first.")
+        raise RuntimeError(
+            "activation checkpointing is already applied to this model "
+            f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
+            "call toolkit.remove_ac(model) first."
+        )
     if rec.compile is not None:
-        raise RuntimeError("apply_ac must run before apply_compile (torchtitan's order). For AC(compile(x)) keep "
-                           "that order and pass CompileConfig(order='ac_outside'); remove_compile(model) to start over.")
+        raise RuntimeError(
+            "apply_ac must run before apply_compile (torchtitan's order). For AC(compile(x)) keep "
+            "that order and pass CompileConfig(order='ac_outside'); remove_compile(model) to start over."
+        )
     layer_items = blocks(model)
     rec = record(model)
     undo: list[tuple[str, str]] = []
@@ -565,7 +678,9 @@ def remove_ac(model: nn.Module) -> nn.Module:
     if rec.empty:
         return model
     if rec.compile is not None:
-        raise RuntimeError("call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers.")
+        raise RuntimeError(
+            "call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers."
+        )
     if rec.ac_patched:
         _undo(model, rec, [("patched", name) for name in rec.ac_patched])
     else:
@@ -599,6 +714,23 @@ def ac_region_of(model: nn.Module, name: str) -> str | None:
     return None
 
 
-__all__ = ["ACConfig", "ACMode", "MODES", "NoAC", "Checkpointing", "FullAC", "PerOpPolicy", "SelectiveOpAC",
-           "SelectiveLayerAC", "PerSubmoduleAC", "CustomAC", "MemoryBudgetAC", "RematAC", "apply_ac", "remove_ac",
-           "blocks", "op_from_name", "ops_of"]
+__all__ = [
+    "ACConfig",
+    "ACMode",
+    "MODES",
+    "NoAC",
+    "Checkpointing",
+    "FullAC",
+    "PerOpPolicy",
+    "SelectiveOpAC",
+    "SelectiveLayerAC",
+    "PerSubmoduleAC",
+    "CustomAC",
+    "MemoryBudgetAC",
+    "RematAC",
+    "apply_ac",
+    "remove_ac",
+    "blocks",
+    "op_from_name",
+    "ops_of",
+]

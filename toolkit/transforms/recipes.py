@@ -1,4 +1,8 @@
-"""`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time (our code, from its documented behaviour)."""
+"""`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time.
+
+`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time (our code, from its
+documented behaviour).
+"""
 
 from __future__ import annotations
 
@@ -102,7 +106,11 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
         block = unwrap(transformer_block)
         if getattr(block, "moe_enabled", False):
             # #1895 unwraps a block-level CheckpointWrapper but not submodule-level ones.
-            inner = transformer_block._checkpoint_wrapped_module if is_checkpoint_wrapper(transformer_block) else transformer_block
+            inner = (
+                transformer_block._checkpoint_wrapped_module
+                if is_checkpoint_wrapper(transformer_block)
+                else transformer_block
+            )
             for attr, child in list(inner.named_children()):
                 moe = unwrap(child) if see_through else child
                 if _is_moe(moe):
@@ -129,8 +137,18 @@ def _is_moe(m: nn.Module) -> bool:
     return any(cls.__name__ == "MoE" for cls in type(m).__mro__)
 
 
-def _record(model: nn.Module, *, name: str, ac: ACConfig, wrapped: list[str], compile: CompileConfig,
-            targets: list[str], undo: list, orders: dict[str, str], lru_off: bool) -> None:
+def _record(
+    model: nn.Module,
+    *,
+    name: str,
+    ac: ACConfig,
+    wrapped: list[str],
+    compile: CompileConfig,
+    targets: list[str],
+    undo: list,
+    orders: dict[str, str],
+    lru_off: bool,
+) -> None:
     """What a recipe that wraps and compiles by hand did, written into the model's record as apply_ac /
     apply_compile would."""
     rec = record(model)
@@ -174,12 +192,30 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
             layers.register_module(key, ac_cfg.wrap(block, f"layers.{key}"))
             wrapped.append(f"layers.{key}")
     targets, undo = _compile_children_1895(model, backend, see_through)
-    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                        method="torch_compile")
-    orders = {t: ("compile(AC(x))" if t in wrapped else "AC(compile(x))" if any(t.startswith(w + ".") for w in wrapped) else "")
-              for t in targets}
-    _record(model, name=name, ac=ac_cfg, wrapped=wrapped, compile=cfg, targets=targets, undo=undo,
-            orders={k: v for k, v in orders.items() if v}, lru_off=False)
+    cfg = CompileConfig(
+        scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
+    )
+    orders = {
+        t: (
+            "compile(AC(x))"
+            if t in wrapped
+            else "AC(compile(x))"
+            if any(t.startswith(w + ".") for w in wrapped)
+            else ""
+        )
+        for t in targets
+    }
+    _record(
+        model,
+        name=name,
+        ac=ac_cfg,
+        wrapped=wrapped,
+        compile=cfg,
+        targets=targets,
+        undo=undo,
+        orders={k: v for k, v in orders.items() if v},
+        lru_off=False,
+    )
     return model
 
 
@@ -201,11 +237,21 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     wrapped = list(rec.ac_wrapped)
     rec.ac, rec.ac_wrapped = None, []
     targets, undo = _compile_children_1895(model, backend)
-    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                        method="torch_compile")
+    cfg = CompileConfig(
+        scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
+    )
     orders = {t: "AC(compile(x))" for t in targets if any(t.startswith(w + ".") for w in wrapped)}
-    _record(model, name="torchtitan_2025_12", ac=ac_cfg, wrapped=wrapped, compile=cfg, targets=targets, undo=undo,
-            orders=orders, lru_off=True)
+    _record(
+        model,
+        name="torchtitan_2025_12",
+        ac=ac_cfg,
+        wrapped=wrapped,
+        compile=cfg,
+        targets=targets,
+        undo=undo,
+        orders=orders,
+        lru_off=True,
+    )
     return model
 
 
@@ -223,9 +269,18 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
     """
     name = "torchtitan_0_3_0" if ac == "selective_op" else "torchtitan_0_3_0_full_ac"
     _start(model, name)
-    prepare(model, ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
-            compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                                  skip_fwd_side_effects_in_bwd_under_checkpoint=True, order="compile_outside"))
+    prepare(
+        model,
+        ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
+        compile=CompileConfig(
+            scope="blocks",
+            backend=backend,
+            fullgraph=True,
+            capture_scalar_outputs=True,
+            skip_fwd_side_effects_in_bwd_under_checkpoint=True,
+            order="compile_outside",
+        ),
+    )
     record(model).recipe = name
     return model
 
@@ -271,20 +326,46 @@ def torchtitan_main(model: nn.Module, *, backend: str = "aot_eager") -> nn.Modul
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("torchtitan_2025_09", "per-submodule SAC (flex workaround) + #1895 MoE-aware compile: PR #2052's failure",
-               torchtitan_2025_09, layout="torchtitan_2025", stand_in_fsdp_hook=True),
-        Recipe("torchtitan_2025_09_see_through", "the 2025-09 recipe with the isinstance test fixed to look under "
-               "the wrapper", lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True),
-               layout="torchtitan_2025"),
-        Recipe("torchtitan_2025_12", "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
-               torchtitan_2025_12, layout="torchtitan_2025"),
-        Recipe("torchtitan_0_3_0", "torchtitan 0.3.0: per-block SelectiveAC, each block compiled whole with "
-               "fullgraph=True: compile(SAC(block))", torchtitan_0_3_0, release="0.3.0"),
-        Recipe("torchtitan_0_3_0_full_ac", "torchtitan 0.3.0 with FullAC: compile(AC(block))",
-               lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"), release="0.3.0"),
-        Recipe("torchtitan_main", "torchtitan main (files at 03d9819f3416 / 00a4c147699f / 2350f753348e): torch_remat "
-               "per block choosing among the model's regions (save *, recompute *routed_experts.w13.*), SwiGLU, RoPE "
-               "and the loss compiled as local functions with fullgraph=True", torchtitan_main, needs=("torch_remat",)),
+        Recipe(
+            "torchtitan_2025_09",
+            "per-submodule SAC (flex workaround) + #1895 MoE-aware compile: PR #2052's failure",
+            torchtitan_2025_09,
+            layout="torchtitan_2025",
+            stand_in_fsdp_hook=True,
+        ),
+        Recipe(
+            "torchtitan_2025_09_see_through",
+            "the 2025-09 recipe with the isinstance test fixed to look under the wrapper",
+            lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True),
+            layout="torchtitan_2025",
+        ),
+        Recipe(
+            "torchtitan_2025_12",
+            "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
+            torchtitan_2025_12,
+            layout="torchtitan_2025",
+        ),
+        Recipe(
+            "torchtitan_0_3_0",
+            "torchtitan 0.3.0: per-block SelectiveAC, each block compiled whole with "
+            "fullgraph=True: compile(SAC(block))",
+            torchtitan_0_3_0,
+            release="0.3.0",
+        ),
+        Recipe(
+            "torchtitan_0_3_0_full_ac",
+            "torchtitan 0.3.0 with FullAC: compile(AC(block))",
+            lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"),
+            release="0.3.0",
+        ),
+        Recipe(
+            "torchtitan_main",
+            "torchtitan main (files at 03d9819f3416 / 00a4c147699f / 2350f753348e): torch_remat "
+            "per block choosing among the model's regions (save *, recompute *routed_experts.w13.*), SwiGLU, RoPE "
+            "and the loss compiled as local functions with fullgraph=True",
+            torchtitan_main,
+            needs=("torch_remat",),
+        ),
     )
 }
 

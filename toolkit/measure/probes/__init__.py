@@ -1,4 +1,7 @@
-"""Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without turning compile off.
+"""Probes that see what a step holds for backward through AC, SAC and compiled graphs.
+
+Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without
+turning compile off.
 
 How each thing is seen (methods measured in ../shared/research/feasibility.md §2):
 - eager ops (`tracker.py`): a TorchDispatchMode that declares `ignore_compile_internals` (a plain mode silently
@@ -93,8 +96,9 @@ class Probes:
             if key not in self.packed_keys:
                 self.packed_keys.add(key)
                 if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
-                    self.packed[key] = Held(StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t),
-                                            st.nbytes())
+                    self.packed[key] = Held(
+                        StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+                    )
         return t
 
     @contextlib.contextmanager
@@ -115,8 +119,12 @@ class Probes:
         """Run the forward or the backward under the probes. The tracker watches the backward only where
         something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
         # FSDP's reduce-scatters happen in backward: watch it for collectives too.
-        track = phase == "forward" or self.checkpoints.saw_checkpoint or has_checkpoint(self.model) or \
-            any(compat.is_fsdp_module(m) for m in self.model.modules())
+        track = (
+            phase == "forward"
+            or self.checkpoints.saw_checkpoint
+            or has_checkpoint(self.model)
+            or any(compat.is_fsdp_module(m) for m in self.model.modules())
+        )
         self.state.phase = phase
         try:
             if track:
@@ -134,10 +142,18 @@ class Probes:
         graph break, say) is not held for backward, and whether the collector had run yet would otherwise decide
         whether it is counted (C13's for-loop run flipped between two totals)."""
         gc.collect()
-        return _census.take(self.model, inputs=[self.inputs], output=output, produced=self.tracker.produced,
-                            compiled=self.compiled.saves, packed=self.packed, packed_keys=self.packed_keys,
-                            held_inputs=self.state.held_inputs, sac_keys=self.checkpoints.sac_cached_keys(),
-                            remat_kinds=self.remat_kinds)
+        return _census.take(
+            self.model,
+            inputs=[self.inputs],
+            output=output,
+            produced=self.tracker.produced,
+            compiled=self.compiled.saves,
+            packed=self.packed,
+            packed_keys=self.packed_keys,
+            held_inputs=self.state.held_inputs,
+            sac_keys=self.checkpoints.sac_cached_keys(),
+            remat_kinds=self.remat_kinds,
+        )
 
     def collect(self) -> ProbeRecord:
         self.compiled.finish()

@@ -1,4 +1,7 @@
-"""What the probes share: the step's phase, the module stack (who is running), and the helpers that key tensors by storage."""
+"""What the probes share: the step's phase, the module stack, helpers that key tensors by storage.
+
+What the probes share: the step's phase, the module stack (who is running), and the helpers that key tensors by storage.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from ...compat import tree_leaves
 
 from ... import compat
-
+from ...compat import tree_leaves
 
 _NOT_REAL: tuple[type, ...] | None = None
 
@@ -86,7 +88,9 @@ class StepState:
             return
         st = t.untyped_storage()
         if st._cdata not in self.held_inputs:
-            self.held_inputs[st._cdata] = Held(StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes())
+            self.held_inputs[st._cdata] = Held(
+                StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+            )
 
     def module(self) -> str:
         return self.stack[-1] if self.stack else ""

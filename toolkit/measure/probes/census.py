@@ -1,4 +1,8 @@
-"""The census at the end of the forward: every storage held for backward, once, at its size now, with who made it and why it is held."""
+"""The census at the end of the forward: every storage held for backward, once, with who and why.
+
+The census at the end of the forward: every storage held for backward, once, at its size now, with who made it and why
+it is held.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from torch import nn
-from ...compat import tree_leaves
 
 from ... import compat
+from ...compat import tree_leaves
 from ..report import SavedTensor
 from .base import Held, Produced, is_real, storage_key
 from .compiled import CompiledSave
@@ -32,9 +36,11 @@ def parameter_storages(model: nn.Module, blind: list[str] | None = None) -> dict
     out: dict[int, int] = {}
     unsharded, unreadable = compat.fsdp_unsharded_parameters(model)
     if unreadable and blind is not None:
-        blind.append(f"FSDP2's all-gathered parameters of {', '.join(unreadable[:3])}"
-                     f"{' …' if len(unreadable) > 3 else ''}: their state could not be read, so they may be counted "
-                     "as saved activations")
+        blind.append(
+            f"FSDP2's all-gathered parameters of {', '.join(unreadable[:3])}"
+            f"{' …' if len(unreadable) > 3 else ''}: their state could not be read, so they may be counted "
+            "as saved activations"
+        )
     for t in [*model.parameters(), *model.buffers(), *unsharded]:
         t = compat.local_tensor(t)
         if is_real(t):
@@ -49,9 +55,19 @@ def _now(ref: Any, nbytes: int) -> int:
     return nbytes if size is None else size
 
 
-def take(model: nn.Module, *, inputs: Iterable[Any], output: Any, produced: dict[int, Produced],
-         compiled: dict[int, CompiledSave], packed: dict[int, Held], packed_keys: set[int],
-         held_inputs: dict[int, Held], sac_keys: set[int], remat_kinds: dict[int, str] | None = None) -> Census:
+def take(
+    model: nn.Module,
+    *,
+    inputs: Iterable[Any],
+    output: Any,
+    produced: dict[int, Produced],
+    compiled: dict[int, CompiledSave],
+    packed: dict[int, Held],
+    packed_keys: set[int],
+    held_inputs: dict[int, Held],
+    sac_keys: set[int],
+    remat_kinds: dict[int, str] | None = None,
+) -> Census:
     """Every storage held for backward at the end of the forward, once: what the probes recorded of each
     (`produced` by an op, `compiled` graph saves, `packed` by autograd without a producer, `held_inputs` of
     checkpoints, `sac_keys` cached by SAC, `remat_kinds` of torch_remat), parameters excluded."""
@@ -65,8 +81,15 @@ def take(model: nn.Module, *, inputs: Iterable[Any], output: Any, produced: dict
 
     def add(key: int, module: str, op: str, shape, dtype: str, nbytes: int, kind: str) -> None:
         if nbytes > 0:
-            rows[key] = SavedTensor(module=module, op=op, shape=tuple(shape), dtype=dtype, bytes=int(nbytes), kind=kind,
-                                    is_input=key in input_keys)
+            rows[key] = SavedTensor(
+                module=module,
+                op=op,
+                shape=tuple(shape),
+                dtype=dtype,
+                bytes=int(nbytes),
+                kind=kind,
+                is_input=key in input_keys,
+            )
 
     for key, s in compiled.items():
         if s.ref.expired() or key in params:
@@ -85,8 +108,15 @@ def take(model: nn.Module, *, inputs: Iterable[Any], output: Any, produced: dict
             continue
         if key in output_keys and key not in sac_keys and key not in packed_keys:
             continue  # the step's own output, held by the caller rather than for backward
-        kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in held_inputs
-                else remat_kinds.get(key, "autograd") if key in packed_keys else "other")
+        kind = (
+            "sac_cache"
+            if key in sac_keys
+            else "checkpoint_input"
+            if key in held_inputs
+            else remat_kinds.get(key, "autograd")
+            if key in packed_keys
+            else "other"
+        )
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
     for key, (ref, module, shape, dtype, nbytes) in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
@@ -98,8 +128,15 @@ def take(model: nn.Module, *, inputs: Iterable[Any], output: Any, produced: dict
         # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
         if key in rows or key in params or ref.expired() or key in produced:
             continue
-        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes),
-            "checkpoint_input")
+        add(
+            key,
+            module,
+            "input" if key in input_keys else "unknown",
+            shape,
+            dtype,
+            _now(ref, nbytes),
+            "checkpoint_input",
+        )
     tensors = tuple(sorted(rows.values(), key=lambda t: (t.module, t.op, -t.bytes, t.shape)))
     output_saved = any(k in output_keys for k in rows)
     if not compat.available("storage_weak_ptr"):
