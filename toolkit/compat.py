@@ -618,11 +618,16 @@ def fsdp_unsharded_parameters(model: nn.Module) -> tuple[list[torch.Tensor], lis
         if not isinstance(m, f.value):
             continue
         try:
-            group = m._get_fsdp_state()._fsdp_param_group
-        except (AttributeError, RuntimeError) as e:  # the private state changed shape
+            state = m._get_fsdp_state()
+            # A unit with per-parameter meshes (expert parallel's experts) has several groups: newer torch lists them
+            # in `_fsdp_param_groups`, and its singular `_fsdp_param_group` asserts there is only one.
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                groups = [state._fsdp_param_group]
+        except (AttributeError, RuntimeError, AssertionError) as e:  # the private state changed shape
             unreadable.append(f"{name or 'the model'} ({type(e).__name__})")
             continue
-        for p in getattr(group, "fsdp_params", ()) if group is not None else ():
+        for p in (p for group in groups if group is not None for p in getattr(group, "fsdp_params", ())):
             for attr in ("_unsharded_param", "_unsharded_inner_tensors"):
                 val = getattr(p, attr, None)
                 for t in val if isinstance(val, (list, tuple)) else [val]:
