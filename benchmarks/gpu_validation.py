@@ -24,23 +24,36 @@ import toolkit as tk
 
 
 def scenarios(quick: bool) -> dict[str, tk.Scenario]:
-    moe = tk.ModelConfig(n_layers=4, dim=256, n_heads=8, moe_hidden=256, n_experts=8, seq_len=512, batch=4,
-                         dtype="bfloat16", experts_impl="grouped_mm")
+    moe = tk.ModelConfig(
+        n_layers=4,
+        dim=256,
+        n_heads=8,
+        moe_hidden=256,
+        n_experts=8,
+        seq_len=512,
+        batch=4,
+        dtype="bfloat16",
+        experts_impl="grouped_mm",
+    )
     medium = moe.replace(n_layers=2, dim=1024, n_heads=16, moe_hidden=1024, n_experts=16, seq_len=2048, batch=2)
     out = {
         "bf16 grouped_mm, no AC": tk.Scenario(model=moe),
         "medium bf16 layer, selective_op": tk.Scenario(model=medium, ac=tk.ACConfig(mode="selective_op")),
         "bf16 grouped_mm, full AC": tk.Scenario(model=moe, ac=tk.ACConfig(mode="full")),
         "bf16 grouped_mm, selective_op": tk.Scenario(model=moe, ac=tk.ACConfig(mode="selective_op")),
-        "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(model=moe, recipe="torchtitan_0_3_0",
-                                                                  recipe_backend="inductor"),
+        "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(
+            model=moe, recipe="torchtitan_0_3_0", recipe_backend="inductor"
+        ),
     }
     if not quick:
-        out["fp32 for_loop, C2 fallback"] = tk.Scenario(model=moe.replace(dtype="float32", experts_impl="for_loop"),
-                                                        ac=tk.ACConfig(mode="full"),
-                                                        compile=tk.CompileConfig(scope="blocks"))
-        out["flex attention, selective_op"] = tk.Scenario(model=moe.replace(attention="flex", device="cuda"),
-                                                          ac=tk.ACConfig(mode="selective_op"))
+        out["fp32 for_loop, C2 fallback"] = tk.Scenario(
+            model=moe.replace(dtype="float32", experts_impl="for_loop"),
+            ac=tk.ACConfig(mode="full"),
+            compile=tk.CompileConfig(scope="blocks"),
+        )
+        out["flex attention, selective_op"] = tk.Scenario(
+            model=moe.replace(attention="flex", device="cuda"), ac=tk.ACConfig(mode="selective_op")
+        )
     return out
 
 
@@ -65,14 +78,29 @@ def main() -> int:
         if base.model.attention == "flex":
             cpu = None  # FlexAttention has no CPU backward
         else:
-            cpu = tk.run(base.replace(device="cpu", steady_steps=0, check_numerics=False,
-                                      recipe_backend="aot_eager" if base.recipe else base.recipe_backend),
-                         isolate=True, timeout_s=240)
-        row = {"scenario": name, "gpu_outcome": gpu.outcome, "gpu_error": gpu.error.message[:300] if gpu.error else None,
-               "gpu_peak": gpu.memory.peak_bytes, "gpu_saved": gpu.saved.total_bytes,
-               "gpu_grads_match": gpu.numerics.grads_match, "gpu_graphs": gpu.compile.graphs,
-               "gpu_breaks": gpu.compile.graph_breaks, "gpu_step_s": gpu.timing.steady_step_s,
-               "cpu_peak": cpu.memory.peak_bytes if cpu else None, "cpu_saved": cpu.saved.total_bytes if cpu else None}
+            cpu = tk.run(
+                base.replace(
+                    device="cpu",
+                    steady_steps=0,
+                    check_numerics=False,
+                    recipe_backend="aot_eager" if base.recipe else base.recipe_backend,
+                ),
+                isolate=True,
+                timeout_s=240,
+            )
+        row = {
+            "scenario": name,
+            "gpu_outcome": gpu.outcome,
+            "gpu_error": gpu.error.message[:300] if gpu.error else None,
+            "gpu_peak": gpu.memory.peak_bytes,
+            "gpu_saved": gpu.saved.total_bytes,
+            "gpu_grads_match": gpu.numerics.grads_match,
+            "gpu_graphs": gpu.compile.graphs,
+            "gpu_breaks": gpu.compile.graph_breaks,
+            "gpu_step_s": gpu.timing.steady_step_s,
+            "cpu_peak": cpu.memory.peak_bytes if cpu else None,
+            "cpu_saved": cpu.saved.total_bytes if cpu else None,
+        }
         row["attention_ops"] = sorted(op for op in gpu.saved.by_op if "attention" in op)
         row["est_peak"], row["est_saved"] = (est.peak_bytes, est.saved_bytes) if est else (None, None)
         row["est_peak_ratio"] = row["gpu_peak"] / est.peak_bytes if est and est.peak_bytes else None
@@ -86,15 +114,26 @@ def main() -> int:
         row["saved_ratio"] = row["gpu_saved"] / row["cpu_saved"] if cpu and row["cpu_saved"] else None
         rows.append(row)
         ratio = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
-        print(f"{name:44} {gpu.outcome:6} peak {tk.report.fmt_bytes(row['gpu_peak']):>10} (x{ratio(row['peak_ratio'])} CPU)  "
-              f"saved {tk.report.fmt_bytes(row['gpu_saved']):>10} (x{ratio(row['saved_ratio'])} CPU)  "
-              f"vs estimate peak x{ratio(row['est_peak_ratio'])} saved x{ratio(row['est_saved_ratio'])}  "
-              f"grads {'match' if row['gpu_grads_match'] else 'DIFFER'}  {row['gpu_graphs']} graphs  "
-              f"attention {','.join(row['attention_ops']) or '-'}")
+        print(
+            f"{name:44} {gpu.outcome:6} peak {tk.report.fmt_bytes(row['gpu_peak']):>10} "
+            f"(x{ratio(row['peak_ratio'])} CPU)  "
+            f"saved {tk.report.fmt_bytes(row['gpu_saved']):>10} (x{ratio(row['saved_ratio'])} CPU)  "
+            f"vs estimate peak x{ratio(row['est_peak_ratio'])} saved x{ratio(row['est_saved_ratio'])}  "
+            f"grads {'match' if row['gpu_grads_match'] else 'DIFFER'}  {row['gpu_graphs']} graphs  "
+            f"attention {','.join(row['attention_ops']) or '-'}"
+        )
         sys.stdout.flush()
     with open(args.out, "w") as f:
-        json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "rows": rows,
-                   "seconds": time.perf_counter() - t0}, f, indent=2)
+        json.dump(
+            {
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(0),
+                "rows": rows,
+                "seconds": time.perf_counter() - t0,
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {args.out} in {time.perf_counter() - t0:.0f} s")
     return 0
 

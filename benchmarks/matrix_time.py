@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from toolkit.analysis.matrix import quick_cells  # noqa: E402
+from toolkit.analysis.cells import quick_cells  # noqa: E402
 from toolkit.analysis.sweeps import sweep  # noqa: E402
 
 
@@ -39,9 +39,17 @@ def main() -> None:
     runs = [("warm pool", dict(warm=True))]
     if not args.skip_cold:
         runs.insert(0, ("a fresh Python per cell", dict(warm=False)))
-    runs.append(("submitit local", dict(executor="submitit", cluster="local",
-                                        cpus_per_cell=max(1, cores // args.workers),
-                                        cells_per_job=math.ceil(len(cells) / args.workers))))
+    runs.append(
+        (
+            "submitit local",
+            dict(
+                executor="submitit",
+                cluster="local",
+                cpus_per_cell=max(1, cores // args.workers),
+                cells_per_job=math.ceil(len(cells) / args.workers),
+            ),
+        )
+    )
     times: dict[str, float] = {}
     result = None
     try:
@@ -64,8 +72,10 @@ def main() -> None:
     for name, s in times.items():
         print(f"  {name:26} {s:8.1f} {n / (s / 60):10.1f} {s / base:12.2f}x")
     print(f"  {'re-run (all cached)':26} {rerun:8.2f} {'':>10} {rerun / base:12.3f}x")
-    print(f"targets: warm pool from empty <= 60 s ({'met' if base <= 60 else 'NOT met'}), "
-          f"re-run <= 3 s ({'met' if rerun <= 3 else 'NOT met'})")
+    print(
+        f"targets: warm pool from empty <= 60 s ({'met' if base <= 60 else 'NOT met'}), "
+        f"re-run <= 3 s ({'met' if rerun <= 3 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier ratios on a shared 2-core machine
     # Default: the feasibility study's block size (dim 128, E=8, batch 2 x seq 128), four layers.
-    cfg = tk.ModelConfig(n_layers=4, dim=args.dim, n_experts=args.experts, seq_len=args.seq, moe_hidden=args.dim,
-                         ffn_hidden=2 * args.dim)
+    cfg = tk.ModelConfig(
+        n_layers=4, dim=args.dim, n_experts=args.experts, seq_len=args.seq, moe_hidden=args.dim, ffn_hidden=2 * args.dim
+    )
     model = tk.build_model(cfg)
     batch = tk.make_batch(cfg)
 
@@ -90,12 +91,16 @@ def main() -> None:
                 if "saved-tensor hooks" in parts:
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(p._pack, lambda t: t))
                 step(p, census, tracker="dispatch tracker" in parts)
+
         return run
 
-    full, bare = ratio(with_parts("patches", "module hooks", "saved-tensor hooks", "dispatch tracker", census=True),
-                       step, args.iters)
-    print(f"bare eager step (4-layer MoE, dim {cfg.dim}, {cfg.batch}x{cfg.seq_len} tokens, "
-          f"{torch.get_num_threads()} threads): {bare * 1e3:.2f} ms")
+    full, bare = ratio(
+        with_parts("patches", "module hooks", "saved-tensor hooks", "dispatch tracker", census=True), step, args.iters
+    )
+    print(
+        f"bare eager step (4-layer MoE, dim {cfg.dim}, {cfg.batch}x{cfg.seq_len} tokens, "
+        f"{torch.get_num_threads()} threads): {bare * 1e3:.2f} ms"
+    )
     print(f"fully instrumented step: {full * 1e3:.2f} ms = {full / bare:.2f}x  (target <= 1.5x)")
     for part in ("dispatch tracker", "module hooks", "saved-tensor hooks", "patches"):
         t, b = ratio(with_parts(part), step, args.iters)

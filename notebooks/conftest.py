@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-
 # Bug bundles the notebooks export (`repro-out/`, ignored by git) are a run's output, not notebooks to check: a
 # bundle reproduces its bug, so its own cells fail by design.
 collect_ignore_glob = ["repro-out/*", "bugs/repro-out/*"]
@@ -17,8 +16,13 @@ collect_ignore_glob = ["repro-out/*", "bugs/repro-out/*"]
 
 def pytest_collectstart(collector):
     if collector.fspath and collector.fspath.ext == ".ipynb":
-        collector.skip_compare += ("application/vnd.plotly.v1+json", "text/html", "application/javascript",
-                                   "application/vnd.jupyter.widget-view+json", "image/png")
+        collector.skip_compare += (
+            "application/vnd.plotly.v1+json",
+            "text/html",
+            "application/javascript",
+            "application/vnd.jupyter.widget-view+json",
+            "image/png",
+        )
 
 
 @functools.lru_cache(maxsize=None)

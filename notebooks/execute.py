@@ -1,6 +1,6 @@
 """Re-execute the notebooks in place (all, or those named) and strip widget state, ready to commit for nbval.
 
-    python notebooks/execute.py [notebooks/02_full_vs_selective_ac.ipynb notebooks/bugs/C08_lru_recompute_mismatch.ipynb ...]
+python notebooks/execute.py [notebooks/02_full_vs_selective_ac.ipynb notebooks/bugs/C08_lru_recompute_mismatch.ipynb]
 """
 
 import pathlib
@@ -15,8 +15,10 @@ here = pathlib.Path(__file__).parent
 import toolkit  # noqa: E402
 
 if pathlib.Path(toolkit.__file__).resolve().parents[1] != here.resolve().parent:
-    sys.exit(f"toolkit is imported from {pathlib.Path(toolkit.__file__).parent}, not this checkout: "
-             f"run `pip install -e \".[dev]\"` here first.")
+    sys.exit(
+        f"toolkit is imported from {pathlib.Path(toolkit.__file__).parent}, not this checkout: "
+        f'run `pip install -e ".[dev]"` here first.'
+    )
 paths = [pathlib.Path(p) for p in sys.argv[1:]] or sorted(here.glob("[0-9]*.ipynb")) + sorted(here.glob("bugs/*.ipynb"))
 for path in paths:
     nb = nbformat.read(path, as_version=4)

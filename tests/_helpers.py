@@ -1,6 +1,5 @@
 """Small helpers the tests share (kept out of conftest.py: notebooks/ has a conftest module of its own)."""
 
-
 import os
 import shutil
 
@@ -28,21 +27,47 @@ def break_count():
 def synthetic_matrix():
     """A MatrixResult with one cell of every classification, built from hand-made Reports (nothing runs): for the
     heatmap, the page and its browser test. Returns `(result, {classification: cell})`."""
-    from toolkit.analysis.matrix import Cell, MatrixResult, Row
-    from toolkit.measure.report import (CompileInfo, ErrorInfo, GraphBreak, Memory, Numerics, Report, Saved,
-                                        ScenarioRecord)
+    from toolkit.analysis.cells import Cell
+    from toolkit.analysis.matrix import MatrixResult, Row
+    from toolkit.measure.report import (
+        CompileInfo,
+        ErrorInfo,
+        GraphBreak,
+        Memory,
+        Numerics,
+        Report,
+        Saved,
+        ScenarioRecord,
+    )
 
     def report(cell, *, outcome="ok", saved=100_000, compiled=None, grads_match=True, error=None, **compile_info):
-        record = ScenarioRecord(name=cell.label, recipe=cell.recipe, ac_mode="recipe" if cell.recipe else cell.ac,
-                                compile_scope=cell.scope, backend=cell.backend)
+        record = ScenarioRecord(
+            name=cell.label,
+            recipe=cell.recipe,
+            ac_mode="recipe" if cell.recipe else cell.ac,
+            compile_scope=cell.scope,
+            backend=cell.backend,
+        )
         requested = compiled if compiled is not None else (cell.scope != "none" or bool(cell.recipe))
-        return Report(outcome=outcome, scenario=record, error=error, saved=Saved(total_bytes=saved),
-                      compile=CompileInfo(requested=requested, graphs=compile_info.pop("graphs", 1 if requested else 0),
-                                          **compile_info),
-                      memory=Memory(peak_bytes=4 * saved, held_after_forward_bytes=saved, method="synthetic"),
-                      numerics=Numerics(loss=5.0, reference_loss=5.0, loss_diff=0.0, max_grad_diff=0.0 if grads_match else 0.1,
-                                        worst_param="layers.0.moe.router.gate.weight", grads_match=grads_match,
-                                        reference="eager without AC"))
+        return Report(
+            outcome=outcome,
+            scenario=record,
+            error=error,
+            saved=Saved(total_bytes=saved),
+            compile=CompileInfo(
+                requested=requested, graphs=compile_info.pop("graphs", 1 if requested else 0), **compile_info
+            ),
+            memory=Memory(peak_bytes=4 * saved, held_after_forward_bytes=saved, method="synthetic"),
+            numerics=Numerics(
+                loss=5.0,
+                reference_loss=5.0,
+                loss_diff=0.0,
+                max_grad_diff=0.0 if grads_match else 0.1,
+                worst_param="layers.0.moe.router.gate.weight",
+                grads_match=grads_match,
+                reference="eager without AC",
+            ),
+        )
 
     brk = GraphBreak(reason="Data dependent operator", file="toolkit/models/moe.py", line=96)
     cells = {
@@ -57,23 +82,46 @@ def synthetic_matrix():
         "recompiles": Cell("moe:for_loop", "none", "blocks"),
         "graph_breaks": Cell("moe:for_loop", "none", "attention"),
     }
-    extra = {"dense_none": Cell("dense"), "moe_none": Cell("moe:for_loop"), "full_ref": Cell("moe:for_loop", "full", "blocks", True),
-             "recipe_ok": Cell("moe:for_loop", recipe="torchtitan_0_3_0")}
+    extra = {
+        "dense_none": Cell("dense"),
+        "moe_none": Cell("moe:for_loop"),
+        "full_ref": Cell("moe:for_loop", "full", "blocks", True),
+        "recipe_ok": Cell("moe:for_loop", recipe="torchtitan_0_3_0"),
+    }
     reports = {
         "works": report(cells["works"], saved=200_000),
         "grads_differ": report(cells["grads_differ"], saved=50_000, grads_match=False),
-        "crashed": report(cells["crashed"], outcome="crashed", error=ErrorInfo("crashed", "worker died: SIGABRT", "forward")),
-        "timeout": report(cells["timeout"], outcome="timeout", error=ErrorInfo("timeout", "no result within 15 s", "forward")),
-        "error": report(cells["error"], outcome="error",
-                        error=ErrorInfo("torch._dynamo.exc.Unsupported", "Skip calling `torch.compiler.disable()`d function",
-                                        "forward")),
-        "fell_back_to_eager": report(cells["fell_back_to_eager"], graphs=0, graph_breaks=1, breaks=(brk,),
-                                     fell_back_to_eager=True, regions_without_graphs=("layers.0", "layers.1"),
-                                     orders={"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}),
+        "crashed": report(
+            cells["crashed"], outcome="crashed", error=ErrorInfo("crashed", "worker died: SIGABRT", "forward")
+        ),
+        "timeout": report(
+            cells["timeout"], outcome="timeout", error=ErrorInfo("timeout", "no result within 15 s", "forward")
+        ),
+        "error": report(
+            cells["error"],
+            outcome="error",
+            error=ErrorInfo(
+                "torch._dynamo.exc.Unsupported", "Skip calling `torch.compiler.disable()`d function", "forward"
+            ),
+        ),
+        "fell_back_to_eager": report(
+            cells["fell_back_to_eager"],
+            graphs=0,
+            graph_breaks=1,
+            breaks=(brk,),
+            fell_back_to_eager=True,
+            regions_without_graphs=("layers.0", "layers.1"),
+            orders={"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"},
+        ),
         "sac_not_applied": report(cells["sac_not_applied"], saved=60_000),
         "ac_saves_nothing": report(cells["ac_saves_nothing"], saved=120_000),
-        "recompiles": report(cells["recompiles"], graphs=4, graph_breaks=1, breaks=(brk,),
-                             recompiles=("tensor 'L['x']' size mismatch at index 0",)),
+        "recompiles": report(
+            cells["recompiles"],
+            graphs=4,
+            graph_breaks=1,
+            breaks=(brk,),
+            recompiles=("tensor 'L['x']' size mismatch at index 0",),
+        ),
         "graph_breaks": report(cells["graph_breaks"], graphs=2, graph_breaks=1, breaks=(brk,)),
         "dense_none": report(extra["dense_none"], saved=120_000),
         "moe_none": report(extra["moe_none"], saved=200_000),
@@ -87,8 +135,13 @@ def synthetic_matrix():
 
 
 # Debian's Chromium, driven by Playwright (no Playwright browser download).
-CHROMIUM = [os.environ.get("TOOLKIT_CHROMIUM", ""), "/usr/bin/chromium", "/usr/lib/chromium/chromium",
-            shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
+CHROMIUM = [
+    os.environ.get("TOOLKIT_CHROMIUM", ""),
+    "/usr/bin/chromium",
+    "/usr/lib/chromium/chromium",
+    shutil.which("chromium") or "",
+    shutil.which("chromium-browser") or "",
+]
 
 
 def extra(module: str):
@@ -102,8 +155,11 @@ def need(what: str):
     """Skip where a browser-test dependency is missing; in CI (which installs them) fail instead."""
     if os.environ.get("CI"):
         pytest.fail(f"{what} is missing in CI; .ci/run installs it")
-    how = ("apt-get install chromium (Debian's, which Playwright drives; README: the browser test is optional)"
-           if what == "chromium" else 'pip install -e ".[dev]"')
+    how = (
+        "apt-get install chromium (Debian's, which Playwright drives; README: the browser test is optional)"
+        if what == "chromium"
+        else 'pip install -e ".[dev]"'
+    )
     pytest.skip(f"{what} is not installed: {how} turns the browser test on")
 
 

@@ -60,6 +60,7 @@ class Truth:
         self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
         torch.get_rng_state = get_rng_state
         self._stack.callback(setattr, torch, "get_rng_state", real_get_rng_state)
+
         def hold_inputs(mod, args):
             for t in tree_leaves(args):
                 self._add(t)  # returns None: the inputs reach the forward unchanged
@@ -85,7 +86,7 @@ class Truth:
     def bytes(self, output=None) -> int:
         for storage in self.sac_storages:
             for entries in storage.values():
-                for entry in (entries.values() if isinstance(entries, dict) else entries):
+                for entry in entries.values() if isinstance(entries, dict) else entries:
                     for leaf in tree_leaves(entry):
                         self._add(getattr(leaf, "val", None))
         excluded = set()

@@ -19,9 +19,17 @@ def pytest_xdist_auto_num_workers(config):
 
 # `python -m pytest -m quick` (README's first check, under 5 minutes on 2 cores): the model, AC, compile and
 # measurement core, the CLI, README's own claims and one bug notebook, whole files (the suite's layout).
-QUICK = ("tests/test_models.py", "tests/test_ac.py", "tests/test_compile.py", "tests/test_measure.py",
-         "tests/test_cli.py", "tests/test_readme.py", "tests/test_packaging.py", "tests/test_notebooks.py",
-         "notebooks/bugs/C02_graph_break_in_checkpoint.ipynb")
+QUICK = (
+    "tests/test_models.py",
+    "tests/test_ac.py",
+    "tests/test_compile.py",
+    "tests/test_measure.py",
+    "tests/test_cli.py",
+    "tests/test_readme.py",
+    "tests/test_packaging.py",
+    "tests/test_notebooks.py",
+    "notebooks/bugs/C02_graph_break_in_checkpoint.ipynb",
+)
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -53,5 +61,6 @@ def moe_cfg():
 
 @pytest.fixture
 def dense_cfg():
-    return tk.ModelConfig(n_layers=2, dim=32, n_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16, batch=2,
-                          moe_layers="none")
+    return tk.ModelConfig(
+        n_layers=2, dim=32, n_heads=2, ffn_hidden=64, vocab_size=64, seq_len=16, batch=2, moe_layers="none"
+    )

@@ -1,4 +1,7 @@
-"""apply_ac: names, exact gradients, the exact FLOP recompute ladder, torchtitan's per-op policy op by op, validation."""
+"""apply_ac: names, exact gradients, the recompute FLOP ladder, torchtitan's per-op policy, validation.
+
+apply_ac: names, exact gradients, the exact FLOP recompute ladder, torchtitan's per-op policy op by op, validation.
+"""
 
 import json
 
@@ -28,7 +31,8 @@ EAGER_MODES = [
 
 
 def _ids(cfg):
-    return f"{cfg.mode}-{cfg.submodule_ac if cfg.mode == 'per_submodule' else ''}{'-policy' if cfg.policy else ''}"
+    sub = cfg.submodule_ac if cfg.mode == "per_submodule" else ""
+    return f"{cfg.mode}-{sub}{'-policy' if getattr(cfg, 'policy', None) else ''}"
 
 
 @pytest.mark.parametrize("ac", EAGER_MODES, ids=[_ids(c) for c in EAGER_MODES])
@@ -56,11 +60,20 @@ def test_where_each_mode_wraps(moe_cfg):
     cfg = moe_cfg.replace(n_layers=4, moe_layers=2)
     assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="full"))) == [f"layers.{i}" for i in range(4)]
     assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))) == [
-        "layers.1", "layers.3"]
+        "layers.1",
+        "layers.3",
+    ]
     assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=3))) == ["layers.2"]
     assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="per_submodule"))) == [
-        "layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.moe",
-        "layers.2.attention", "layers.2.feed_forward", "layers.3.attention", "layers.3.moe"]
+        "layers.0.attention",
+        "layers.0.feed_forward",
+        "layers.1.attention",
+        "layers.1.moe",
+        "layers.2.attention",
+        "layers.2.feed_forward",
+        "layers.3.attention",
+        "layers.3.moe",
+    ]
     model = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="memory_budget", memory_budget=0.3))
     assert _wrapped(model) == []
     assert tk.applied(model).functorch_config == {"activation_memory_budget": 0.3}
@@ -114,9 +127,15 @@ def test_every_other_matmul_rule_op_by_op(dense_cfg):
     log = _decisions(dense_cfg, ACConfig(mode="selective_op"))
     D, F = dense_cfg.dim, dense_cfg.ffn_hidden
     mms = [(d.rhs_shape, d.decision) for d in log if d.op == "aten.mm.default"]
-    assert mms == [((D, D), "MUST_SAVE"), ((D, D), "PREFER_RECOMPUTE"), ((D, D), "MUST_SAVE"),
-                   ((D, D), "PREFER_RECOMPUTE"), ((D, F), "MUST_SAVE"), ((D, F), "PREFER_RECOMPUTE"),
-                   ((F, D), "MUST_SAVE")]
+    assert mms == [
+        ((D, D), "MUST_SAVE"),
+        ((D, D), "PREFER_RECOMPUTE"),
+        ((D, D), "MUST_SAVE"),
+        ((D, D), "PREFER_RECOMPUTE"),
+        ((D, F), "MUST_SAVE"),
+        ((D, F), "PREFER_RECOMPUTE"),
+        ((F, D), "MUST_SAVE"),
+    ]
     # On CPU, SDPA runs `_scaled_dot_product_flash_attention_for_cpu`, which torchtitan's save list does not
     # hold: its output is recomputed (CUDA's flash / efficient / cudnn variants are saved).
     sdpa = [d for d in log if "scaled_dot_product" in d.op]
@@ -133,8 +152,12 @@ def test_router_gate_is_force_recomputed_and_not_counted(moe_cfg):
     mms = [(d.rhs_shape, d.decision, d.reason) for d in log if d.op == "aten.mm.default"]
     # Attention: 4 matmuls (#1-#4); then the router gate (forced, not counted); then the experts' loop matmuls
     # continue the count at #5; topk is saved; _grouped_mm would not be (see test below).
-    assert mms[:4] == [((D, D), "MUST_SAVE", "matmul #1 (odd)"), ((D, D), "PREFER_RECOMPUTE", "matmul #2 (even)"),
-                       ((D, D), "MUST_SAVE", "matmul #3 (odd)"), ((D, D), "PREFER_RECOMPUTE", "matmul #4 (even)")]
+    assert mms[:4] == [
+        ((D, D), "MUST_SAVE", "matmul #1 (odd)"),
+        ((D, D), "PREFER_RECOMPUTE", "matmul #2 (even)"),
+        ((D, D), "MUST_SAVE", "matmul #3 (odd)"),
+        ((D, D), "PREFER_RECOMPUTE", "matmul #4 (even)"),
+    ]
     assert mms[4] == ((D, E), "PREFER_RECOMPUTE", "force-recompute shape")
     assert mms[5] == ((D, Fe), "MUST_SAVE", "matmul #5 (odd)")
     assert [d.decision for d in log if d.op == "aten.topk.default"] == ["MUST_SAVE"]
@@ -148,8 +171,10 @@ def test_grouped_mm_is_never_saved_by_the_default_policy(moe_cfg):
     log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"), ACConfig(mode="selective_op"))
     gmm = [d.decision for d in log if d.op == "aten._grouped_mm.default"]
     assert gmm == ["PREFER_RECOMPUTE"] * 3  # C15
-    log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"),
-                     ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,)))
+    log = _decisions(
+        moe_cfg.replace(experts_impl="grouped_mm"),
+        ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,)),
+    )
     assert [d.decision for d in log if d.op == "aten._grouped_mm.default"] == ["MUST_SAVE"] * 3
 
 
@@ -158,13 +183,24 @@ def test_default_save_ops_contents():
     from torch._functorch.partitioners import get_default_op_list
 
     ops = tk.default_save_ops()
-    for op in (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.topk.default, aten.linear.default,
-               aten.max.default, aten._scaled_dot_product_attention_math.default,
-               torch.ops._c10d_functional.all_to_all_single.default,
-               torch.ops._c10d_functional.reduce_scatter_tensor.default):
+    for op in (
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.topk.default,
+        aten.linear.default,
+        aten.max.default,
+        aten._scaled_dot_product_attention_math.default,
+        torch.ops._c10d_functional.all_to_all_single.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    ):
         assert op in ops
-    for op in (aten._grouped_mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default, aten.mm.out,
-               aten.topk.values):
+    for op in (
+        aten._grouped_mm.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten.mm.out,
+        aten.topk.values,
+    ):
         assert op not in ops
     assert {p.default for p in get_default_op_list().compute_intensive_ops} <= ops
     if hasattr(torch.ops.higher_order, "inductor_compiled_code"):
@@ -193,8 +229,9 @@ def test_apply_twice_is_refused_and_remove_restores(moe_cfg):
     tk.apply_ac(model, ACConfig(mode="selective_op"))  # allowed again after removal
     # A wrapper a user put on by hand is detected too.
     other = tk.build_model(moe_cfg)
-    other.layers.register_module("0", torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper(
-        other.layers["0"]))
+    other.layers.register_module(
+        "0", torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper(other.layers["0"])
+    )
     with pytest.raises(RuntimeError, match="CheckpointWrapper found"):
         tk.apply_ac(other, ACConfig(mode="full"))
 
@@ -248,8 +285,11 @@ def test_memory_budget_without_compile_is_refused(moe_cfg):
         (dict(mode="none", memory_budget=0.2), "memory_budget", "only used by mode='memory_budget'"),
         (dict(mode="full", submodule_ac="full"), "submodule_ac", "only used by mode='per_submodule'"),
         (dict(mode="full", extra_save_ops=(aten.mm.default,)), "extra_save_ops", "per-op policy"),
-        (dict(mode="per_submodule", submodule_ac="full", force_recompute_mm_shapes_by_fqns=()),
-         "force_recompute_mm_shapes_by_fqns", "submodule_ac='full'"),
+        (
+            dict(mode="per_submodule", submodule_ac="full", force_recompute_mm_shapes_by_fqns=()),
+            "force_recompute_mm_shapes_by_fqns",
+            "submodule_ac='full'",
+        ),
         (dict(mode="none", preserve_rng_state=False), "preserve_rng_state", "the modes that wrap"),
         (dict(mode="memory_budget", early_stop=True), "early_stop", "the modes that wrap"),
         # Ops a policy can never match.
@@ -271,21 +311,35 @@ def test_full_ac_with_debug_is_allowed():
 
 
 def test_mode_options_take_their_default_only_in_their_mode():
-    assert ACConfig(mode="selective_layer").layer_every == 2 == ACConfig(mode="selective_layer", layer_every=2).layer_every
+    assert (
+        ACConfig(mode="selective_layer").layer_every == 2 == ACConfig(mode="selective_layer", layer_every=2).layer_every
+    )
     assert ACConfig(mode="selective_layer") == ACConfig(mode="selective_layer", layer_every=2)
-    assert ACConfig(mode="memory_budget").memory_budget == 0.5 and ACConfig().memory_budget is None
+    # Each mode's config holds only its own options (a per-mode class: `MODES`).
+    assert ACConfig(mode="memory_budget").memory_budget == 0.5 and not hasattr(ACConfig(), "memory_budget")
     assert ACConfig(mode="per_submodule").submodule_ac == "selective"
     assert ACConfig(mode="selective_op").force_recompute_mm_shapes_by_fqns == ("moe.router.gate",)
     assert ACConfig(mode="per_submodule", submodule_ac="full").force_recompute_mm_shapes_by_fqns is None
     full = ACConfig(mode="full")
-    assert (full.preserve_rng_state, full.early_stop, full.determinism_check, full.debug) == (True, False, "default", False)
-    assert full.layer_every is None and ACConfig().preserve_rng_state is None
+    assert (full.preserve_rng_state, full.early_stop, full.determinism_check, full.debug) == (
+        True,
+        False,
+        "default",
+        False,
+    )
+    assert not hasattr(full, "layer_every") and not hasattr(ACConfig(), "preserve_rng_state")
     assert ACConfig(mode="selective_op", extra_save_ops=("aten.mm.default",)).extra_save_ops == (aten.mm.default,)
 
 
-@pytest.mark.parametrize("cfg", [c for c in EAGER_MODES if c.policy is None] + [ACConfig(mode="memory_budget", memory_budget=0.25),
-                                 ACConfig(mode="selective_op", extra_save_ops=(aten.topk.default,),
-                                          force_recompute_mm_shapes_by_fqns=())], ids=_ids)
+@pytest.mark.parametrize(
+    "cfg",
+    [c for c in EAGER_MODES if getattr(c, "policy", None) is None]
+    + [
+        ACConfig(mode="memory_budget", memory_budget=0.25),
+        ACConfig(mode="selective_op", extra_save_ops=(aten.topk.default,), force_recompute_mm_shapes_by_fqns=()),
+    ],
+    ids=_ids,
+)
 def test_every_mode_round_trips_through_json(cfg):  # a policy callable cannot travel through JSON
     data = json.loads(json.dumps(cfg.to_dict()))
     assert ACConfig.from_dict(data) == cfg
@@ -294,14 +348,26 @@ def test_every_mode_round_trips_through_json(cfg):  # a policy callable cannot t
 def test_files_written_before_options_became_mode_specific_still_load():
     """Older `to_dict` output carries every option at its default whatever the mode: those defaults are dropped for
     the modes that ignore them, any other value is still refused."""
-    legacy = {"mode": "full", "preserve_rng_state": True, "early_stop": False, "determinism_check": "default",
-              "debug": False, "layer_every": 2, "submodule_ac": "selective",
-              "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"], "extra_save_ops": [], "memory_budget": 0.5,
-              "policy": None, "save_ops": None, "wrap_inductor_compiled_regions": False}
+    legacy = {
+        "mode": "full",
+        "preserve_rng_state": True,
+        "early_stop": False,
+        "determinism_check": "default",
+        "debug": False,
+        "layer_every": 2,
+        "submodule_ac": "selective",
+        "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"],
+        "extra_save_ops": [],
+        "memory_budget": 0.5,
+        "policy": None,
+        "save_ops": None,
+        "wrap_inductor_compiled_regions": False,
+    }
     assert ACConfig.from_dict(legacy) == ACConfig(mode="full")
     assert ACConfig.from_dict({**legacy, "mode": "none"}) == ACConfig()
-    assert ACConfig.from_dict({**legacy, "mode": "memory_budget", "memory_budget": 0.3}) == \
-        ACConfig(mode="memory_budget", memory_budget=0.3)
+    assert ACConfig.from_dict({**legacy, "mode": "memory_budget", "memory_budget": 0.3}) == ACConfig(
+        mode="memory_budget", memory_budget=0.3
+    )
     with pytest.raises(ConfigError, match="ACConfig.layer_every"):
         ACConfig.from_dict({**legacy, "layer_every": 3})
     with pytest.raises(ConfigError, match="ACConfig: "):
@@ -310,7 +376,9 @@ def test_files_written_before_options_became_mode_specific_still_load():
 
 def test_force_recompute_must_name_linear_modules(moe_cfg):
     with pytest.raises(ConfigError, match="not nn.Linear"):
-        tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("moe.router",)))
+        tk.apply_ac(
+            tk.build_model(moe_cfg), ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("moe.router",))
+        )
 
 
 def test_ac_config_json_round_trip():
@@ -322,3 +390,75 @@ def test_ac_config_json_round_trip():
     assert ACConfig.from_dict(cfg2.to_dict()) == cfg2
     with pytest.raises(ConfigError, match="callable"):
         ACConfig.from_dict(ACConfig(mode="custom", policy=print).to_dict())
+
+
+def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
+    """`ACConfig(mode=...)` is the one entry point; it builds the mode's own class (`MODES`), which holds only its
+    options and applies itself, and round-trips through the same JSON record as before the split."""
+    from toolkit.transforms.ac import MODES, FullAC, NoAC, RematAC, SelectiveOpAC
+
+    assert list(MODES) == [
+        "none",
+        "full",
+        "selective_op",
+        "selective_layer",
+        "per_submodule",
+        "memory_budget",
+        "custom",
+        "remat",
+    ]
+    assert type(ACConfig()) is NoAC and type(ACConfig(mode="full")) is FullAC and FullAC() == ACConfig(mode="full")
+    assert type(ACConfig(mode="selective_op")) is SelectiveOpAC and isinstance(FullAC(), ACConfig)
+    assert FullAC.options() == (
+        "preserve_rng_state",
+        "early_stop",
+        "determinism_check",
+        "debug",
+        "wrap_inductor_compiled_regions",
+    )
+    assert RematAC.options() == (
+        "save_regions",
+        "recompute_regions",
+        "preserve_rng_state",
+        "determinism_check",
+        "debug",
+    )
+    for mode, cls in MODES.items():
+        if mode in ("custom", "remat"):
+            continue  # a callable cannot travel through JSON; remat is checked in test_remat
+        cfg = cls()
+        record = cfg.to_dict()
+        assert list(record) == list(ACConfig().to_dict()) and record["mode"] == mode  # one record for every mode
+        assert ACConfig.from_dict(json.loads(json.dumps(record))) == cfg
+    model = tk.build_model(moe_cfg)
+    tk.apply_ac(model, FullAC(preserve_rng_state=False))  # a class used directly is the same config
+    assert tk.applied(model).ac == ACConfig(mode="full", preserve_rng_state=False)
+    tk.remove_ac(model)
+    with pytest.raises(ConfigError, match="ACConfig.mode: FullAC is mode 'full', not 'none'"):
+        FullAC(mode="none")
+
+
+def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg, monkeypatch):
+    """The changes a mode makes go into an undo list as they are made: when wrapping the second block fails, the
+    first is unwrapped again, and the next apply_ac works."""
+    from toolkit.transforms.ac import FullAC
+
+    model = tk.build_model(moe_cfg)
+    before = [type(b) for b in model.layers.values()]
+    calls = []
+    original = FullAC.wrap
+
+    def failing(self, module, fqn, **kw):
+        calls.append(fqn)
+        if fqn == "layers.1":
+            raise RuntimeError("refused")
+        return original(self, module, fqn, **kw)
+
+    monkeypatch.setattr(FullAC, "wrap", failing)
+    with pytest.raises(RuntimeError, match="refused"):
+        tk.apply_ac(model, ACConfig(mode="full"))
+    assert calls == ["layers.0", "layers.1"] and [type(b) for b in model.layers.values()] == before
+    assert tk.applied(model).empty
+    monkeypatch.setattr(FullAC, "wrap", original)
+    tk.apply_ac(model, ACConfig(mode="full"))
+    assert tk.applied(model).ac_wrapped == ["layers.0", "layers.1"]

@@ -2,7 +2,8 @@
 
 Opens notebooks/00_quickstart.ipynb, runs all cells, unticks `fullgraph`, clicks Run, and checks that the Explorer's
 plotly figures (the pinned-run comparison among them) and graph-break table render, that the status line names the
-silent failure, that no dropdown shows a blank at its default, and that the browser console shows no errors. Widget or plotly versions
+silent failure, that no dropdown shows a blank at its default, and that the browser console shows no errors. Widget
+or plotly versions
 that render nothing in JupyterLab fail here. Outside CI it skips when Playwright or Chromium is missing; in CI
 (`CI` set) it fails instead, since `.ci/run` installs both.
 """
@@ -18,7 +19,6 @@ import time
 import urllib.request
 
 import pytest
-
 from _helpers import playwright_and_chromium
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -30,8 +30,8 @@ ALL_RAN = """() => {
     const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
     return p.length > 0 && p.every(t => /^\\[\\d+\\]:$/.test(t));
 }"""
-STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))"""
-
+STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+    .some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))"""
 
 
 @pytest.fixture
@@ -51,9 +51,23 @@ def lab(tmp_path):
     token = secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / ".config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / ".rt")}
     log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-                             "--ServerApp.allow_root=True"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp_path}",
+            "--ServerApp.allow_root=True",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -78,8 +92,9 @@ def test_explorer_renders_and_runs_in_jupyterlab(lab, tmp_path):
     sync_playwright, chromium = playwright_and_chromium()
     problems = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
-                                                                    "--disable-dev-shm-usage"])
+        browser = p.chromium.launch(
+            executable_path=chromium, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -108,12 +123,18 @@ def test_explorer_renders_and_runs_in_jupyterlab(lab, tmp_path):
                 news.first.click()
             explorer = page.locator(".jp-OutputArea-output .widget-vbox").first
             explorer.scroll_into_view_if_needed()
-            assert explorer.locator(".widget-dropdown").count() >= 8 and explorer.locator("button.widget-button").count() >= 4
+            assert (
+                explorer.locator(".widget-dropdown").count() >= 8
+                and explorer.locator("button.widget-button").count() >= 4
+            )
             # Every dropdown shows its choice: value None used to select nothing ("order", "recipe" blank).
             shown = explorer.locator(".widget-dropdown select").evaluate_all(
                 "els => els.map(s => [s.parentElement.querySelector('label').textContent, "
-                "s.selectedIndex >= 0 ? s.options[s.selectedIndex].text : ''])")
-            shown = [[label.replace("\xa0", " "), text.replace("\xa0", " ")] for label, text in shown]  # ipywidgets' nbsp
+                "s.selectedIndex >= 0 ? s.options[s.selectedIndex].text : ''])"
+            )
+            shown = [
+                [label.replace("\xa0", " "), text.replace("\xa0", " ")] for label, text in shown
+            ]  # ipywidgets' nbsp
             assert all(text.strip() for _, text in shown), shown
             assert dict(shown).get("order") == "as the scope implies"
             assert dict(shown).get("recipe") == "(none: use the controls)"

@@ -43,9 +43,18 @@ def test_catalogue_lists_filters_and_renders():
         catalogue.get("C99")
     gpu = catalogue.filter(cpu="gpu_only")
     assert {c.id for c in gpu} >= {"C5", "C17", "C23"} and all(c.cpu == "gpu_only" for c in gpu)
-    assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == ["C12", "C33"]  # C33: the same under torch_remat
-    assert {c.id for c in catalogue.filter(notebook=False)} == {"C19", "C20", "C21", "C22", "C23",
-                                                                *(f"C{i}" for i in range(34, 45))} - {"C36", "C41"}
+    assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == [
+        "C12",
+        "C33",
+    ]  # C33: the same under torch_remat
+    assert {c.id for c in catalogue.filter(notebook=False)} == {
+        "C19",
+        "C20",
+        "C21",
+        "C22",
+        "C23",
+        *(f"C{i}" for i in range(34, 45)),
+    } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
     assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 46
@@ -82,7 +91,9 @@ def test_signatures_on_observations_and_reports():
     assert not c25.matches_observed({"saved": [3, 4, 4, 4], "isolated": [3, 4, 4, 4]})
     assert not c25.matches_observed({"isolated": [3, 4, 4, 4]})
     c9 = catalogue.get("C9")
-    assert c9.matches_observed({"error": "RuntimeError: aten.view.default encountered during backward but not found in storage."})
+    assert c9.matches_observed(
+        {"error": "RuntimeError: aten.view.default encountered during backward but not found in storage."}
+    )
     assert not c9.matches_observed({"error": None})
     # A case only observations can show never matches a Report; C4's report signature never matches a dict.
     report = tk.Report(outcome="ok")
@@ -119,8 +130,9 @@ def test_every_notebook_case_is_confirmed_by_its_executed_notebook():
         elif case.verified:
             # C31 depends on the torch build, not the release (CUDA builds have the placeholder helper): its
             # notebook asserts the verdict against the build's helper instead.
-            assert f"expected(\"{case.id}\")" in source or "has_placeholder_helper" in source, \
+            assert f'expected("{case.id}")' in source or "has_placeholder_helper" in source, (
                 f"{case.id}: {path.name} must assert tk.bugs.expected"
+            )
     on_disk = {p.name for p in (NOTEBOOKS / "bugs").glob("*.ipynb")}
     assert on_disk == referenced, f"notebooks no case points to: {on_disk - referenced}"
 
@@ -141,7 +153,10 @@ def test_confirm_is_version_aware(monkeypatch):
     text = str(found)
     assert text.startswith("C27 not reproduced on torch 2.99.0") and "recorded as a finding" in text
     assert catalogue.findings() == {"C27": {"2.99.0": "not reproduced"}}
-    assert catalogue.versions(case) == "reproduced on 2.13.0; reproduced on 2.14.1; not reproduced on 2.99.0 (local finding)"
+    assert (
+        catalogue.versions(case)
+        == "reproduced on 2.13.0; reproduced on 2.14.1; not reproduced on 2.99.0 (local finding)"
+    )
     assert "not reproduced on 2.99.0 (local finding)" in catalogue.markdown([case], with_findings=True)
     assert "local finding" not in catalogue.markdown([case])
     assert bugs.Finding.from_json(json.loads(json.dumps(found.to_json()))) == found
@@ -150,9 +165,15 @@ def test_confirm_is_version_aware(monkeypatch):
 
 
 def test_confirm_a_report_uses_the_classifier():
-    report = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="masked", token_count="bincount"),
-                                ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks"),
-                                measure_memory=False, steady_steps=0))
+    report = tk.run(
+        tk.Scenario(
+            model=tk.ModelConfig(experts_impl="masked", token_count="bincount"),
+            ac=tk.ACConfig(mode="full"),
+            compile=tk.CompileConfig(scope="blocks"),
+            measure_memory=False,
+            steady_steps=0,
+        )
+    )
     found = bugs.confirm("C2", report)
     assert found.reproduced and found.observed["graphs"] == 0 and found.observed["fell_back_to_eager"] is True
     assert found.observed["classification"] == "fell_back_to_eager" and found.observed["grads_match"] is True
@@ -177,8 +198,13 @@ def test_standalone_scripts_follow_the_contract():
         assert not any(n.split(".")[0] == "toolkit" for n in names), f"{path.name} imports toolkit"
         top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
         assert {"bug", "fix"} <= top, path.name
-        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+        consts = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)
+        }
         assert consts["CASE"] == f"C{int(path.name[1:3])}" and consts["NEEDS"] in ("cpu", "cuda"), path.name
         case = catalogue.get(consts["CASE"])
         assert case.notebook or (case.signature and case.verified), path.name  # C42: a script and verdicts suffice
@@ -206,9 +232,14 @@ def test_show_prints_the_source(capsys):
 
 
 def test_repro_export_bundle_with_trace(tmp_path):
-    scenario = tk.Scenario(name="blocks compiled", model=tk.ModelConfig(experts_impl="masked"),
-                           ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks", fullgraph=True),
-                           measure_memory=False, steady_steps=0)
+    scenario = tk.Scenario(
+        name="blocks compiled",
+        model=tk.ModelConfig(experts_impl="masked"),
+        ac=tk.ACConfig(mode="full"),
+        compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+        measure_memory=False,
+        steady_steps=0,
+    )
     report = tk.run(scenario)
     with pytest.raises(ValueError, match="does not show C4's catalogue signature .it shows C1"):
         tk.repro.export(report, tmp_path / "wrong", case="C4")
@@ -222,8 +253,12 @@ def test_repro_export_bundle_with_trace(tmp_path):
     assert "reproduced" in (bundle.trace / "script-output.txt").read_text()
     assert '"dynamo_start"' in logs[0].read_text()
     if shutil.which("tlparse"):  # the `trace` extra; .ci/run installs it
-        out = subprocess.run(["tlparse", str(logs[0]), "-o", str(tmp_path / "tl"), "--overwrite", "--no-browser"],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            ["tlparse", str(logs[0]), "-o", str(tmp_path / "tl"), "--overwrite", "--no-browser"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr
         assert "compile_directory.json" in {p.name for p in (tmp_path / "tl").iterdir()}
     # Without the Scenario, export rebuilds it from the report.
@@ -270,7 +305,9 @@ def test_cases_check_skips_a_repro_whose_optional_package_is_missing(monkeypatch
     for name in [m for m in sys.modules if m.startswith("toolkit.bugs.standalone.c3")]:
         monkeypatch.delitem(sys.modules, name)
     skipped = bugs.check("C30")
-    assert isinstance(skipped, bugs.Skipped) and "needs torch_remat" in skipped.reason and "pip install" in skipped.reason
+    assert (
+        isinstance(skipped, bugs.Skipped) and "needs torch_remat" in skipped.reason and "pip install" in skipped.reason
+    )
     assert bugs.script("C6").CASE == "C7"  # found through c07's CASES without importing c30
     assert main(["cases", "--check", "C30", "C27"]) == 0
     out = capsys.readouterr().out

@@ -16,15 +16,18 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "80"}
 
 
 def toolkit(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, env=ENV,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+    )
 
 
 def test_run_puts_the_silent_failure_on_the_first_line_and_strict_fails_on_it():
     out = toolkit("run", "--preset", "graph_break_in_checkpoint", "--strict")
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("graph_break_in_checkpoint: fell_back_to_eager [silent failure] — compile requested, "
-                               "but layers.0, layers.1 ran eagerly (0 graphs); known case C2"), out.stdout
+    assert lines[0].startswith(
+        "graph_break_in_checkpoint: fell_back_to_eager [silent failure] — compile requested, "
+        "but layers.0, layers.1 ran eagerly (0 graphs); known case C2"
+    ), out.stdout
     assert "  step outcome: ok" in lines and "not checked" not in out.stdout  # the reference run without AC ran
     assert out.returncode == cli.EXIT_SILENT == 3, out.stderr
     assert "Traceback" not in out.stderr
@@ -54,25 +57,37 @@ def test_run_json_keeps_stdout_a_report_and_puts_the_classification_on_stderr():
     assert json.loads(data)["classification"]["label"] == "error"
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--preset", "moe_eager", "--timeout-s", "5"], "--timeout-s needs --isolate"),
-    (["--preset", "moe_eager", "--isolate", "--timeout-s", "-1"], "-1 is not a positive number of seconds"),
-    (["--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], "nan is not a positive number of seconds"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--preset", "moe_eager", "--timeout-s", "5"], "--timeout-s needs --isolate"),
+        (["--preset", "moe_eager", "--isolate", "--timeout-s", "-1"], "-1 is not a positive number of seconds"),
+        (["--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], "nan is not a positive number of seconds"),
+    ],
+)
 def test_bad_timeouts_are_usage_errors(args, words):
     out = toolkit("run", *args, timeout=120)
     assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
     assert out.stdout == ""  # refused before anything ran
 
 
-@pytest.mark.parametrize("content, words", [
-    ("[1, 2, 3]", "Scenario: the JSON holds a list, not an object of Scenario fields."),
-    ('{"compile": "blocks"}', 'Scenario.compile: is the string "blocks", not an object of CompileConfig fields. '
-                              'Fix: write "compile": {"scope": "blocks"}'),
-    ('{"model": null}', 'Scenario.model: is null, not an object of ModelConfig fields.'),
-    ('{"ac": {"mode": "full", "layer_every": 3}}', "ACConfig.layer_every: is only used by mode='selective_layer'"),
-    ('{"model": {"n_layers": 2,}}', "is not valid JSON: Expecting property name enclosed in double quotes at line 1"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("[1, 2, 3]", "Scenario: the JSON holds a list, not an object of Scenario fields."),
+        (
+            '{"compile": "blocks"}',
+            'Scenario.compile: is the string "blocks", not an object of CompileConfig fields. '
+            'Fix: write "compile": {"scope": "blocks"}',
+        ),
+        ('{"model": null}', "Scenario.model: is null, not an object of ModelConfig fields."),
+        ('{"ac": {"mode": "full", "layer_every": 3}}', "ACConfig.layer_every: is only used by mode='selective_layer'"),
+        (
+            '{"model": {"n_layers": 2,}}',
+            "is not valid JSON: Expecting property name enclosed in double quotes at line 1",
+        ),
+    ],
+)
 def test_bad_config_files_name_the_file_and_the_fix(tmp_path, content, words):
     path = tmp_path / "scenario.json"
     path.write_text(content)
@@ -84,7 +99,9 @@ def test_bad_config_files_name_the_file_and_the_fix(tmp_path, content, words):
 
 def test_a_missing_config_file_is_named(tmp_path):
     out = toolkit("run", "--config", str(tmp_path / "nowhere.json"), timeout=120)
-    assert out.returncode == 2 and f"{tmp_path / 'nowhere.json'}: cannot read it (No such file or directory)" in out.stderr
+    assert (
+        out.returncode == 2 and f"{tmp_path / 'nowhere.json'}: cannot read it (No such file or directory)" in out.stderr
+    )
 
 
 def test_cases_is_a_terminal_table_with_the_installed_torch():
@@ -98,7 +115,9 @@ def test_cases_is_a_terminal_table_with_the_installed_torch():
     c2 = next(i for i, line in enumerate(lines) if line.startswith("C2 "))
     assert lines[c2].split()[-3:] == ["cpu", "yes", "reproduced"]  # needs, has a notebook, this torch's verdict
     md = toolkit("cases", "--markdown", timeout=120)
-    assert md.returncode == 0 and md.stdout.startswith("| id | case | status | upstream | CPU | needs | torch | notebook |")
+    assert md.returncode == 0 and md.stdout.startswith(
+        "| id | case | status | upstream | CPU | needs | torch | notebook |"
+    )
 
 
 def test_help_describes_every_subcommand_and_every_run_option():

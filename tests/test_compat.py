@@ -1,4 +1,8 @@
-"""`toolkit.compat`: every private torch API in one place, detected on this torch, and nothing else reaching into torch internals."""
+"""`toolkit.compat`: every private torch API in one place, detected on this torch, and nowhere else.
+
+`toolkit.compat`: every private torch API in one place, detected on this torch, and nothing else reaching into torch
+internals.
+"""
 
 import ast
 import inspect
@@ -54,8 +58,11 @@ def test_no_module_but_compat_reaches_into_private_torch():
                 while isinstance(base, ast.Attribute):
                     chain.append(base.attr)
                     base = base.value
-                if isinstance(base, ast.Name) and base.id == "torch" and any(p.startswith("_") and p not in (
-                        "__version__", "_grouped_mm") for p in chain):
+                if (
+                    isinstance(base, ast.Name)
+                    and base.id == "torch"
+                    and any(p.startswith("_") and p not in ("__version__", "_grouped_mm") for p in chain)
+                ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} torch.{'.'.join(reversed(chain))}")
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 mod = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
@@ -64,13 +71,31 @@ def test_no_module_but_compat_reaches_into_private_torch():
     assert offenders == [], "\n".join(offenders)
 
 
-def _fake_2_13(fn, preserve_rng_state=True, context_fn=None, determinism_check="default", debug=False,
-               early_stop=True, *args, **kwargs):
+def _fake_2_13(
+    fn,
+    preserve_rng_state=True,
+    context_fn=None,
+    determinism_check="default",
+    debug=False,
+    early_stop=True,
+    *args,
+    **kwargs,
+):
     yield
 
 
-def _fake_2_14(fn, args, kwargs, *, preserve_rng_state=True, context_fn=None, determinism_check="default",
-               debug=False, early_stop=True, respect_saved_tensors_hooks=None):
+def _fake_2_14(
+    fn,
+    args,
+    kwargs,
+    *,
+    preserve_rng_state=True,
+    context_fn=None,
+    determinism_check="default",
+    debug=False,
+    early_stop=True,
+    respect_saved_tensors_hooks=None,
+):
     yield
 
 
@@ -105,9 +130,12 @@ def test_a_reference_run_turns_function_form_checkpoints_into_plain_calls():
 
     def weight_saved(disable: bool) -> bool:
         packed = []
-        with compat.non_reentrant_checkpoints_disabled() if disable else torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.untyped_storage()._cdata) or t,
-                                                         lambda t: t):
+        with (
+            compat.non_reentrant_checkpoints_disabled() if disable else torch.enable_grad(),
+            torch.autograd.graph.saved_tensors_hooks(
+                lambda t: packed.append(t.untyped_storage()._cdata) or t, lambda t: t
+            ),
+        ):
             checkpoint(lin, x, use_reentrant=False).sum().backward()
         return lin.weight.untyped_storage()._cdata in packed
 

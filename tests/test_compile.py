@@ -8,8 +8,17 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 import toolkit as tk
 from toolkit import ACConfig, CompileConfig, ConfigError
 
-SCOPES = ["model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward",
-          ("layers.1.moe.router", "layers.0.attention")]
+SCOPES = [
+    "model",
+    "blocks",
+    "attention",
+    "moe",
+    "experts",
+    "router",
+    "shared_experts",
+    "feed_forward",
+    ("layers.1.moe.router", "layers.0.attention"),
+]
 
 
 @pytest.mark.parametrize("method", ["module_compile", "torch_compile"])
@@ -23,15 +32,19 @@ def test_names_stay_canonical_under_every_scope(moe_cfg, ac_mode, method):
         model = tk.build_model(cfg)
         tk.prepare(model, ac=ACConfig(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
         assert [n for n, _ in tk.named_modules(model)] == ref, scope
-        assert tk.get_module(model, "layers.1.moe.router.gate") is tk.unwrap(model).layers["1"].moe.router.gate \
-            or isinstance(tk.get_module(model, "layers.1.moe.router.gate"), torch.nn.Linear)
+        assert tk.get_module(model, "layers.1.moe.router.gate") is tk.unwrap(model).layers[
+            "1"
+        ].moe.router.gate or isinstance(tk.get_module(model, "layers.1.moe.router.gate"), torch.nn.Linear)
         tk.reset(model, dynamo=False)
         assert [n for n, _ in model.named_modules()] == [n for n, _ in tk.build_model(cfg).named_modules()]
 
 
 def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
-    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="per_submodule"),
-                       compile=CompileConfig(scope="moe", method="torch_compile", order="compile_outside"))
+    model = tk.prepare(
+        tk.build_model(moe_cfg),
+        ac=ACConfig(mode="per_submodule"),
+        compile=CompileConfig(scope="moe", method="torch_compile", order="compile_outside"),
+    )
     block = model.layers["0"]
     assert not isinstance(block.moe, tk.models.MoE)  # what torchtitan's #1895 check saw
     assert isinstance(tk.unwrap(block.moe), tk.models.MoE)
@@ -49,8 +62,15 @@ def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
         (ACConfig(mode="memory_budget", memory_budget=0.0), CompileConfig(scope="blocks", fullgraph=True)),
         (ACConfig(mode="full"), CompileConfig(scope="blocks", fullgraph=True, backend="aot_eager_decomp_partition")),
     ],
-    ids=["none-blocks", "full-blocks", "sac-blocks", "full-attention", "full-ac_outside", "budget0-blocks",
-         "full-decomp_partition"],
+    ids=[
+        "none-blocks",
+        "full-blocks",
+        "sac-blocks",
+        "full-attention",
+        "full-ac_outside",
+        "budget0-blocks",
+        "full-decomp_partition",
+    ],
 )
 def test_compiled_gradients_match_eager(moe_cfg, ac, compile):
     batch = tk.make_batch(moe_cfg)
@@ -82,14 +102,19 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    full = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True))
+    full = tk.prepare(
+        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True)
+    )
     tk.train_step(full, batch)
     assert graph_count() >= 1 and break_count() == 0  # fullgraph=True captures .tolist() in torch 2.13
 
 
 def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
-    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
-                       compile=CompileConfig(scope="blocks", capture_scalar_outputs=True))
+    model = tk.prepare(
+        tk.build_model(moe_cfg),
+        ac=ACConfig(mode="full"),
+        compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
+    )
     assert torch._dynamo.config.capture_scalar_outputs is False
     tk.train_step(model, tk.make_batch(moe_cfg))
     assert graph_count() >= 1 and torch._dynamo.config.capture_scalar_outputs is False
@@ -98,18 +123,25 @@ def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
 def test_order_is_explicit(moe_cfg):
     # A scope inside a checkpointed block can only be AC(compile(x)).
     with pytest.raises(ConfigError, match="CompileConfig.order") as e:
-        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
-                   compile=CompileConfig(scope="attention", order="compile_outside"))
+        tk.prepare(
+            tk.build_model(moe_cfg),
+            ac=ACConfig(mode="full"),
+            compile=CompileConfig(scope="attention", order="compile_outside"),
+        )
     assert "ac_outside" in str(e.value)
     # The model contains the checkpointed blocks: only compile(AC(x)).
     with pytest.raises(ConfigError, match="CompileConfig.order"):
-        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="model", order="ac_outside"))
+        tk.prepare(
+            tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="model", order="ac_outside")
+        )
     inside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="attention"))
     assert set(tk.applied(inside).compile_orders.values()) == {"AC(compile(x))"}
     # Where the target is the checkpointed module itself, `order` picks which of the two is compiled.
     outside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
     assert outside.layers["0"]._compiled_call_impl is not None
-    ac_out = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside"))
+    ac_out = tk.prepare(
+        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside")
+    )
     assert isinstance(ac_out.layers["0"], CheckpointWrapper) and ac_out.layers["0"]._compiled_call_impl is None
     assert ac_out.layers["0"]._checkpoint_wrapped_module._compiled_call_impl is not None
     assert set(tk.applied(ac_out).compile_orders.values()) == {"AC(compile(x))"}
@@ -121,25 +153,32 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
     calls = {"fw": 0}
 
     def counting_backend(gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-
         from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
 
         def fw(g, _):
             def run(*args):
                 calls["fw"] += 1
                 return g(*args)
+
             return make_boxed_func(run)
+
         return aot_autograd(fw_compiler=fw, bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
 
-    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="full"),
-                       compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True))
+    model = tk.prepare(
+        tk.build_model(dense_cfg),
+        ac=ACConfig(mode="full"),
+        compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True),
+    )
     tk.train_step(model, tk.make_batch(dense_cfg))
     assert calls["fw"] == 2 * dense_cfg.n_layers  # forward + recompute for each block
     calls["fw"] = 0
     torch._dynamo.reset()
-    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="full"),
-                       compile=CompileConfig(scope="blocks", backend=counting_backend, order="compile_outside", fullgraph=True))
+    model = tk.prepare(
+        tk.build_model(dense_cfg),
+        ac=ACConfig(mode="full"),
+        compile=CompileConfig(scope="blocks", backend=counting_backend, order="compile_outside", fullgraph=True),
+    )
     tk.train_step(model, tk.make_batch(dense_cfg))
     assert calls["fw"] == dense_cfg.n_layers  # the checkpoint is inside the graph: no second compiled forward
 
@@ -177,9 +216,11 @@ def test_memory_budget_is_live_while_compiling(moe_cfg):
         seen.append(torch._functorch.config.activation_memory_budget)
         return gm.forward
 
-    model = tk.prepare(tk.build_model(moe_cfg.replace(experts_impl="masked")),
-                       ac=ACConfig(mode="memory_budget", memory_budget=0.25),
-                       compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True))
+    model = tk.prepare(
+        tk.build_model(moe_cfg.replace(experts_impl="masked")),
+        ac=ACConfig(mode="memory_budget", memory_budget=0.25),
+        compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True),
+    )
     tk.train_step(model, tk.make_batch(moe_cfg))
     assert seen and set(seen) == {0.25}
     assert torch._functorch.config.activation_memory_budget == 1.0
@@ -203,10 +244,17 @@ def test_compile_twice_is_refused_and_remove_restores(moe_cfg):
 def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
     before = tk.global_state()
     model = tk.build_model(moe_cfg)
-    tk.prepare(model, ac=ACConfig(mode="memory_budget", memory_budget=0.5),
-               compile=CompileConfig(scope="blocks", fullgraph=True, capture_scalar_outputs=True,
-                                     capture_dynamic_output_shape_ops=True,
-                                     skip_fwd_side_effects_in_bwd_under_checkpoint=True))
+    tk.prepare(
+        model,
+        ac=ACConfig(mode="memory_budget", memory_budget=0.5),
+        compile=CompileConfig(
+            scope="blocks",
+            fullgraph=True,
+            capture_scalar_outputs=True,
+            capture_dynamic_output_shape_ops=True,
+            skip_fwd_side_effects_in_bwd_under_checkpoint=True,
+        ),
+    )
     tk.train_step(model, tk.make_batch(moe_cfg))
     assert graph_count() >= 1
     tk.reset(model)
@@ -216,8 +264,11 @@ def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
 
 def test_torch_settings_restores_on_error(moe_cfg):
     before = tk.global_state()
-    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"),
-                       compile=CompileConfig(scope="blocks", capture_scalar_outputs=True))
+    model = tk.prepare(
+        tk.build_model(moe_cfg),
+        ac=ACConfig(mode="full"),
+        compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
+    )
     with pytest.raises(ZeroDivisionError):
         with tk.torch_settings(model):
             assert torch._dynamo.config.capture_scalar_outputs is True
@@ -253,13 +304,21 @@ def test_scope_errors_name_the_field(moe_cfg, dense_cfg):
     with pytest.raises(ConfigError, match="CompileConfig.method"):
         tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="model", method="torch_compile"))
     with pytest.raises(ConfigError, match="ACConfig.wrap_inductor_compiled_regions"):
-        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="selective_op", wrap_inductor_compiled_regions=True),
-                   compile=CompileConfig(scope="attention", backend="aot_eager"))
+        tk.prepare(
+            tk.build_model(moe_cfg),
+            ac=ACConfig(mode="selective_op", wrap_inductor_compiled_regions=True),
+            compile=CompileConfig(scope="attention", backend="aot_eager"),
+        )
 
 
 def test_compile_config_json_round_trip():
-    cfg = CompileConfig(scope=("layers.0.moe",), backend="inductor", fullgraph=True, order="ac_outside",
-                        inductor_options={"wrap_inductor_compiled_regions": True})
+    cfg = CompileConfig(
+        scope=("layers.0.moe",),
+        backend="inductor",
+        fullgraph=True,
+        order="ac_outside",
+        inductor_options={"wrap_inductor_compiled_regions": True},
+    )
     assert CompileConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -268,8 +327,11 @@ def test_inductor_compiles_a_checkpointed_dense_block(dense_cfg):
     batch = tk.make_batch(dense_cfg)
     ref = tk.build_model(dense_cfg)
     tk.train_step(ref, batch)
-    model = tk.prepare(tk.build_model(dense_cfg), ac=ACConfig(mode="selective_op"),
-                       compile=CompileConfig(scope="blocks", backend="inductor", fullgraph=True))
+    model = tk.prepare(
+        tk.build_model(dense_cfg),
+        ac=ACConfig(mode="selective_op"),
+        compile=CompileConfig(scope="blocks", backend="inductor", fullgraph=True),
+    )
     tk.train_step(model, batch)
     assert graph_count() == 1  # both blocks share one graph
     g, gr = grads(model), grads(ref)

@@ -14,8 +14,14 @@ QUICK = dict(check_numerics=False, steady_steps=0)
 def reports():
     none = tk.run(tk.Scenario(**QUICK))
     sac = tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), **QUICK))
-    brk = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="for_loop"), compile=tk.CompileConfig(scope="moe"),
-                             measure_memory=False, **QUICK))
+    brk = tk.run(
+        tk.Scenario(
+            model=tk.ModelConfig(experts_impl="for_loop"),
+            compile=tk.CompileConfig(scope="moe"),
+            measure_memory=False,
+            **QUICK,
+        )
+    )
     return none, sac, brk
 
 
@@ -56,7 +62,9 @@ def test_text_twins_are_deterministic(reports):
 def test_breaks_html_has_no_empty_table(reports):
     """No break and no recompile: the head line alone, never a where / reason header over nothing."""
     none, sac, _ = reports
-    fake = tk.Report.from_dict({**sac.to_dict(), "compile": {**sac.to_dict()["compile"], "requested": True, "graphs": 1}})
+    fake = tk.Report.from_dict(
+        {**sac.to_dict(), "compile": {**sac.to_dict()["compile"], "requested": True, "graphs": 1}}
+    )
     html = display.breaks_html(fake)
     assert html == "<b>1 graphs, 0 graph breaks, 0 recompiles</b>" and "<th>" not in html
 
@@ -103,19 +111,37 @@ def test_recompute_text_says_where_each_run_recomputes(reports):
     none, sac, brk = reports
     text = display.recompute_text({"no AC": none, "SAC": sac, "compiled": brk})
     head, *rows = text.splitlines()
-    assert head.split() == ["run", "saved", "autograd", "compiled", "sac_cache", "checkpoint_input", "eager", "ops",
-                            "in", "graph", "bwd", "graph", "reruns", "grads"]
+    assert head.split() == [
+        "run",
+        "saved",
+        "autograd",
+        "compiled",
+        "sac_cache",
+        "checkpoint_input",
+        "eager",
+        "ops",
+        "in",
+        "graph",
+        "bwd",
+        "graph",
+        "reruns",
+        "grads",
+    ]
     assert [r.split()[0] for r in rows] == ["no", "SAC", "compiled"]
 
     def column(row, name):  # right-aligned under its header
         end = head.index(name) + len(name)
-        return row[end - 18:end].strip()
+        return row[end - 18 : end].strip()
 
-    assert column(rows[1], "sac_cache") == fmt_bytes(sac.saved.by_kind["sac_cache"]) and column(rows[1], "compiled") == "-"
+    assert (
+        column(rows[1], "sac_cache") == fmt_bytes(sac.saved.by_kind["sac_cache"]) and column(rows[1], "compiled") == "-"
+    )
     assert column(rows[2], "compiled") == fmt_bytes(brk.saved.by_kind["compiled"])
     # Eager ops, ops in compiled backward, compiled reruns, grads ("-": numerics not compared here).
     assert rows[1].split()[-4:] == [str(sac.recompute.ops), "0", "0", "-"] and sac.recompute.ops > 0
     assert rows[2].split()[-4:] == [str(brk.recompute.ops), str(brk.recompute.in_compiled_backward), "0", "-"]
     assert text == display.recompute_text({"no AC": tk.Report.from_json(none.to_json()), "SAC": sac, "compiled": brk})
     only_autograd = display.recompute_text({"no AC": none})
-    assert only_autograd.splitlines()[0].split()[:3] == ["run", "saved", "autograd"] and "sac_cache" not in only_autograd
+    assert (
+        only_autograd.splitlines()[0].split()[:3] == ["run", "saved", "autograd"] and "sac_cache" not in only_autograd
+    )

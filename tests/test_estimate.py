@@ -1,4 +1,7 @@
-"""`tk.estimate`: fake-tensor estimates agree with real CPU runs at small sizes and run full-size layers with no memory."""
+"""`tk.estimate`: fake-tensor estimates agree with real CPU runs; full-size layers with no memory.
+
+`tk.estimate`: fake-tensor estimates agree with real CPU runs at small sizes and run full-size layers with no memory.
+"""
 
 import resource
 
@@ -28,7 +31,11 @@ def test_estimate_agrees_with_a_real_cpu_run(impl, dtype):
         # Peak: the real one is the profiler's replay of CPU allocations. Measured ratios: grouped_mm 0.98-1.00 (the
         # RNG stashes); masked 1.026-1.032, because autograd never sums gradients in place into a tensor subclass
         # (fake tensors), so the per-expert `w[e]` gradient slices cost one more temporary than on real tensors.
-        assert -0.03 < est.peak_bytes / real.memory.peak_bytes - 1 < 0.05, (mode, est.peak_bytes, real.memory.peak_bytes)
+        assert -0.03 < est.peak_bytes / real.memory.peak_bytes - 1 < 0.05, (
+            mode,
+            est.peak_bytes,
+            real.memory.peak_bytes,
+        )
 
 
 def test_cuda_rounding_counts_whole_512_byte_blocks():
@@ -54,13 +61,16 @@ def test_full_size_layers_in_seconds_without_memory():
     assert tk.Estimate.from_json(est["full"].to_json()) == est["full"]
 
 
-@pytest.mark.parametrize("change,field", [
-    (dict(compile=tk.CompileConfig(scope="blocks")), "estimate.compile"),
-    (dict(recipe="torchtitan_0_3_0"), "estimate.recipe"),
-    (dict(model=tk.ModelConfig(experts_impl="for_loop")), "estimate.model.experts_impl"),
-    (dict(model=tk.ModelConfig(experts_impl="masked", token_count="bincount")), "estimate.model.token_count"),
-    (dict(model=tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")), "estimate.model.dtype"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (dict(compile=tk.CompileConfig(scope="blocks")), "estimate.compile"),
+        (dict(recipe="torchtitan_0_3_0"), "estimate.recipe"),
+        (dict(model=tk.ModelConfig(experts_impl="for_loop")), "estimate.model.experts_impl"),
+        (dict(model=tk.ModelConfig(experts_impl="masked", token_count="bincount")), "estimate.model.token_count"),
+        (dict(model=tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")), "estimate.model.dtype"),
+    ],
+)
 def test_what_fake_tensors_cannot_run_is_refused_up_front(change, field):
     scenario = tk.Scenario(**{"model": tk.ModelConfig(experts_impl="masked"), **change})
     with pytest.raises(tk.ConfigError, match=field.replace(".", r"\.") + ":.*Fix:"):

@@ -83,8 +83,9 @@ def test_plain_blocks_under_fsdp2_and_what_the_old_census_counted(gloo_world_of_
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = nn.ModuleList([nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
-                                         for _ in range(4)])
+            self.layers = nn.ModuleList(
+                [nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(4)]
+            )
 
         def forward(self, x):
             for layer in self.layers:
@@ -113,8 +114,21 @@ def test_plain_blocks_under_fsdp2_and_what_the_old_census_counted(gloo_world_of_
 
 def test_fsdp2_world_size_two_under_torchrun(tmp_path):
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), os.path.join(HERE, "distributed", "fsdp_truth.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        os.path.join(HERE, "distributed", "fsdp_truth.py"),
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -134,8 +148,13 @@ def test_two_ranks_merged_into_one_view(stack):
     passes, each rank holding what one rank holds alone (same batch, same activations)."""
     if stack == "torchtitan":
         extra("torchtitan")
-        scenario = tk.Scenario(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"),
-                               compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
+        scenario = tk.Scenario(
+            stack="torchtitan",
+            ac=tk.ACConfig(mode="selective_op"),
+            compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+            fsdp="blocks",
+            steady_steps=0,
+        )
     else:
         scenario = tk.Scenario(ac=tk.ACConfig(mode="full"), fsdp="blocks", steady_steps=0)
     merged = tk.run_distributed(scenario, nproc=2, timeout_s=600)
@@ -155,9 +174,11 @@ def test_two_ranks_merged_into_one_view(stack):
 def test_expert_parallel_is_refused_where_it_cannot_run():
     """EP is torchtitan's own (its dispatcher, its parallelize), needs FSDP2 with it and `ep` ranks: each refused
     up front, naming the field."""
-    for bad, match in ((dict(ep=2), "Scenario.ep: expert parallel runs torchtitan's own"),
-                       (dict(ep=0), "Scenario.ep: 0 is not a whole number >= 1"),
-                       (dict(ep=True), "Scenario.ep: True is not")):
+    for bad, match in (
+        (dict(ep=2), "Scenario.ep: expert parallel runs torchtitan's own"),
+        (dict(ep=0), "Scenario.ep: 0 is not a whole number >= 1"),
+        (dict(ep=True), "Scenario.ep: True is not"),
+    ):
         with pytest.raises(tk.ConfigError, match=match):
             tk.Scenario(**bad)
     extra("torchtitan")
@@ -177,20 +198,31 @@ def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
     forward). DeepSeek-V3 runs under SAC + compile; Qwen3 under SAC + compile fails inside AOT autograd (a
     DeviceMesh among the tensors saved for backward) — reported per rank as an error, not a crash."""
     extra("torchtitan")
-    sac_compiled = dict(stack="torchtitan", ac=tk.ACConfig(mode="selective_op"), fsdp="blocks", ep=2,
-                        compile=tk.CompileConfig(scope="blocks", fullgraph=True), steady_steps=0)
-    dsv3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.deepseek_v3(), **sac_compiled), nproc=2,
-                              timeout_s=600)
+    sac_compiled = dict(
+        stack="torchtitan",
+        ac=tk.ACConfig(mode="selective_op"),
+        fsdp="blocks",
+        ep=2,
+        compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+        steady_steps=0,
+    )
+    dsv3 = tk.run_distributed(
+        tk.Scenario(torchtitan=tk.TorchtitanConfig.deepseek_v3(), **sac_compiled), nproc=2, timeout_s=600
+    )
     assert dsv3.ok, dsv3.stderr_tail
-    moe_layers = sum(1 for i in range(tk.TorchtitanConfig.deepseek_v3().n_layers)
-                     if i >= tk.TorchtitanConfig.deepseek_v3().n_dense_layers)
+    moe_layers = sum(
+        1
+        for i in range(tk.TorchtitanConfig.deepseek_v3().n_layers)
+        if i >= tk.TorchtitanConfig.deepseek_v3().n_dense_layers
+    )
     for r in dsv3.ranks:
         assert r.distributed.world_size == 2 and r.scenario.ep == 2 and r.compile.graph_breaks == 0
         assert r.distributed.collectives["forward: _c10d_functional.all_to_all_single.default"] == 3 * moe_layers
         assert r.saved.total_bytes > 0 and not r.numerics.compared
     assert "EP 2: 2 ranks, ok" in str(dsv3)
-    qwen3 = tk.run_distributed(tk.Scenario(torchtitan=tk.TorchtitanConfig.qwen3(), **sac_compiled), nproc=2,
-                               timeout_s=600)
+    qwen3 = tk.run_distributed(
+        tk.Scenario(torchtitan=tk.TorchtitanConfig.qwen3(), **sac_compiled), nproc=2, timeout_s=600
+    )
     assert [r.distributed.rank for r in qwen3.ranks] == [0, 1]
     if torch.__version__.startswith("2.13."):
         # torch 2.13: AOT autograd finds a DeviceMesh among the values saved for backward, on both ranks.

@@ -12,13 +12,14 @@ import textwrap
 import time
 
 import pytest
+from _helpers import synthetic_matrix
 
 import toolkit as tk
-from toolkit.analysis.matrix import Cell, MatrixResult, quick_cells
+from toolkit.analysis.cells import Cell, quick_cells
 from toolkit.analysis.classification import EXPLAIN, SILENT, classify, describe, headline, reference_scenarios
-from toolkit.analysis.matrix import COLORS, SYMBOLS
-from _helpers import synthetic_matrix
+from toolkit.analysis.matrix import MatrixResult
 from toolkit.analysis.sweeps import load_results, sweep
+from toolkit.analysis.views import COLORS, SYMBOLS
 
 FOUR = [
     Cell("dense", "selective_op"),
@@ -78,7 +79,7 @@ def test_rerun_skips_finished_cells(tmp_path):
 
 def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
     script = textwrap.dedent(f"""
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         cells = [Cell("dense"), Cell("dense", "full"), Cell("dense", "selective_op"), Cell("moe:for_loop")]
         sweep(cells, out={str(tmp_path)!r}, workers=1, timeout_s=300, progress=False)
@@ -115,8 +116,11 @@ def test_a_crashing_or_hanging_cell_is_a_result_and_the_sweep_goes_on(tmp_path, 
             monkeypatch.setenv("TOOLKIT_WORKER_FAULT", f"{fault}@forward")
         else:
             monkeypatch.delenv("TOOLKIT_WORKER_FAULT", raising=False)
-        return tk.run(scenario.replace(check_numerics=False, measure_memory=False, steady_steps=0), isolate=True,
-                      timeout_s=15 if fault == "hang" else 300)
+        return tk.run(
+            scenario.replace(check_numerics=False, measure_memory=False, steady_steps=0),
+            isolate=True,
+            timeout_s=15 if fault == "hang" else 300,
+        )
 
     result = sweep([Cell("dense"), bad], out=tmp_path, progress=False, runner=runner)
     cls = _by_cell(result)
@@ -126,12 +130,21 @@ def test_a_crashing_or_hanging_cell_is_a_result_and_the_sweep_goes_on(tmp_path, 
 
 def test_classifier_silent_failures():
     cfg = tk.ModelConfig(router_noise=0.5, experts_impl="grouped_mm")
-    bad = tk.run(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full", preserve_rng_state=False), measure_memory=False,
-                             steady_steps=0))
+    bad = tk.run(
+        tk.Scenario(
+            model=cfg, ac=tk.ACConfig(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0
+        )
+    )
     cl = classify(bad)
     assert cl.label == "grads_differ" and "C11" in cl.cases
-    breaks = tk.run(tk.Scenario(model=tk.ModelConfig(experts_impl="for_loop"), compile=tk.CompileConfig(scope="moe"),
-                                measure_memory=False, steady_steps=0))
+    breaks = tk.run(
+        tk.Scenario(
+            model=tk.ModelConfig(experts_impl="for_loop"),
+            compile=tk.CompileConfig(scope="moe"),
+            measure_memory=False,
+            steady_steps=0,
+        )
+    )
     cl = classify(breaks)
     # The `.tolist()` break splits the graph, and the resumed code specialises on the split sizes: the second
     # MoE layer routes differently and recompiles (a recompile per distinct routing).
@@ -195,7 +208,9 @@ def test_headline_and_describe_lead_with_the_classification():
     assert text.splitlines()[0] == line and "  also: graph_breaks" in text and "  step outcome: ok" in text
     assert "not checked: ac_saves_nothing" in text  # full AC: sac_not_applied is never a question
     sac = next(r for r in result.rows if r.key == "sac_not_applied")
-    assert "not checked: sac_not_applied, ac_saves_nothing" in describe(sac.report, sac.classification, references=False)
+    assert "not checked: sac_not_applied, ac_saves_nothing" in describe(
+        sac.report, sac.classification, references=False
+    )
     assert "https://github.com/pytorch/pytorch/issues/139989" in text
 
 
@@ -206,13 +221,15 @@ def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
     assert refs["full"].ac == tk.ACConfig(mode="full") and refs["full"].compile == sc.compile
     assert all(not r.check_numerics and not r.measure_memory for r in refs.values())
     assert set(reference_scenarios(sc.replace(ac=tk.ACConfig(mode="full")))) == {"none"}
-    assert reference_scenarios(tk.Scenario()) == {} and reference_scenarios(tk.Scenario(recipe="torchtitan_0_3_0")) == {}
+    assert (
+        reference_scenarios(tk.Scenario()) == {} and reference_scenarios(tk.Scenario(recipe="torchtitan_0_3_0")) == {}
+    )
 
 
 def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     """Real FSDP2 in the full sweep (PR #2052 with `fully_shard(moe.experts)` itself, C4) and torchtitan's own
     models with its own transforms (`--stack torchtitan`), measured, classified and drawn like any cell."""
-    from toolkit.analysis.matrix import full_cells, torchtitan_cells
+    from toolkit.analysis.cells import full_cells, torchtitan_cells
     from toolkit.analysis.sweeps import default_cells
 
     c4 = Cell("moe:for_loop", recipe="torchtitan_2025_09", fsdp="blocks+experts")
@@ -224,7 +241,9 @@ def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     if importlib.util.find_spec("torchtitan") is not None:
         titan = Cell("titan:qwen3_moe", "selective_op", "blocks", True, fsdp="blocks")
         assert titan in torchtitan_cells() and len(torchtitan_cells()) == 24
-        assert set(default_cells(quick=True, backends=("aot_eager",), stack="all")) == set(quick_cells()) | set(torchtitan_cells())
+        assert set(default_cells(quick=True, backends=("aot_eager",), stack="all")) == set(quick_cells()) | set(
+            torchtitan_cells()
+        )
         cells.append(titan)
     with pytest.raises(tk.ConfigError, match="sweep.stack: 'titan' is not one of"):
         default_cells(quick=True, backends=("aot_eager",), stack="titan")

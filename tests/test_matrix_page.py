@@ -13,15 +13,23 @@ import shutil
 import tempfile
 
 import pytest
-
 from _helpers import playwright_and_chromium, synthetic_matrix
-from toolkit.analysis.matrix import COLORS, SYMBOLS
+
+from toolkit.analysis.views import COLORS, SYMBOLS
 
 pytestmark = pytest.mark.browser
 
 # No network: no background services, no component or safe-browsing updates, no sync.
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 # For each heatmap panel: the colour at the centre of every cell, read from the image plotly drew.
 CELL_COLOURS = """async () => {
@@ -51,8 +59,7 @@ CELL_COLOURS = """async () => {
 
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
     h = hex_colour.lstrip("#")
-    return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
-
+    return tuple(int(h[i : i + 2], 16) for i in (0, 2, 4))
 
 
 def test_colours_are_distinct_and_unlike_empty_cells():
@@ -60,7 +67,7 @@ def test_colours_are_distinct_and_unlike_empty_cells():
     rgb = {k: _rgb(v) for k, v in COLORS.items()}
     names = list(rgb)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert sum((x - y) ** 2 for x, y in zip(rgb[a], rgb[b])) ** 0.5 > 60, (a, b)
         assert sum((x - 255) ** 2 for x in rgb[a]) ** 0.5 > 120, f"{a} looks like an empty (white) cell"
     assert set(SYMBOLS) == set(COLORS) and len(set(SYMBOLS.values())) == len(SYMBOLS)
@@ -82,8 +89,14 @@ def test_matrix_page_in_headless_chromium(tmp_path):
             route.abort()
 
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        context = p.chromium.launch_persistent_context(profile, executable_path=chromium, args=ARGS, headless=True,
-                                                       viewport={"width": 1300, "height": 900}, offline=True)
+        context = p.chromium.launch_persistent_context(
+            profile,
+            executable_path=chromium,
+            args=ARGS,
+            headless=True,
+            viewport={"width": 1300, "height": 900},
+            offline=True,
+        )
         try:
             context.route("**/*", only_local)
             page = context.new_page()
@@ -96,7 +109,9 @@ def test_matrix_page_in_headless_chromium(tmp_path):
                 shutil.copy(tmp_path / "matrix.png", os.path.join(os.environ["TOOLKIT_SCREENSHOTS"], "matrix.png"))
 
             # A label in each cell, readable without hovering, and the recipes in a panel of their own.
-            texts = page.evaluate("() => [...document.querySelectorAll('#matrix-heatmap text')].map(t => t.textContent)")
+            texts = page.evaluate(
+                "() => [...document.querySelectorAll('#matrix-heatmap text')].map(t => t.textContent)"
+            )
             joined = " ".join(texts)
             for label in cells:
                 assert SYMBOLS[label] in joined, f"no {SYMBOLS[label]!r} ({label}) drawn in the heatmap"
@@ -127,7 +142,9 @@ def test_matrix_page_in_headless_chromium(tmp_path):
             heads = page.locator("table tr:first-child").all_inner_texts()
             assert heads and all("backend" in h for h in heads)
             assert page.locator("h3").count() == len(cells)
-            chips = page.evaluate("() => [...document.querySelectorAll('#legend .chip')].map(c => getComputedStyle(c).backgroundColor)")
+            chips = page.evaluate(
+                "() => [...document.querySelectorAll('#legend .chip')].map(c => getComputedStyle(c).backgroundColor)"
+            )
             assert len(set(chips)) == len(COLORS)
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)

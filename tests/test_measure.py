@@ -1,4 +1,7 @@
-"""The measurement core: exact saved bytes through eager, AC, SAC and compiled code; recompute; breaks; memory; isolation."""
+"""The measurement core: exact saved bytes through eager, AC, SAC and compile; recompute; memory; isolation.
+
+The measurement core: exact saved bytes through eager, AC, SAC and compiled code; recompute; breaks; memory; isolation.
+"""
 
 import json
 import os
@@ -9,6 +12,7 @@ import sys
 import pytest
 import torch
 from _helpers import graph_count, state_diff
+from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import toolkit as tk
@@ -59,8 +63,9 @@ def test_eager_saved_equals_outer_hooks_for_a_user_module():
     assert report.ok, report.error
     total, _ = hooks_saved_bytes(mlp, lambda: mlp(x))
     assert report.saved.total_bytes == total == 4 * 16 * 4 + 4 * 32 * 4 * 2
-    assert report.saved.by_module == {"0": 4 * 32 * 4, "1": 4 * 32 * 4, "": 4 * 16 * 4} or \
-        {t.module for t in report.saved.tensors} >= {"0", "1"}
+    assert report.saved.by_module == {"0": 4 * 32 * 4, "1": 4 * 32 * 4, "": 4 * 16 * 4} or {
+        t.module for t in report.saved.tensors
+    } >= {"0", "1"}
     assert any(t.is_input for t in report.saved.tensors)
 
 
@@ -76,13 +81,22 @@ def test_full_ac_saves_block_inputs_plus_what_is_outside_the_blocks(moe_cfg):
     # Outside the blocks: the token ids (embedding), the last block's output and the final norm's tensors
     # (RMSNorm input, rsqrt, normalised output read by `output`), each also saved without AC.
     BSD = B * S * D * 4
-    outside = sorted([("tok_embeddings", "input", B * S * 8), (f"layers.{cfg.n_layers - 1}", "aten.add.Tensor", BSD),
-                      ("norm", "aten.mul.Tensor", BSD), ("norm", "aten.mul.Tensor", BSD), ("norm", "aten.rsqrt.default", B * S * 4)])
+    outside = sorted(
+        [
+            ("tok_embeddings", "input", B * S * 8),
+            (f"layers.{cfg.n_layers - 1}", "aten.add.Tensor", BSD),
+            ("norm", "aten.mul.Tensor", BSD),
+            ("norm", "aten.mul.Tensor", BSD),
+            ("norm", "aten.rsqrt.default", B * S * 4),
+        ]
+    )
     autograd = sorted((t.module, t.op, t.bytes) for t in full.saved.tensors if t.kind == "autograd")
     assert autograd == outside
     none_set = [(t.module, t.op, t.bytes) for t in none.saved.tensors]
     assert all(none_set.count(x) >= outside.count(x) for x in outside)
-    assert full.saved.total_bytes == sum(b for _, _, b in outside) + sum(t.bytes for t in inputs) + sum(t.bytes for t in rng)
+    assert full.saved.total_bytes == sum(b for _, _, b in outside) + sum(t.bytes for t in inputs) + sum(
+        t.bytes for t in rng
+    )
     assert full.recompute.ops > 0 and none.recompute.ops == 0
 
 
@@ -145,8 +159,11 @@ def test_graph_breaks_point_at_the_model_line_and_fullgraph_has_none():
     b = report.compile.breaks[0]
     assert b.file.endswith("toolkit/models/moe.py") and ".tolist()" in src[b.line - 1]
     assert "Data dependent operator" in b.reason
-    full = tk.run(Scenario(model=ModelConfig(experts_impl="for_loop"), compile=CompileConfig(scope="moe", fullgraph=True),
-                           **QUICK))
+    full = tk.run(
+        Scenario(
+            model=ModelConfig(experts_impl="for_loop"), compile=CompileConfig(scope="moe", fullgraph=True), **QUICK
+        )
+    )
     assert full.ok and full.compile.graph_breaks == 0 and full.compile.breaks == () and full.compile.graphs >= 1
 
 
@@ -171,10 +188,18 @@ def test_fallback_to_eager_is_flagged():
 
 def test_recompute_inside_compiled_backward_and_compiled_reruns():
     cfg = ModelConfig(experts_impl="masked")
-    inside = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True), **QUICK))
+    inside = tk.run(
+        Scenario(model=cfg, ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True), **QUICK)
+    )
     assert inside.recompute.in_compiled_backward > 0 and inside.recompute.compiled_reruns == {}
-    outside = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full"),
-                              compile=CompileConfig(scope="blocks", fullgraph=True, order="ac_outside"), **QUICK))
+    outside = tk.run(
+        Scenario(
+            model=cfg,
+            ac=ACConfig(mode="full"),
+            compile=CompileConfig(scope="blocks", fullgraph=True, order="ac_outside"),
+            **QUICK,
+        )
+    )
     assert outside.recompute.compiled_reruns == {"layers.0": 1, "layers.1": 1}
     assert outside.compile.orders == {"layers.0": "AC(compile(x))", "layers.1": "AC(compile(x))"}
 
@@ -197,8 +222,9 @@ def test_numerics_catch_wrong_gradients():
     """C11: RNG-driven routing recomputed without restoring the RNG state changes the gradients silently."""
     cfg = ModelConfig(router_noise=0.5, experts_impl="grouped_mm")
     good = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full"), measure_memory=False, steady_steps=0))
-    bad = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full", preserve_rng_state=False), measure_memory=False,
-                          steady_steps=0))
+    bad = tk.run(
+        Scenario(model=cfg, ac=ACConfig(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0)
+    )
     assert good.ok and good.numerics.grads_match
     assert bad.ok and not bad.numerics.grads_match and bad.numerics.max_grad_diff > 1e-4 and bad.numerics.loss_diff == 0
     assert "MISMATCH" in str(bad)
@@ -208,8 +234,13 @@ def test_errors_come_back_with_their_stage():
     r = tk.run(tk.presets.preset("pr2052"))
     assert r.outcome == "error" and r.error.stage == "forward"
     assert r.error.type == "torch._dynamo.exc.Unsupported" and "torch.compiler.disable" in r.error.message
-    r = tk.run(Scenario(model=ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025"),
-                        compile=CompileConfig(scope="experts"), **QUICK))
+    r = tk.run(
+        Scenario(
+            model=ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025"),
+            compile=CompileConfig(scope="experts"),
+            **QUICK,
+        )
+    )
     assert r.outcome == "error" and r.error.stage == "compile" and "bfloat16" in r.error.message
 
 
@@ -248,15 +279,18 @@ def test_run_restores_global_state():
     assert after == before, state_diff(before, after)
 
 
-@pytest.mark.parametrize("data, field, words", [
-    ([1, 2, 3], "", "holds a list"),
-    ({"compile": "blocks"}, "compile", 'write "compile": {"scope": "blocks"}'),
-    ({"model": None}, "model", "is null"),
-    ({"ac": "full"}, "ac", 'write "ac": {"mode": "full"}'),
-    ({"ac": {"mode": "none", "memory_budget": 0.2}}, "memory_budget", "only used by mode='memory_budget'"),
-    ({"check_numerics": "yes"}, "check_numerics", "not a bool"),
-    ({"recipe": ["torchtitan_0_3_0"]}, "recipe", "not a string"),
-])
+@pytest.mark.parametrize(
+    "data, field, words",
+    [
+        ([1, 2, 3], "", "holds a list"),
+        ({"compile": "blocks"}, "compile", 'write "compile": {"scope": "blocks"}'),
+        ({"model": None}, "model", "is null"),
+        ({"ac": "full"}, "ac", 'write "ac": {"mode": "full"}'),
+        ({"ac": {"mode": "none", "memory_budget": 0.2}}, "memory_budget", "only used by mode='memory_budget'"),
+        ({"check_numerics": "yes"}, "check_numerics", "not a bool"),
+        ({"recipe": ["torchtitan_0_3_0"]}, "recipe", "not a string"),
+    ],
+)
 def test_scenario_from_dict_refuses_what_is_not_a_scenario(data, field, words):
     with pytest.raises(tk.ConfigError) as e:
         Scenario.from_dict(data)
@@ -264,8 +298,13 @@ def test_scenario_from_dict_refuses_what_is_not_a_scenario(data, field, words):
 
 
 def test_scenario_json_round_trip():
-    s = Scenario(model=ModelConfig(n_layers=3, moe_layers=(1,)), ac=ACConfig(mode="per_submodule"),
-                 compile=CompileConfig(scope="attention", order="ac_outside"), name="x", steady_steps=1)
+    s = Scenario(
+        model=ModelConfig(n_layers=3, moe_layers=(1,)),
+        ac=ACConfig(mode="per_submodule"),
+        compile=CompileConfig(scope="attention", order="ac_outside"),
+        name="x",
+        steady_steps=1,
+    )
     assert Scenario.from_json(s.to_json()) == s
 
 
@@ -275,8 +314,10 @@ def test_isolated_run_matches_in_process():
     assert iso.ok and iso.saved.total_bytes == tk.run(s).saved.total_bytes
 
 
-@pytest.mark.parametrize("fault, outcome, words", [("abort", "crashed", "SIGABRT"), ("segv", "crashed", "SIGSEGV"),
-                                                   ("hang", "timeout", "no result after")])
+@pytest.mark.parametrize(
+    "fault, outcome, words",
+    [("abort", "crashed", "SIGABRT"), ("segv", "crashed", "SIGSEGV"), ("hang", "timeout", "no result after")],
+)
 def test_isolated_crash_and_hang_become_results(monkeypatch, fault, outcome, words):
     monkeypatch.setenv("TOOLKIT_WORKER_FAULT", f"{fault}@backward")
     r = tk.run(Scenario(**QUICK), isolate=True, timeout_s=20 if fault == "hang" else 120)
@@ -286,18 +327,33 @@ def test_isolated_crash_and_hang_become_results(monkeypatch, fault, outcome, wor
 
 def test_cli_run_preset_and_config(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-m", "toolkit", "run", "--preset", "moe_full_ac", "--json"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "toolkit", "run", "--preset", "moe_full_ac", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     rep = tk.Report.from_json(out.stdout)
     assert rep.ok and rep.saved.by_kind["checkpoint_input"] > 0
     cfg = tmp_path / "s.json"
     cfg.write_text(Scenario(model=ModelConfig(n_layers=1), **QUICK).to_json())
-    out = subprocess.run([sys.executable, "-m", "toolkit", "run", "--config", str(cfg)], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "toolkit", "run", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0 and "saved for backward" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "toolkit", "run", "--preset", "nope"], capture_output=True, text=True,
-                         env=env, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "toolkit", "run", "--preset", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "preset.name" in bad.stderr
 
 
@@ -321,7 +377,10 @@ def test_peak_is_the_same_without_probes(moe_cfg):
 
     peak, held = _cpu_memory_step(step)
     assert report.memory.peak_bytes == peak
-    assert report.memory.held_after_forward_bytes == held - batch.tokens.shape[0] * batch.tokens.shape[1] * moe_cfg.vocab_size * 4
+    assert (
+        report.memory.held_after_forward_bytes
+        == held - batch.tokens.shape[0] * batch.tokens.shape[1] * moe_cfg.vocab_size * 4
+    )
 
 
 def test_measure_a_users_own_checkpointed_and_compiled_module():
@@ -357,7 +416,10 @@ def test_measure_a_users_own_checkpointed_and_compiled_module():
     assert report.recompute.by_module.get("b.up", 0) > 0  # block b is recomputed in backward
     assert report.recompute.in_compiled_backward >= 0
     # A real reference: a deep copy run eagerly (force_eager) with the same inputs.
-    assert report.numerics.grads_match is True and report.numerics.reference == "a deep copy run eagerly without checkpointing"
+    assert (
+        report.numerics.grads_match is True
+        and report.numerics.reference == "a deep copy run eagerly without checkpointing"
+    )
 
 
 def test_measure_a_plain_callable():
@@ -379,15 +441,64 @@ def test_the_census_does_not_count_cyclic_garbage():
 def test_global_state_compares_sets_as_sets(seed):
     """Every measurement restores the compiler configs by save_config/load_config, which can reorder a set-valued
     config (Dynamo's `_save_config_ignore`): the snapshot must not call that a change. String hashes are salted per
-    process, so this runs in processes with fixed seeds (13-15 reordered it on torch 2.13.0 when reprs were compared)."""
+    process, so this runs in processes with fixed seeds (13-15 reordered it on torch 2.13.0 when reprs were
+    compared)."""
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('ignore'); import toolkit as tk\n"
-            "from toolkit import compat\n"
-            "before = tk.global_state()\n"
-            "for mod in compat.compiler_configs(): mod.load_config(mod.save_config())\n"
-            "assert tk.global_state() == before\n")
+    code = (
+        "import warnings; warnings.simplefilter('ignore'); import toolkit as tk\n"
+        "from toolkit import compat\n"
+        "before = tk.global_state()\n"
+        "for mod in compat.compiler_configs(): mod.load_config(mod.save_config())\n"
+        "assert tk.global_state() == before\n"
+    )
     env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, -1, 0, "600"])
+def test_run_refuses_a_time_limit_that_is_no_number_of_seconds(bad):
+    """One check for every time limit (`_config.check_seconds`): `run` used to accept NaN, inf and True, which
+    `sweep` refused (and NaN then died in `selectors` as a raw ValueError)."""
+    with pytest.raises(tk.ConfigError, match=r"run\.timeout_s: .* is not a positive number of seconds"):
+        tk.run(tk.Scenario(), isolate=True, timeout_s=bad)
+    with pytest.raises(tk.ConfigError, match=r"sweep\.timeout_s: .* is not a positive number of seconds"):
+        tk.sweep([], timeout_s=bad, progress=False)
+
+
+def test_what_a_probe_fails_to_read_is_a_blind_spot_not_a_silent_zero(monkeypatch):
+    """A compiled graph whose partition or saved tensors the probes cannot read, and FSDP2 state that cannot be
+    read, come back as sentences in `blind_spots` (they used to be dropped with `pass` / `continue`)."""
+    from toolkit.measure.probes import compiled
+
+    def broken(*args, **kwargs):
+        raise KeyError("fw_metadata")
+
+    monkeypatch.setattr(compiled, "_graph_record", broken)
+    sc = tk.Scenario(
+        model=tk.ModelConfig(experts_impl="masked"),
+        compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+        measure_memory=False,
+        steady_steps=0,
+    )
+    r = tk.run(sc)
+    assert r.ok and any("its partition could not be read: KeyError" in b for b in r.blind_spots), r.blind_spots
+    assert "cannot see: which module and op each tensor a compiled graph saves comes from" in str(r)
+
+
+def test_unreadable_fsdp_state_is_named(monkeypatch):
+    class Broken(nn.Module):
+        def _get_fsdp_state(self):
+            raise AttributeError("_fsdp_param_group")
+
+    monkeypatch.setitem(tk.compat._found, "fsdp_state", tk.compat._Found(True, "", Broken))
+    model = nn.Sequential(Broken())
+    tensors, unreadable = tk.compat.fsdp_unsharded_parameters(model)
+    assert tensors == [] and unreadable == ["0 (AttributeError)"]
+    from toolkit.measure.probes.census import parameter_storages
+
+    blind = []
+    parameter_storages(model, blind)
+    assert blind and "their state could not be read" in blind[0]

@@ -1,16 +1,20 @@
-"""`measure` on modules nobody here wrote: keyword inputs, warm compiled models, no side effects, a real reference, blind spots."""
+"""`measure` on modules nobody here wrote: inputs, warm models, no side effects, a real reference.
+
+`measure` on modules nobody here wrote: keyword inputs, warm compiled models, no side effects, a real reference, blind
+spots.
+"""
 
 import copy
 
 import pytest
 import torch
+from _helpers import state_diff
 from _truth import Truth
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import toolkit as tk
 from toolkit import compat
-from _helpers import state_diff
 
 
 class Block(nn.Module):
@@ -58,6 +62,7 @@ def test_keyword_inputs_keep_module_names_and_reach_the_forward():
     # `scale` multiplied the hidden state: its saved product exists only with the keyword input.
     without = tk.measure(net, x)
     assert "aten.mul.Tensor" in report.saved.by_op and "aten.mul.Tensor" not in without.saved.by_op
+
     # forward_kwargs carries a keyword input whose name clashes with an option of measure().
     class Named(nn.Module):
         def __init__(self):
@@ -151,8 +156,12 @@ def test_gradients_are_compared_with_a_real_reference_or_not_at_all():
             self.lin, self.preserve = nn.Linear(16, 16), preserve
 
         def forward(self, x):
-            return checkpoint(lambda t: torch.nn.functional.dropout(self.lin(t), 0.5), x, use_reentrant=False,
-                              preserve_rng_state=self.preserve)
+            return checkpoint(
+                lambda t: torch.nn.functional.dropout(self.lin(t), 0.5),
+                x,
+                use_reentrant=False,
+                preserve_rng_state=self.preserve,
+            )
 
     x = torch.randn(4, 16)
     good, bad = tk.measure(Noisy(True), x), tk.measure(Noisy(False), x)
@@ -207,8 +216,9 @@ def test_function_form_checkpoint_inputs_are_held_whatever_the_torch_release():
 
 
 def test_sac_under_the_probes_hooks_raises_no_future_warning():
-    report = tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False,
-                                steady_steps=0))
+    report = tk.run(
+        tk.Scenario(ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0)
+    )
     assert report.ok and report.saved.by_kind["sac_cache"] > 0
     assert not any("saved_tensors_hooks" in w for w in report.warnings), report.warnings
 
@@ -239,8 +249,9 @@ def test_transforms_on_a_foreign_model():
 def test_a_missing_private_api_is_a_blind_spot_not_a_silent_zero(monkeypatch):
     """Remove SAC's caching mode from the toolkit's view: the bytes stay right (the cached tensors are still alive),
     the Report says it cannot tell them apart, and the text twin shows it."""
-    scenario = tk.Scenario(ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False,
-                           steady_steps=0)
+    scenario = tk.Scenario(
+        ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0
+    )
     seen = tk.run(scenario)
     monkeypatch.setattr(compat, "_FINDERS", {**compat._FINDERS, "sac_mode": lambda: compat._Found(False, "removed")})
     compat.refresh()
@@ -271,9 +282,14 @@ def test_lru_probe_reads_the_real_switch_and_leaves_no_trace():
 def test_without_the_partition_hook_the_kept_graphs_still_attribute(monkeypatch):
     """aot_eager keeps its forward and backward FX graphs: with AOTAutograd's partition function gone, the probes
     read those instead, and the Report is the same (inductor keeps only code: see the warm inductor test)."""
-    scenario = tk.Scenario(model=tk.ModelConfig(experts_impl="masked"), ac=tk.ACConfig(mode="full"),
-                           compile=tk.CompileConfig(scope="blocks", fullgraph=True), check_numerics=False,
-                           measure_memory=False, steady_steps=0)
+    scenario = tk.Scenario(
+        model=tk.ModelConfig(experts_impl="masked"),
+        ac=tk.ACConfig(mode="full"),
+        compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+        check_numerics=False,
+        measure_memory=False,
+        steady_steps=0,
+    )
     seen = tk.run(scenario)
     monkeypatch.setitem(compat._FINDERS, "aot_partition", lambda: compat._Found(False, "removed"))
     compat.refresh()

@@ -14,9 +14,20 @@ def test_default_model_has_torchtitan_0_3_0_names(moe_cfg):
     model = tk.build_model(moe_cfg)
     names = {n for n, _ in tk.named_modules(model)}
     for i in range(moe_cfg.n_layers):
-        for leaf in ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "attention_norm", "ffn_norm",
-                     "moe.router.gate", "moe.routed_experts", "moe.routed_experts.inner_experts",
-                     "moe.shared_experts.w1", "moe.shared_experts.w2", "moe.shared_experts.w3"):
+        for leaf in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "attention.wo",
+            "attention_norm",
+            "ffn_norm",
+            "moe.router.gate",
+            "moe.routed_experts",
+            "moe.routed_experts.inner_experts",
+            "moe.shared_experts.w1",
+            "moe.shared_experts.w2",
+            "moe.shared_experts.w3",
+        ):
             assert f"layers.{i}.{leaf}" in names
     assert {"tok_embeddings", "norm", "lm_head"} <= names and "output" not in names
     params = dict(model.named_parameters())
@@ -38,25 +49,42 @@ def test_the_main_layout_has_torchtitan_mains_names_exactly():
     E, D, F, Fd = cfg.n_experts, cfg.dim, cfg.moe_hidden, cfg.ffn_hidden
     assert {n: tuple(p.shape) for n, p in model.named_parameters()} == {
         "tok_embeddings.weight": (cfg.vocab_size, D),
-        "layers.0.attention_norm.weight": (D,), "layers.0.attention.qkv_linear.wqkv.weight": (3 * D, D),
-        "layers.0.attention.wo.weight": (D, D), "layers.0.ffn_norm.weight": (D,),
-        "layers.0.feed_forward.w13.weight": (2, Fd, D), "layers.0.feed_forward.w2.weight": (D, Fd),
-        "layers.1.attention_norm.weight": (D,), "layers.1.attention.qkv_linear.wqkv.weight": (3 * D, D),
-        "layers.1.attention.wo.weight": (D, D), "layers.1.ffn_norm.weight": (D,),
+        "layers.0.attention_norm.weight": (D,),
+        "layers.0.attention.qkv_linear.wqkv.weight": (3 * D, D),
+        "layers.0.attention.wo.weight": (D, D),
+        "layers.0.ffn_norm.weight": (D,),
+        "layers.0.feed_forward.w13.weight": (2, Fd, D),
+        "layers.0.feed_forward.w2.weight": (D, Fd),
+        "layers.1.attention_norm.weight": (D,),
+        "layers.1.attention.qkv_linear.wqkv.weight": (3 * D, D),
+        "layers.1.attention.wo.weight": (D, D),
+        "layers.1.ffn_norm.weight": (D,),
         "layers.1.moe.router.gate.weight": (E, D),
-        "layers.1.moe.routed_experts.w13.weight": (E, 2, F, D), "layers.1.moe.routed_experts.w2.weight": (E, D, F),
-        "layers.1.moe.shared_experts.w13.weight": (2, F, D), "layers.1.moe.shared_experts.w2.weight": (D, F),
-        "norm.weight": (D,), "lm_head.weight": (cfg.vocab_size, D)}
-    assert [n for n, _ in model.named_buffers()] == ["rope", "layers.1.moe.expert_bias_E",
-                                                     "layers.1.moe.router.tokens_per_expert_E"]
+        "layers.1.moe.routed_experts.w13.weight": (E, 2, F, D),
+        "layers.1.moe.routed_experts.w2.weight": (E, D, F),
+        "layers.1.moe.shared_experts.w13.weight": (2, F, D),
+        "layers.1.moe.shared_experts.w2.weight": (D, F),
+        "norm.weight": (D,),
+        "lm_head.weight": (cfg.vocab_size, D),
+    }
+    assert [n for n, _ in model.named_buffers()] == [
+        "rope",
+        "layers.1.moe.expert_bias_E",
+        "layers.1.moe.router.tokens_per_expert_E",
+    ]
     modules = {n for n, _ in tk.named_modules(model)}
-    assert {"layers.1.moe.routed_experts.w13", "layers.1.moe.routed_experts.w2",
-            "layers.1.attention.qkv_linear"} <= modules
+    assert {
+        "layers.1.moe.routed_experts.w13",
+        "layers.1.moe.routed_experts.w2",
+        "layers.1.attention.qkv_linear",
+    } <= modules
     assert not any("inner_experts" in n or n.endswith((".wq", ".wk", ".wv", ".w1", ".w3")) for n in modules)
     # The activation and the dispatcher are plain objects beside the grouped linears, as in main.
     routed = model.layers["1"].moe.routed_experts
-    assert {type(routed.activation_fn).__name__, type(routed.token_dispatcher).__name__} == {"SwiGLU",
-                                                                                             "LocalTokenDispatcher"}
+    assert {type(routed.activation_fn).__name__, type(routed.token_dispatcher).__name__} == {
+        "SwiGLU",
+        "LocalTokenDispatcher",
+    }
     # The gate computes in float32 whatever the model's dtype (main's RouterGateLinear).
     bf16 = tk.build_model(cfg.replace(dtype="bfloat16"))
     x = torch.randn(4, D, dtype=torch.bfloat16)
@@ -122,9 +150,15 @@ def test_training_step_is_one_call_and_deterministic(moe_cfg):
         torch.testing.assert_close(g1[k], g2[k], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl, layout, tol", [("masked", "torchtitan_0_3_0", 1e-4), ("nonzero", "torchtitan_0_3_0", 1e-4),
-                                               ("grouped_mm", "torchtitan_2025", 1e-4),
-                                               ("grouped_mm", "torchtitan_0_3_0", 2e-2)])
+@pytest.mark.parametrize(
+    "impl, layout, tol",
+    [
+        ("masked", "torchtitan_0_3_0", 1e-4),
+        ("nonzero", "torchtitan_0_3_0", 1e-4),
+        ("grouped_mm", "torchtitan_2025", 1e-4),
+        ("grouped_mm", "torchtitan_0_3_0", 2e-2),
+    ],
+)
 def test_experts_implementations_agree_with_for_loop(moe_cfg, impl, layout, tol):
     """fp32 implementations agree with the for-loop experts to fp32 precision; 0.3.0's grouped_mm computes the
     experts in bfloat16 (as torchtitan does), so it agrees to bfloat16 precision."""

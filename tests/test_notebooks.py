@@ -76,8 +76,8 @@ def test_each_notebook_that_needs_an_optional_package_says_so_in_its_setup_call(
         code = "".join("".join(c["source"]) for c in cells(path) if c["cell_type"] == "code")
         m = re.search(r"setup_notebook\(needs=\((.*?)\)\)", code)
         needs[path.name] = m.group(1) if m else ""
-        if "torch_remat" in code or "mode=\"remat\"" in code or "torchtitan_main" in code:
+        if "torch_remat" in code or 'mode="remat"' in code or "torchtitan_main" in code:
             assert "torch_remat" in needs[path.name], path.name
-        if "stack=\"torchtitan\"" in code:
+        if 'stack="torchtitan"' in code:
             assert "torchtitan" in needs[path.name], path.name
     assert needs["08_torchtitan_in_the_loop.ipynb"] == '"torchtitan",'

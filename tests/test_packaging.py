@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,10 +58,13 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     assert body.index("install_cmd=$(python3 .ci/readme.py install)") < body.index('eval "$install_cmd"')
     first_venv = body.index("python3 -m venv .ci-venv-readme")
     # Nothing installs into the fresh venv between its creation and README's commands.
-    assert body[first_venv + 1:first_venv + 6] == [
-        "(", "source .ci-venv-readme/bin/activate", 'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"',
-        'eval "$install_cmd"', "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], "
-        "'torch', torch.__version__)\""]
+    assert body[first_venv + 1 : first_venv + 6] == [
+        "(",
+        "source .ci-venv-readme/bin/activate",
+        'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"',
+        'eval "$install_cmd"',
+        "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], 'torch', torch.__version__)\"",
+    ]
     assert body[first_venv + 6] == 'eval "$test_cmd"'
     assert not any("pip install" in line for line in body[:first_venv]), "nothing may be pip-installed before stage 1"
     assert "--system-site-packages" not in ci
@@ -68,7 +72,7 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
 
 def test_readme_says_what_the_install_pulls_and_how_long_the_tests_take():
     readme = (ROOT / "README.md").read_text()
-    top = readme[:readme.index("## What it shows")]
+    top = readme[: readme.index("## What it shows")]
     assert "CUDA build" in top and "GB" in top and "pip install torch==2.13.0 --index-url" in top
     assert re.search(r"about \d+ minutes on 2\s+cores", top) and "python -m pytest -m quick" in top
 
@@ -83,11 +87,32 @@ def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
     import sys
     import zipfile
 
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
-                          "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     wheel = next(tmp_path.glob("toolkit-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"toolkit/analysis/catalogue.json", "toolkit/bugs/standalone/c25_policy_reuse_across_compiled_blocks.py",
-            "toolkit/bugs/standalone/CONTRACT.md", "toolkit/bugs/__init__.py", "toolkit/bugs/repro.py",
-            "toolkit/measure/probes/census.py", "toolkit/compat.py"} <= names
+    assert {
+        "toolkit/analysis/catalogue.json",
+        "toolkit/bugs/standalone/c25_policy_reuse_across_compiled_blocks.py",
+        "toolkit/bugs/standalone/CONTRACT.md",
+        "toolkit/bugs/__init__.py",
+        "toolkit/bugs/repro.py",
+        "toolkit/measure/probes/census.py",
+        "toolkit/compat.py",
+    } <= names

@@ -49,8 +49,8 @@ def commands() -> list[str]:
 def _argv(command: str) -> list[str]:
     """The toolkit arguments of a README command (`srun …` and another env's python in front dropped)."""
     words = shlex.split(command)
-    i = next(i for i in range(len(words) - 2) if words[i + 1:i + 3] == ["-m", "toolkit"])
-    return words[i + 3:]
+    i = next(i for i in range(len(words) - 2) if words[i + 1 : i + 3] == ["-m", "toolkit"])
+    return words[i + 3 :]
 
 
 def _needs(argv: list[str]) -> str | None:
@@ -65,8 +65,9 @@ def _needs(argv: list[str]) -> str | None:
 def test_readme_shows_commands_of_every_subcommand():
     argvs = [_argv(c) for c in commands()]
     assert {a[0] for a in argvs if a} >= {"matrix", "run", "demo", "cases", "env", "lab"}
-    assert not [c for c in commands() if re.search(r"\b[A-Z]{3,}\b|\.\.\.|…|\[--", c.split("--address")[0])], \
+    assert not [c for c in commands() if re.search(r"\b[A-Z]{3,}\b|\.\.\.|…|\[--", c.split("--address")[0])], (
         "a README command with a placeholder cannot be run as written"
+    )
 
 
 @pytest.fixture
@@ -77,9 +78,13 @@ def scratch(tmp_path):
     if available("torchtitan"):
         import toolkit as tk
 
-        sc = tk.Scenario(stack="torchtitan", torchtitan=tk.TorchtitanConfig.deepseek_v3(),
-                         ac=tk.ACConfig(mode="selective_op"),
-                         compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks")
+        sc = tk.Scenario(
+            stack="torchtitan",
+            torchtitan=tk.TorchtitanConfig.deepseek_v3(),
+            ac=tk.ACConfig(mode="selective_op"),
+            compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+            fsdp="blocks",
+        )
         (tmp_path / "sc.json").write_text(sc.to_json())
     else:
         (tmp_path / "sc.json").write_text(json.dumps({"stack": "torchtitan"}))
@@ -88,8 +93,9 @@ def scratch(tmp_path):
 
 def _run(argv, cwd, timeout=900):
     env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run([sys.executable, "-m", "toolkit", *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", *argv], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
+    )
 
 
 @pytest.mark.parametrize("command", [c for c in commands() if _argv(c)[:1] not in (["lab"], ["demo"])])
@@ -120,7 +126,7 @@ def test_demo_prints_readmes_table_row_by_row():
     assert out.returncode == 0, out.stderr
     printed = [line.rstrip() for line in out.stdout.splitlines()]
     table = _demo_table()
-    assert printed[:len(table)] == table
+    assert printed[: len(table)] == table
     # Row 4 is what the demo exists to show: C2's silent fallback, no graph and one break.
     row4 = table[4].split()
     assert table[4].startswith("full AC, compile(AC(block)), fullgraph=False") and row4[-8:-6] == ["0", "1"]
@@ -137,10 +143,22 @@ def test_lab_opens_the_notebooks_with_autosave_off():
     from JupyterLab's own settings API), so that running a committed notebook does not rewrite it."""
     assert "python -m toolkit lab" in commands()
     port, token = _free_port(), "readme-test"
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "lab", "--no-browser", "--allow-root",
-                             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-                             f"--IdentityProvider.token={token}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/docmanager-extension:plugin"
         for _ in range(240):
@@ -154,8 +172,12 @@ def test_lab_opens_the_notebooks_with_autosave_off():
         else:
             raise AssertionError("JupyterLab did not answer")
         assert settings["schema"]["properties"]["autosave"]["default"] is False
-        tree = urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/contents", headers={"Authorization": f"token {token}"}), timeout=5)
+        tree = urllib.request.urlopen(
+            urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/contents", headers={"Authorization": f"token {token}"}
+            ),
+            timeout=5,
+        )
         names = {item["name"] for item in json.loads(tree.read())["content"]}
         assert "00_quickstart.ipynb" in names and "bugs" in names
     finally:
@@ -176,8 +198,13 @@ def test_readmes_torchtitan_snippet_runs(tmp_path):
     extra("torchtitan")
     first = next(s for s in _blocks("python") if "import toolkit as tk" in s)
     snippet = next(s for s in _blocks("python") if 'stack="torchtitan"' in s)
-    out = subprocess.run([sys.executable, "-c", "import toolkit as tk\n" + snippet], capture_output=True,
-                         text=True, timeout=900, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", "import toolkit as tk\n" + snippet],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert first and out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("ok") >= 2 and "2 ranks" in out.stdout, out.stdout[-3000:]
     assert (tmp_path / "sc.json").exists()

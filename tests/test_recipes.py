@@ -1,4 +1,7 @@
-"""Recipes reproduce torchtitan's AC + compile over time: PR #2052's failure, its fixes, and today's per-block compile."""
+"""Recipes reproduce torchtitan's AC + compile over time: PR #2052's failure, its fixes, per-block compile.
+
+Recipes reproduce torchtitan's AC + compile over time: PR #2052's failure, its fixes, and today's per-block compile.
+"""
 
 import pytest
 import torch
@@ -34,7 +37,8 @@ def test_2025_09_recipe_fails_like_pr_2052():
 
 
 def test_2025_09_recipe_runs_when_experts_do_not_break():
-    """Without the FSDP-like hook the fullgraph compile of the wrapped MoE works in torch 2.13 (wrong scope, no error)."""
+    """Without the FSDP-like hook the fullgraph compile of the wrapped MoE works in torch 2.13 (wrong scope, no
+    error)."""
     cfg = ModelConfig()
     model = tk.apply_recipe(tk.build_model(cfg), "torchtitan_2025_09")
     _check_grads_match_eager(cfg, model)

@@ -10,9 +10,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import toolkit as tk
-from toolkit.models import local_compile
+from toolkit.models import local_compile, regions
 from toolkit.transforms.naming import has_checkpoint, is_compiled
-from toolkit.models import regions
 from toolkit.transforms.remat import plan, region_names
 from toolkit.transforms.settings import applied, global_state
 
@@ -54,19 +53,36 @@ def test_regions_are_declared_in_the_model_code_as_torchtitan_main_declares_them
     unqualified `routing_decision`, `ffn_residual`, `moe.shared_add`), read off the model's own declarations."""
     main = tk.get_module(tk.build_model(tk.ModelConfig(layout="torchtitan_main")), "layers.0")
     assert region_names(main) == [
-        "ffn_residual", "attention.inner_attention", "attention.qkv_linear.wqkv.linear", "attention.wo.linear",
-        "moe.shared_add", "routing_decision", "moe.router.gate.linear", "moe.routed_experts.w13.grouped_mm",
-        "moe.routed_experts.w2.grouped_mm", "moe.shared_experts.w13.linear", "moe.shared_experts.w2.linear"]
+        "ffn_residual",
+        "attention.inner_attention",
+        "attention.qkv_linear.wqkv.linear",
+        "attention.wo.linear",
+        "moe.shared_add",
+        "routing_decision",
+        "moe.router.gate.linear",
+        "moe.routed_experts.w13.grouped_mm",
+        "moe.routed_experts.w2.grouped_mm",
+        "moe.shared_experts.w13.linear",
+        "moe.shared_experts.w2.linear",
+    ]
     # 0.3.0's inner experts declare w1_EFD + w3_EFD as main's w13 region, so main's patterns apply unchanged.
     grouped = region_names(tk.get_module(tk.build_model(), "layers.0"))
-    assert [n for n in grouped if "routed" in n] == ["moe.routed_experts.w13.grouped_mm",
-                                                      "moe.routed_experts.w2.grouped_mm"]
-    assert {"attention.wq.linear", "attention.wk.linear", "attention.wv.linear", "moe.shared_experts.w1.linear",
-            "moe.shared_experts.w3.linear"} <= set(grouped)
+    assert [n for n in grouped if "routed" in n] == [
+        "moe.routed_experts.w13.grouped_mm",
+        "moe.routed_experts.w2.grouped_mm",
+    ]
+    assert {
+        "attention.wq.linear",
+        "attention.wk.linear",
+        "attention.wv.linear",
+        "moe.shared_experts.w1.linear",
+        "moe.shared_experts.w3.linear",
+    } <= set(grouped)
     # Experts without a grouped matmul declare one w13 / w2 region per expert.
     masked = region_names(tk.get_module(tk.build_model(CFG), "layers.0"))
-    assert [n for n in masked if "routed" in n] == [f"moe.routed_experts.{w}.expert{e}" for e in range(4)
-                                                     for w in ("w13", "w2")]
+    assert [n for n in masked if "routed" in n] == [
+        f"moe.routed_experts.{w}.expert{e}" for e in range(4) for w in ("w13", "w2")
+    ]
     fixed = {"routing_decision", "ffn_residual", "moe.shared_add"}
     assert {n for n, k in plan(main, tk.ACConfig.remat_full()).items() if k} == fixed
     assert {n for n, k in plan(main, SELECTIVE).items() if not k} == {"moe.routed_experts.w13.grouped_mm"}
@@ -81,8 +97,9 @@ def test_main_refusals_and_fixed_policies():
     assert (SELECTIVE.save_regions, SELECTIVE.recompute_regions) == (("*",), ("*routed_experts.w13.*",))
     assert (SELECTIVE.determinism_check, SELECTIVE.preserve_rng_state) == ("default", False)
     assert tk.ACConfig.remat_full() == FULL == tk.ACConfig(mode="remat", save_regions=())
-    with pytest.raises(tk.ConfigError, match="does not support preserve_rng_state=True. Register a torch_remat "
-                       "RecomputeStateHook"):
+    with pytest.raises(
+        tk.ConfigError, match="does not support preserve_rng_state=True. Register a torch_remat RecomputeStateHook"
+    ):
         tk.ACConfig.remat_selective(preserve_rng_state=True)
     with pytest.raises(tk.ConfigError, match="does not support the debug option"):
         tk.ACConfig.remat_selective(debug=True)
@@ -130,10 +147,14 @@ def test_kept_regions_are_their_own_kind_with_exact_sizes():
     full = tk.measure(_built(FULL), tk.make_batch(CFG).tokens, reference=None)
     sel = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
     # Each block's input is what its checkpoint holds: B·S·D fp32 per block.
-    assert full.saved.by_kind["checkpoint_input"] == sel.saved.by_kind["checkpoint_input"] == CFG.n_layers * B * S * D * 4
+    assert (
+        full.saved.by_kind["checkpoint_input"] == sel.saved.by_kind["checkpoint_input"] == CFG.n_layers * B * S * D * 4
+    )
     # Full remat keeps only the routing decision; the selective policy keeps every projection's output too.
-    assert set(t.module for t in full.saved.tensors if t.kind == "remat_save") == {"layers.0.moe.router",
-                                                                                   "layers.1.moe.router"}
+    assert set(t.module for t in full.saved.tensors if t.kind == "remat_save") == {
+        "layers.0.moe.router",
+        "layers.1.moe.router",
+    }
     wq = [t for t in sel.saved.tensors if t.module == "layers.0.attention.wq" and t.kind == "remat_save"]
     assert sum(t.bytes for t in wq) == B * S * D * 4
     assert sel.saved.by_kind["remat_save"] > 40 * full.saved.by_kind["remat_save"]
@@ -177,8 +198,11 @@ def test_bad_remat_options_are_refused_before_anything_runs():
     with pytest.raises(tk.ConfigError, match="'attention.wx' names no region.*attention.wq.linear"):
         tk.apply_ac(tk.build_model(CFG), tk.ACConfig(mode="remat", save_regions=("attention.wx",)))
     with pytest.raises(tk.ConfigError, match="preserve_rng_state.*recompute_state_hooks"):
-        tk.prepare(tk.build_model(CFG), ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
-                   compile=tk.CompileConfig(scope="blocks"))
+        tk.prepare(
+            tk.build_model(CFG),
+            ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
+            compile=tk.CompileConfig(scope="blocks"),
+        )
     with pytest.raises(tk.ConfigError, match="order.*compile\\(AC\\(x\\)\\) only"):
         tk.prepare(tk.build_model(CFG), ac=FULL, compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
     # Defaults as torch_remat has them; the replace() of another mode drops them.
@@ -191,8 +215,9 @@ def test_bad_remat_options_are_refused_before_anything_runs():
 class Dropping(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16))
-                                     for _ in range(2)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 16)) for _ in range(2)]
+        )
 
     def forward(self, x):
         for layer in self.layers:
@@ -204,6 +229,7 @@ class Dropping(nn.Module):
 def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
     """Dropout outside any kept region: without restoring the RNG the replay draws a new mask (wrong gradients,
     silently); with the hook the replay draws the forward's. Compared with the same step run without remat."""
+
     def grads(ac):
         torch.manual_seed(0)
         model = Dropping()
@@ -219,8 +245,9 @@ def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
 
 
 def test_compiling_inside_a_block_says_which_kept_regions_it_makes_inert():
-    with pytest.warns(UserWarning, match="kept regions layers.0.attention.inner_attention, "
-                      "layers.0.attention.wq.linear.*plain calls"):
+    with pytest.warns(
+        UserWarning, match="kept regions layers.0.attention.inner_attention, layers.0.attention.wq.linear.*plain calls"
+    ):
         model = _built(SELECTIVE, "attention")
     report = tk.measure(model, tk.make_batch(CFG).tokens, cold=True, reference=None)
     eager = tk.measure(_built(SELECTIVE), tk.make_batch(CFG).tokens, reference=None)
@@ -238,8 +265,11 @@ def test_a_hand_applied_remat_block_is_measured_right():
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.w1, self.w3, self.w2 = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False), \
-                nn.Linear(64, 32, bias=False)
+            self.w1, self.w3, self.w2 = (
+                nn.Linear(32, 64, bias=False),
+                nn.Linear(32, 64, bias=False),
+                nn.Linear(64, 32, bias=False),
+            )
 
         def forward(self, x):
             a = remat.region(self.w1, "w1", recompute=False)(x)
@@ -313,7 +343,7 @@ def test_the_explorer_offers_remat_and_the_main_recipe():
 
 
 def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
-    from toolkit.analysis.matrix import Cell, cell_key, full_cells, quick_cells
+    from toolkit.analysis.cells import Cell, cell_key, full_cells, quick_cells
 
     labels = [c.label for c in full_cells()]
     assert "moe:masked | AC remat_selective | attention | aot_eager" in labels
@@ -367,8 +397,9 @@ def test_the_cpu_build_placeholder_error_is_explained():
 
 
 def test_the_central_list_compares_the_0_3_0_and_main_recipes():
-    from toolkit.analysis.matrix import Cell, MatrixResult, Row
+    from toolkit.analysis.cells import Cell
     from toolkit.analysis.classification import classify
+    from toolkit.analysis.matrix import MatrixResult, Row
     from toolkit.measure.report import fmt_bytes
 
     rows = []
@@ -383,3 +414,31 @@ def test_the_central_list_compares_the_0_3_0_and_main_recipes():
     (line,) = [ln for ln in text.splitlines() if ln.startswith(("| moe:masked", "| **moe:masked**"))]
     for r in rows:
         assert f"saved {fmt_bytes(r.report.saved.total_bytes)}" in line
+
+
+def test_a_remat_checkpoint_that_fails_is_rolled_back(monkeypatch):
+    """apply_remat configures a block's regions before torch_remat wraps it: when `remat.checkpoint` raises, the
+    regions it configured are bare calls again and nothing is left patched, so the next apply_ac works (it used to
+    fail with "already has its own forward")."""
+    model = tk.build_model(CFG)
+    calls = []
+    original = remat.checkpoint
+
+    def refusing(*args, **kwargs):
+        calls.append(kwargs.get("region_name"))
+        if kwargs.get("region_name") == "layers.1":
+            raise RuntimeError("remat refused")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(remat, "checkpoint", refusing)
+    with pytest.raises(RuntimeError, match="remat refused"):
+        tk.apply_ac(model, FULL)
+    assert calls == ["layers.0", "layers.1"] and tk.applied(model).empty and not has_checkpoint(model)
+    for block in model.layers.values():
+        assert "forward" not in block.__dict__
+        assert not any(regions.active(m) for m in block.modules())
+    assert not tk.compat.remat_placeholders_active()
+    monkeypatch.setattr(remat, "checkpoint", original)
+    tk.apply_ac(model, FULL)
+    assert tk.applied(model).ac_patched == ["layers.0", "layers.1"]
+    tk.remove_ac(model)

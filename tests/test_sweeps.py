@@ -1,4 +1,8 @@
-"""Sweeps as a new user runs them: limits, output folders, `kill -9`, torn files, two sweeps at once, the warm pool, submitit's and Ray's executors, the progress bar and the summary."""
+"""Sweeps as a new user runs them: limits, folders, kill -9, torn files, executors, progress and summary.
+
+Sweeps as a new user runs them: limits, output folders, `kill -9`, torn files, two sweeps at once, the warm pool,
+submitit's and Ray's executors, the progress bar and the summary.
+"""
 
 import fcntl
 import json
@@ -19,7 +23,7 @@ import pytest
 from _helpers import extra
 
 import toolkit as tk
-from toolkit.analysis.matrix import Cell, full_cells
+from toolkit.analysis.cells import Cell, full_cells
 from toolkit.analysis.sweeps import Progress, load_results, merge_results, sweep
 from toolkit.measure.forkserver import WarmPool
 from toolkit.measure.isolate import crashed_report, timeout_report
@@ -37,8 +41,14 @@ def _env(**extra):
 
 
 def _cli(*args, timeout=600, **env):
-    return subprocess.run([sys.executable, "-m", "toolkit", "matrix", *args], cwd=ROOT, env=_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", "matrix", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _fast(scenario):
@@ -58,6 +68,7 @@ def _alive(pid):
 
 # ------------------------------------------------------------------------------------------------ limits, folders
 
+
 @pytest.mark.parametrize("bad", ["-1", "0", "nan", "inf"])
 def test_invalid_time_limit_refused_before_anything_runs(tmp_path, bad):
     out = tmp_path / "out"
@@ -68,8 +79,11 @@ def test_invalid_time_limit_refused_before_anything_runs(tmp_path, bad):
 
 
 def test_invalid_limits_in_python_name_the_field(tmp_path):
-    for kwargs, field in ((dict(timeout_s=0), "timeout_s"), (dict(timeout_s=-1), "timeout_s"),
-                          (dict(workers=0), "workers")):
+    for kwargs, field in (
+        (dict(timeout_s=0), "timeout_s"),
+        (dict(timeout_s=-1), "timeout_s"),
+        (dict(workers=0), "workers"),
+    ):
         with pytest.raises(tk.ConfigError) as e:
             sweep([DENSE], out=tmp_path / "x", progress=False, runner=_fast, **kwargs)
         assert e.value.field == field and "Fix:" in str(e.value)
@@ -103,17 +117,21 @@ def test_read_only_out_fails_before_the_first_cell(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     # A real read-only folder: a tmpfs remounted read-only, in a mount namespace of our own.
-    script = (f"mount -t tmpfs tmpfs {ro} && mkdir {ro}/out && mount -o remount,ro {ro} && "
-              f"exec {sys.executable} -m toolkit matrix --only '^dense \\| AC none \\| eager' --out {ro}/out")
+    script = (
+        f"mount -t tmpfs tmpfs {ro} && mkdir {ro}/out && mount -o remount,ro {ro} && "
+        f"exec {sys.executable} -m toolkit matrix --only '^dense \\| AC none \\| eager' --out {ro}/out"
+    )
     t = time.perf_counter()
-    p = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=_env(), capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2, p.stderr
     assert "cannot write into" in p.stderr and "Read-only file system" in p.stderr
     assert "Traceback" not in p.stderr and time.perf_counter() - t < 60  # refused up front, not after the sweep
 
 
 # ---------------------------------------------------------------------------------------------- results.jsonl
+
 
 def test_crashed_cells_retry_and_timeouts_are_keyed_by_their_limit(tmp_path):
     calls = []
@@ -131,7 +149,10 @@ def test_crashed_cells_retry_and_timeouts_are_keyed_by_their_limit(tmp_path):
     cells = [DENSE, DENSE_FULL, Cell("dense", "selective_op")]
     first = sweep(cells, out=tmp_path, timeout_s=5, progress=False, runner=runner)
     assert {r.cell: r.classification.label for r in first.rows} == {
-        DENSE: "crashed", DENSE_FULL: "timeout", cells[2]: "works"}
+        DENSE: "crashed",
+        DENSE_FULL: "timeout",
+        cells[2]: "works",
+    }
     assert len(calls) == 3
     fail.clear()
     # Same limit: the crash is retried, the timeout (it had the same 5 s) is not.
@@ -183,13 +204,26 @@ def test_merge_results_from_two_machines_by_key(tmp_path):
     assert merge_results([b / "results.jsonl", a / "results.jsonl"], c / "results.jsonl") == 4
     assert merge_results([a / "results.jsonl", b / "results.jsonl"], c / "results.jsonl") == 0
     calls = []
-    result = sweep([DENSE, DENSE_FULL, Cell("dense", "selective_op")], out=c, progress=False,
-                   runner=lambda s: calls.append(s) or _fast(s))
+    result = sweep(
+        [DENSE, DENSE_FULL, Cell("dense", "selective_op")],
+        out=c,
+        progress=False,
+        runner=lambda s: calls.append(s) or _fast(s),
+    )
     assert calls == [] and [r.classification.label for r in result.rows] == ["works"] * 3
     # The same through the CLI (a first, so b's crashed record is never taken): --merge, then nothing left to run.
     d = tmp_path / "d"
-    p = _cli("--merge", str(a / "results.jsonl"), str(b / "results.jsonl"), "--out", str(d), "--only",
-             "^dense \\| AC (none|full|selective_op) \\| eager", "--no-progress", timeout=300)
+    p = _cli(
+        "--merge",
+        str(a / "results.jsonl"),
+        str(b / "results.jsonl"),
+        "--out",
+        str(d),
+        "--only",
+        "^dense \\| AC (none|full|selective_op) \\| eager",
+        "--no-progress",
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert "merged 3 records" in p.stderr and "3 cells: 3 works" in p.stdout
     assert len(_lines(d / "results.jsonl")) == 3
@@ -198,7 +232,7 @@ def test_merge_results_from_two_machines_by_key(tmp_path):
 def _sweep_script(out, cells, **kw):
     args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
     return textwrap.dedent(f"""
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         sweep([Cell(*c) for c in {cells!r}], out={str(out)!r}, progress=False, {args})
     """)
@@ -206,8 +240,11 @@ def _sweep_script(out, cells, **kw):
 
 def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, "-c", _sweep_script(out, [("dense",)], timeout_s=120)], cwd=ROOT,
-                             env=_env(TOOLKIT_WORKER_FAULT="hang@forward"))
+    first = subprocess.Popen(
+        [sys.executable, "-c", _sweep_script(out, [("dense",)], timeout_s=120)],
+        cwd=ROOT,
+        env=_env(TOOLKIT_WORKER_FAULT="hang@forward"),
+    )
     try:
         lock = out / ".sweep.lock"
         deadline = time.time() + 120
@@ -227,6 +264,7 @@ def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------ kill -9
 
+
 @pytest.mark.parametrize("how", ["warm", "cold", "submitit"])
 def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
     if how == "submitit":
@@ -234,11 +272,15 @@ def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "out"
-    kw = dict(executor="submitit", cluster="local", cpus_per_cell=1, cells_per_job=2) if how == "submitit" else \
-        dict(workers=2, warm=how == "warm")
+    kw = (
+        dict(executor="submitit", cluster="local", cpus_per_cell=1, cells_per_job=2)
+        if how == "submitit"
+        else dict(workers=2, warm=how == "warm")
+    )
     script = _sweep_script(out, [("dense",), ("dense", "full")], timeout_s=300, **kw)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
-                            env=_env(TOOLKIT_WORKER_FAULT="hang@forward", TMPDIR=str(tmp)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=_env(TOOLKIT_WORKER_FAULT="hang@forward", TMPDIR=str(tmp))
+    )
     sweep_proc = psutil.Process(proc.pid)
     # warm: the server and its two forked children; cold: two workers; submitit: its controller, the task, the
     # task's warm server and the cell forked from it.
@@ -263,6 +305,7 @@ def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
 
 
 # ------------------------------------------------------------------------------------------------- warm pool
+
 
 def _tasks(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
@@ -313,12 +356,12 @@ def test_warm_pool_one_server_survives_crashes_and_hangs(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------- executors
 
+
 def test_submitit_local_executor_same_results_and_a_lost_task_is_retried(tmp_path, monkeypatch):
     extra("submitit")
     out = tmp_path / "out"
     cells = [DENSE, Cell("moe:for_loop", "full", "blocks")]
-    result = sweep(cells, out=out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1,
-                   timeout_s=300)
+    result = sweep(cells, out=out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1, timeout_s=300)
     cls = {r.cell: r.classification for r in result.rows}
     assert cls[cells[0]].label == "works"
     assert cls[cells[1]].label == "fell_back_to_eager" and "C2" in cls[cells[1]].cases
@@ -343,14 +386,16 @@ def test_submitit_local_executor_same_results_and_a_lost_task_is_retried(tmp_pat
     killer = threading.Thread(target=kill_task)
     killer.start()
     lost_out = tmp_path / "lost"
-    lost = sweep([DENSE], out=lost_out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1,
-                 timeout_s=300)
+    lost = sweep(
+        [DENSE], out=lost_out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1, timeout_s=300
+    )
     killer.join()
     rep = lost.rows[0].report
     assert rep.outcome == "crashed" and "submitit job" in rep.error.message and "lost" in rep.error.message
     monkeypatch.delenv("TOOLKIT_WORKER_FAULT")
-    again = sweep([DENSE], out=lost_out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1,
-                  timeout_s=300)
+    again = sweep(
+        [DENSE], out=lost_out, progress=False, executor="submitit", cluster="local", cpus_per_cell=1, timeout_s=300
+    )
     assert again.rows[0].classification.label == "works" and len(_lines(lost_out / "results.jsonl")) == 2
 
 
@@ -361,12 +406,16 @@ def test_a_cluster_executor_without_its_package_says_how_to_install_it(tmp_path,
         sweep([DENSE], out=tmp_path, progress=False, executor=name)
     assert f"{name} is not installed" in str(e.value) and "pip install" in e.value.fix
     assert _lines(tmp_path / "results.jsonl") == []  # nothing ran; the folder is free again
-    assert [r.classification.label for r in sweep([DENSE], out=tmp_path, progress=False, runner=_fast).rows] == ["works"]
+    assert [r.classification.label for r in sweep([DENSE], out=tmp_path, progress=False, runner=_fast).rows] == [
+        "works"
+    ]
 
 
 def _netns_ok():
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-rn", "true"], capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+    )
 
 
 @pytest.mark.skipif(not _netns_ok(), reason="no user+network namespace here to keep Ray on loopback")
@@ -376,11 +425,11 @@ def test_ray_executor_in_a_loopback_only_namespace(tmp_path):
     # namespace of its own with only `lo`. The script checks every socket of every Ray process against 127.0.0.1.
     script = textwrap.dedent(f"""
         import json, os, socket, psutil, ray
-        from toolkit.analysis.matrix import Cell
+        from toolkit.analysis.cells import Cell
         from toolkit.analysis.sweeps import sweep
         names = [n for _, n in socket.if_nameindex()]
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        result = sweep([Cell("dense"), Cell("dense", "full", "blocks")], out={str(tmp_path / 'out')!r},
+        result = sweep([Cell("dense"), Cell("dense", "full", "blocks")], out={str(tmp_path / "out")!r},
                        progress=False, executor="ray", timeout_s=300)
         procs = [psutil.Process()] + psutil.Process().children(recursive=True)
         addrs = set()
@@ -397,8 +446,14 @@ def test_ray_executor_in_a_loopback_only_namespace(tmp_path):
     """)
     path = tmp_path / "ray_sweep.py"
     path.write_text(script)
-    p = subprocess.run(["unshare", "-rn", "sh", "-c", f"ip link set lo up && exec {sys.executable} {path}"],
-                       cwd=ROOT, env=_env(RAY_USAGE_STATS_ENABLED="0"), capture_output=True, text=True, timeout=500)
+    p = subprocess.run(
+        ["unshare", "-rn", "sh", "-c", f"ip link set lo up && exec {sys.executable} {path}"],
+        cwd=ROOT,
+        env=_env(RAY_USAGE_STATS_ENABLED="0"),
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["ifaces"] == ["lo"]
@@ -409,6 +464,7 @@ def test_ray_executor_in_a_loopback_only_namespace(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- progress, summary
+
 
 class _Pty:
     def __init__(self, cols):
@@ -446,12 +502,19 @@ def test_progress_bar_fits_the_terminal_and_counts_findings_not_failures(cols):
 
 
 def test_cli_summary_lists_every_cell_that_is_not_works(tmp_path):
-    p = _cli("--only", "^moe:for_loop \\| (recipe torchtitan_2025_09|AC full \\| blocks \\| aot_eager)",
-             "--out", str(tmp_path), "--timeout-s", "300", timeout=600)
+    p = _cli(
+        "--only",
+        "^moe:for_loop \\| (recipe torchtitan_2025_09|AC full \\| blocks \\| aot_eager)",
+        "--out",
+        str(tmp_path),
+        "--timeout-s",
+        "300",
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "MatrixResult: 2 cells: 1 error, 1 fell_back_to_eager" in out
-    tail = out[out.index("not works (2):"):].splitlines()
+    tail = out[out.index("not works (2):") :].splitlines()
     assert tail[1].split()[0] == "error" and "recipe torchtitan_2025_09" in tail[1] and "[C4]" in tail[1]
     assert "Unsupported" in tail[2]
     assert tail[3].split()[0] == "fell_back_to_eager" and "C2" in tail[3] and "ran eagerly" in tail[4]
@@ -487,8 +550,37 @@ def test_central_list_command_on_a_subset_of_the_full_sweep(tmp_path):
     p = _cli("--full", "--only", pattern, "--out", str(out), "--no-progress", timeout=300)
     assert p.returncode == 0, p.stderr
     md = (out / "matrix.md").read_text()
-    changed = md[md.index("## Changed between torch releases (1)"):md.index("### works")]
+    changed = md[md.index("## Changed between torch releases (1)") : md.index("### works")]
     assert "| dense \\| AC none \\| blocks \\| aot_eager | works | crashed |" in changed
     assert "eager | eager" not in changed and "fullgraph" not in changed
     assert "changed from another torch release (1):" in p.stdout and "was crashed on 2.99.0" in p.stdout
     assert "Changed between torch releases (1)" in (out / "matrix.html").read_text()
+
+
+def test_the_isolation_channel_has_one_format_and_one_environment():
+    """What a child sends (`stage` lines, then one `report` line) and the environment it gets (its parent, its
+    threads) come from `measure.channel` for both isolations: a fresh Python and the warm pool's children."""
+    import io
+
+    from toolkit.measure import channel
+
+    buf = io.StringIO()
+    channel.send_stage(buf, "build")
+    channel.send_stage(buf, "forward")
+    channel.send_report(buf, '{"outcome":\n"ok"}')
+    out = buf.getvalue().encode()
+    assert channel.read(out) == (["build", "forward"], '{"outcome": "ok"}')
+    assert channel.read(out[:-1]) == (["build", "forward"], None)  # a torn last line is no report
+    env = channel.child_env({"TOOLKIT_THREADS": "8", channel.PARENT_ENV: "1", "KEEP": "x"}, 2)
+    assert env == {
+        "KEEP": "x",
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
+        "TOOLKIT_THREADS": "2",
+        "TORCHINDUCTOR_COMPILE_THREADS": "2",
+        channel.PARENT_ENV: str(os.getpid()),
+    }
+    assert channel.child_env({"TOOLKIT_THREADS": "8"}, None) == {channel.PARENT_ENV: str(os.getpid())}
+    for module in ("isolate", "forkserver", "worker"):
+        src = (ROOT / "toolkit" / "measure" / f"{module}.py").read_text()
+        assert "TOOLKIT_PARENT_PID" not in src and "OMP_NUM_THREADS" not in src and '"report "' not in src, module

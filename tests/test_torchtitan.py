@@ -15,8 +15,10 @@ import torchtitan.distributed.activation_checkpoint as titan_ac  # noqa: E402
 
 import toolkit.transforms.policies as policies  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore:CPU Autocast only supports"),
-              pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:FutureWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:CPU Autocast only supports"),
+    pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:FutureWarning"),
+]
 
 FAMILIES = {"qwen3": titan.TorchtitanConfig.qwen3(), "deepseek_v3": titan.TorchtitanConfig.deepseek_v3()}
 
@@ -35,8 +37,11 @@ class CountingBackend:
             self.graphs += 1
             return make_boxed_func(gm.forward)
 
-        self.backend = aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
-                                    partition_fn=min_cut_rematerialization_partition)
+        self.backend = aot_autograd(
+            fw_compiler=fw,
+            bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+            partition_fn=min_cut_rematerialization_partition,
+        )
 
 
 def truth_of(model, tokens, loss):
@@ -57,8 +62,9 @@ def test_real_models_saved_bytes_and_graphs_equal_an_independent_truth(family, a
     loss = titan.loss_fn(cfg)
     counter = CountingBackend()
     with process_group():
-        model = titan.parallelize(titan.build(cfg), ac=ac, compile_backend=counter.backend if compiled else None,
-                                  fsdp=fsdp)
+        model = titan.parallelize(
+            titan.build(cfg), ac=ac, compile_backend=counter.backend if compiled else None, fsdp=fsdp
+        )
         loss(model(tokens), labels).backward()  # a bare step: the graphs a plain training step compiles
         true_graphs = counter.graphs
         torch._dynamo.reset()
@@ -95,8 +101,10 @@ def test_recipes_that_claim_0_3_0_match_its_own_code_exactly(recipe, ac, model_k
         return titan.build(cfg), tokens, lambda o: loss(o, labels)
 
     def structure(model):
-        return [(name, type(m).__name__, getattr(m, "_compiled_call_impl", None) is not None)
-                for name, m in model.named_modules()]
+        return [
+            (name, type(m).__name__, getattr(m, "_compiled_call_impl", None) is not None)
+            for name, m in model.named_modules()
+        ]
 
     ours, tokens, loss_of = build()
     counter = CountingBackend()
@@ -123,28 +131,40 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
     """torchtitan turns Dynamo's LRU cache off and two Dynamo flags on for the rest of the process; a toolkit run
     puts them back."""
     before = tk.global_state()
-    scenario = tk.Scenario(stack="torchtitan", torchtitan=FAMILIES["qwen3"], ac=tk.ACConfig(mode="selective_op"),
-                           compile=tk.CompileConfig(scope="blocks", fullgraph=True), fsdp="blocks", steady_steps=0)
+    scenario = tk.Scenario(
+        stack="torchtitan",
+        torchtitan=FAMILIES["qwen3"],
+        ac=tk.ACConfig(mode="selective_op"),
+        compile=tk.CompileConfig(scope="blocks", fullgraph=True),
+        fsdp="blocks",
+        steady_steps=0,
+    )
     report = tk.run(scenario)
     assert tk.global_state() == before, state_diff(before, tk.global_state())
     assert report.ok and report.numerics.grads_match, report.numerics
     assert report.scenario.stack == "torchtitan" and report.scenario.fsdp == "blocks"
     assert report.compile.orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
-    assert str(report).startswith("torchtitan qwen3_moe | AC selective_op | compile blocks (aot_eager, fullgraph) "
-                                  "| FSDP blocks: ok")
-    assert "layers.0.moe.routed_experts.inner_experts" in {n for n, _ in tk.named_modules(titan.build(FAMILIES["qwen3"]))}
+    assert str(report).startswith(
+        "torchtitan qwen3_moe | AC selective_op | compile blocks (aot_eager, fullgraph) | FSDP blocks: ok"
+    )
+    assert "layers.0.moe.routed_experts.inner_experts" in {
+        n for n, _ in tk.named_modules(titan.build(FAMILIES["qwen3"]))
+    }
     assert tk.Scenario.from_json(scenario.to_json()) == scenario
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(recipe="torchtitan_0_3_0"), "Scenario.recipe"),
-    (dict(ac=tk.ACConfig(mode="per_submodule")), "Scenario.ac"),
-    (dict(ac=tk.ACConfig(mode="full", preserve_rng_state=False)), "Scenario.ac"),
-    (dict(compile=tk.CompileConfig(scope="moe", fullgraph=True)), "Scenario.compile"),
-    (dict(compile=tk.CompileConfig(scope="blocks")), "Scenario.compile"),
-    (dict(model=tk.ModelConfig(n_layers=4)), "Scenario.model"),
-    (dict(fsdp="blocks+experts"), "Scenario.fsdp"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(recipe="torchtitan_0_3_0"), "Scenario.recipe"),
+        (dict(ac=tk.ACConfig(mode="per_submodule")), "Scenario.ac"),
+        (dict(ac=tk.ACConfig(mode="full", preserve_rng_state=False)), "Scenario.ac"),
+        (dict(compile=tk.CompileConfig(scope="moe", fullgraph=True)), "Scenario.compile"),
+        (dict(compile=tk.CompileConfig(scope="blocks")), "Scenario.compile"),
+        (dict(model=tk.ModelConfig(n_layers=4)), "Scenario.model"),
+        (dict(fsdp="blocks+experts"), "Scenario.fsdp"),
+    ],
+)
 def test_what_torchtitans_own_transforms_cannot_take_is_refused_up_front(change, field):
     with pytest.raises(tk.ConfigError, match=field.replace(".", r"\.") + ":.*Fix:"):
         tk.Scenario(stack="torchtitan", **change)

@@ -1,4 +1,7 @@
-"""The `torchtitan_main` recipe against torchtitan main's code as main wrote it, rebuilt here independently of the toolkit's model.
+"""The `torchtitan_main` recipe against torchtitan main's code, rebuilt here apart from the toolkit's model.
+
+The `torchtitan_main` recipe against torchtitan main's code as main wrote it, rebuilt here independently of the
+toolkit's model.
 
 main cannot be installed (no complete tree after 2026-08, a nightly torch, torch_remat from git), so its MoE block
 is written below from its files, read in repository pytorch/torchtitan at:
@@ -24,9 +27,9 @@ import contextlib
 import fnmatch
 
 import pytest
-from _helpers import extra
 import torch
 import torch.nn.functional as F
+from _helpers import extra
 from _truth import Truth
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -52,14 +55,18 @@ class Module(nn.Module):
 
     def remat_should_recompute(self, local_name: str) -> bool:
         name = self.remat_region_name(local_name)
-        return not any(fnmatch.fnmatch(name, p) for p in self._remat_save_patterns) or \
-            any(fnmatch.fnmatch(name, p) for p in self._remat_recompute_patterns)
+        return not any(fnmatch.fnmatch(name, p) for p in self._remat_save_patterns) or any(
+            fnmatch.fnmatch(name, p) for p in self._remat_recompute_patterns
+        )
 
     def configure_remat_regions(self, save, recompute=()) -> None:
         for fqn, m in self.named_modules():
             if isinstance(m, Module):
-                m._remat_module_fqn, m._remat_save_patterns, m._remat_recompute_patterns = fqn, tuple(save), \
-                    tuple(recompute)
+                m._remat_module_fqn, m._remat_save_patterns, m._remat_recompute_patterns = (
+                    fqn,
+                    tuple(save),
+                    tuple(recompute),
+                )
 
 
 COMPILED: dict[str, object] = {}
@@ -67,12 +74,15 @@ COMPILED: dict[str, object] = {}
 
 def local(name):
     """distributed/local_compile.py: the function, or its compiled twin once `bind` ran."""
+
     def deco(fn):
         def call(*a, **k):
             return COMPILED.get(name, fn)(*a, **k)
+
         call.reference = fn
         LOCAL[name] = fn
         return call
+
     return deco
 
 
@@ -94,6 +104,7 @@ def rope(q_BSHD, k_BSHD, cache):
         cos, sin = cache[0][None, :, None, :].to(x.dtype), cache[1][None, :, None, :].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
     return one(q_BSHD), one(k_BSHD)
 
 
@@ -115,8 +126,9 @@ class Linear(nn.Linear, Module):
         return F.linear(x, w, b)
 
     def forward(self, x):
-        out = remat.region(self._linear, self.remat_region_name("linear"),
-                           recompute=self.remat_should_recompute("linear"))(x, self.weight.flatten(0, -2), self.bias)
+        out = remat.region(
+            self._linear, self.remat_region_name("linear"), recompute=self.remat_should_recompute("linear")
+        )(x, self.weight.flatten(0, -2), self.bias)
         return out if self.num_linears == 1 else out.unflatten(-1, self.weight.shape[:-1])
 
 
@@ -153,9 +165,9 @@ class GroupedLinear(Module):
 
     def forward(self, input_RI, offsets_E):
         out_shape = self.weight.shape[1:-1]
-        out_RO = remat.region(self._grouped_mm, self.remat_region_name("grouped_mm"),
-                              recompute=self.remat_should_recompute("grouped_mm"))(
-            input_RI=input_RI, weight_EOI=self.weight.flatten(1, -2), offsets_E=offsets_E)
+        out_RO = remat.region(
+            self._grouped_mm, self.remat_region_name("grouped_mm"), recompute=self.remat_should_recompute("grouped_mm")
+        )(input_RI=input_RI, weight_EOI=self.weight.flatten(1, -2), offsets_E=offsets_E)
         return out_RO.reshape(*out_RO.shape[:-1], *out_shape)
 
 
@@ -241,7 +253,8 @@ class MoE(Module):
         out_TD = self.routed_experts(x_TD, scores_TK, ids_TK, map_TE.sum(dim=0))
         if self.shared_experts is not None:
             out_TD = remat.region(torch.add, self.remat_region_name("shared_add"), recompute=False)(
-                out_TD, self.shared_experts(x_TD))
+                out_TD, self.shared_experts(x_TD)
+            )
         return out_TD.reshape(B, S, D)
 
 
@@ -271,9 +284,11 @@ class Attention(Module):
         q, k, v = self.qkv_linear(x_BSD)
         remat.recompute_needs_tensor(q, k)
         q, k = rope(q, k, cache)
-        out_BHSD = remat.region(self.inner_attention, self.remat_region_name("inner_attention"),
-                                recompute=self.remat_should_recompute("inner_attention"))(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out_BHSD = remat.region(
+            self.inner_attention,
+            self.remat_region_name("inner_attention"),
+            recompute=self.remat_should_recompute("inner_attention"),
+        )(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         remat.recompute_needs_tensor(out_BHSD)
         return self.wo(out_BHSD.transpose(1, 2).reshape(B, S, D))
 
@@ -290,7 +305,8 @@ class Block(Module):
         remat.recompute_needs_tensor(attn_out)
         x = x + attn_out
         return remat.region(torch.add, self.remat_region_name("ffn_residual"), recompute=False)(
-            x, self.moe(self.ffn_norm(x)))
+            x, self.moe(self.ffn_norm(x))
+        )
 
 
 class Decoder(nn.Module):
@@ -313,8 +329,9 @@ def apply_activation_remat(model, save, recompute):
     """distributed/activation_checkpoint.py's `apply_activation_remat`."""
     for layer_id, block in model.layers.named_children():
         block.configure_remat_regions(save, recompute)
-        block.forward = remat.checkpoint(region_name=f"layers.{layer_id}", determinism_check="default",
-                                         preserve_rng_state=False)(block.forward)
+        block.forward = remat.checkpoint(
+            region_name=f"layers.{layer_id}", determinism_check="default", preserve_rng_state=False
+        )(block.forward)
 
 
 class CountRecompute(TorchDispatchMode):
@@ -359,8 +376,9 @@ def main_reference(cfg, compiled: bool) -> dict:
         for name, fn in LOCAL.items():
             COMPILED[name] = torch.compile(fn, fullgraph=True, backend=counting, **KWARGS.get(name, {}))
     batch = tk.make_batch(cfg)
-    placeholders = contextlib.nullcontext() if tk.compat.available("storage_placeholder") \
-        else tk.compat.remat_placeholders()
+    placeholders = (
+        contextlib.nullcontext() if tk.compat.available("storage_placeholder") else tk.compat.remat_placeholders()
+    )
     try:
         with placeholders:
             with Truth(model) as truth:
@@ -373,8 +391,15 @@ def main_reference(cfg, compiled: bool) -> dict:
         COMPILED.clear()
     grads = {n: p.grad for n, p in model.named_parameters()}
     counts = int(model.layers["0"].moe.router.tokens_per_expert_E.sum())
-    return dict(saved=saved, recompute=counted.ops, by_op=counted.by_op, graphs=len(graphs), loss=value.item(), grads=grads,
-                counted_tokens=counts)
+    return dict(
+        saved=saved,
+        recompute=counted.ops,
+        by_op=counted.by_op,
+        graphs=len(graphs),
+        loss=value.item(),
+        grads=grads,
+        counted_tokens=counts,
+    )
 
 
 def toolkit_recipe(cfg, compiled: bool):

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import pytest
 from _helpers import extra
 
 from toolkit.notebook.widgets import Explorer
@@ -11,9 +10,25 @@ from toolkit.notebook.widgets import Explorer
 
 def test_every_control_is_reachable_and_maps_to_the_scenario():
     ex = Explorer()
-    assert set(ex.controls) >= {"block", "n_layers", "dim", "n_experts", "top_k", "experts_impl", "ac_mode", "layer_every",
-                                "submodule_ac", "memory_budget", "scope", "backend", "fullgraph", "order",
-                                "capture_scalar_outputs", "capture_dynamic_output_shape_ops", "recipe"}
+    assert set(ex.controls) >= {
+        "block",
+        "n_layers",
+        "dim",
+        "n_experts",
+        "top_k",
+        "experts_impl",
+        "ac_mode",
+        "layer_every",
+        "submodule_ac",
+        "memory_budget",
+        "scope",
+        "backend",
+        "fullgraph",
+        "order",
+        "capture_scalar_outputs",
+        "capture_dynamic_output_shape_ops",
+        "recipe",
+    }
     c = ex.controls
     c["n_layers"].value, c["ac_mode"].value, c["scope"].value, c["fullgraph"].value = 3, "selective_op", "blocks", True
     s = ex.scenario
@@ -33,7 +48,11 @@ def test_invalid_combinations_are_explained_before_running():
     assert ex.run_button.disabled and "memory_budget" in ex.status.value
     ex.controls["scope"].value = "blocks"
     assert not ex.run_button.disabled
-    ex.controls["ac_mode"].value, ex.controls["scope"].value, ex.controls["order"].value = "full", "attention", "compile_outside"
+    ex.controls["ac_mode"].value, ex.controls["scope"].value, ex.controls["order"].value = (
+        "full",
+        "attention",
+        "compile_outside",
+    )
     assert ex.run_button.disabled and "CompileConfig.order" in ex.status.value  # known from the structure, not run
     assert ex.run() is None
 
@@ -49,7 +68,9 @@ def test_run_pin_compare_and_export(tmp_path):
     assert len(ex.figures.outputs) >= 3
     for out in ex.figures.outputs:
         fig = out["data"]["application/vnd.plotly.v1+json"]
-        assert fig["data"] and fig["data"][0]["type"] == "bar" and out["data"]["text/plain"].startswith("<plotly figure")
+        assert (
+            fig["data"] and fig["data"][0]["type"] == "bar" and out["data"]["text/plain"].startswith("<plotly figure")
+        )
     ex.pin()
     ex.controls["ac_mode"].value = "full"
     assert ex.run().ok
@@ -96,7 +117,7 @@ def test_mode_options_reach_only_their_mode():
     c["ac_mode"].value, c["layer_every"].value = "selective_layer", 3
     assert ex.scenario.ac.layer_every == 3
     c["ac_mode"].value = "full"  # the slider keeps 3, but full AC must not be handed layer_every
-    assert ex.scenario.ac.layer_every is None and not ex.run_button.disabled
+    assert not hasattr(ex.scenario.ac, "layer_every") and not ex.run_button.disabled  # full AC's config has none
 
 
 def test_status_line_names_a_silent_failure_and_the_break_table_only_when_needed():
@@ -107,8 +128,10 @@ def test_status_line_names_a_silent_failure_and_the_break_table_only_when_needed
     r = ex.run()
     assert r.ok  # the step ran ...
     # ... but it is no success: C2, compile silently fell back to eager.
-    assert ex.stage_text.startswith("done: fell_back_to_eager [silent failure] — compile requested, but layers.0, "
-                                    "layers.1 ran eagerly (0 graphs); known case C2")
+    assert ex.stage_text.startswith(
+        "done: fell_back_to_eager [silent failure] — compile requested, but layers.0, "
+        "layers.1 ran eagerly (0 graphs); known case C2"
+    )
     assert "#b30000" in ex.stage.value and "<th>where</th>" in ex.breaks.value
     c["fullgraph"].value = True
     ex.run()
@@ -162,5 +185,39 @@ def test_explorer_runs_torchtitans_own_model_and_fsdp2():
     c["fullgraph"].value = False
     assert ex.scenario is None and ex.run_button.disabled and "Scenario.compile" in ex.status.value
     # The toolkit's model with real FSDP2 on its experts too.
-    c["stack"].value, c["fullgraph"].value, c["scope"].value, c["fsdp"].value = "toolkit", False, "none", "blocks+experts"
+    c["stack"].value, c["fullgraph"].value, c["scope"].value, c["fsdp"].value = (
+        "toolkit",
+        False,
+        "none",
+        "blocks+experts",
+    )
     assert not c["experts_impl"].disabled and ex.scenario.fsdp == "blocks+experts" and ex.scenario.stack == "toolkit"
+
+
+def test_a_recipe_gets_the_same_model_in_the_explorer_as_in_the_matrix():
+    """One owner for what a recipe needs of the model (`Recipe.model_config`): the 2025 layout, grouped_mm experts
+    in bfloat16, and PR #2052's stand-in FSDP hook only where real FSDP2 does not put its own there (the Explorer
+    used to install both)."""
+    from toolkit.analysis.cells import Cell
+
+    ex = Explorer()
+    c = ex.controls
+    c["n_layers"].value, c["dim"].value = 2, 64
+    for recipe, impl, fsdp in (
+        ("torchtitan_2025_09", "for_loop", "none"),
+        ("torchtitan_2025_09", "for_loop", "blocks"),
+        ("torchtitan_2025_12", "grouped_mm", "none"),
+        ("torchtitan_0_3_0", "masked", "none"),
+    ):
+        c["experts_impl"].value, c["recipe"].value, c["fsdp"].value = impl, recipe, fsdp
+        model = ex.build_scenario().model
+        cell = Cell(f"moe:{impl}", recipe=recipe, fsdp=fsdp).model_config()
+        assert (model.layout, model.dtype, model.experts_graph_break) == (
+            cell.layout,
+            cell.dtype,
+            cell.experts_graph_break,
+        ), (recipe, impl, fsdp)
+    c["experts_impl"].value, c["recipe"].value, c["fsdp"].value = "for_loop", "torchtitan_2025_09", "blocks"
+    assert ex.build_scenario().model.experts_graph_break is False  # FSDP2's own hook, not the stand-in too
+    c["fsdp"].value = "none"
+    assert ex.build_scenario().model.experts_graph_break is True

@@ -6,32 +6,123 @@ report, estimate) → `analysis` (classify, catalogue, matrix, sweep) → `bugs`
 `notebook` (display, widgets, setup) → `cli`.
 """
 
-from . import compat
+from . import bugs, compat
 from ._config import ConfigError
-from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
-from .transforms import (RECIPES, ACConfig, CompileConfig, PolicyDecision, SelectiveOpPolicy, applied, apply_ac,
-                         apply_compile, apply_recipe, canonical_name, default_save_ops, get_module, global_state,
-                         named_modules, prepare, record_policy_decisions, remove_ac, remove_compile, reset,
-                         torch_settings, train_step, unwrap)
-from .transforms import naming
-from .measure import (LAYER_SHAPES, PRESETS, DistributedReport, Estimate, Report, Scenario, estimate, measure, preset, run,
-                      run_distributed)
-from .stacks.torchtitan import TorchtitanConfig
-from .measure import presets, report
 from .analysis import catalogue, classify, matrix, sweep
-from . import bugs
 from .bugs import repro
-from .notebook import display, setup_notebook
-from .notebook import widgets
+from .measure import (
+    LAYER_SHAPES,
+    PRESETS,
+    DistributedReport,
+    Estimate,
+    Report,
+    Scenario,
+    estimate,
+    measure,
+    preset,
+    presets,
+    report,
+    run,
+    run_distributed,
+)
+from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
+from .notebook.setup import setup_notebook
+from .stacks.torchtitan import TorchtitanConfig
+from .transforms import (
+    RECIPES,
+    ACConfig,
+    CompileConfig,
+    PolicyDecision,
+    SelectiveOpPolicy,
+    applied,
+    apply_ac,
+    apply_compile,
+    apply_recipe,
+    canonical_name,
+    default_save_ops,
+    get_module,
+    global_state,
+    named_modules,
+    naming,
+    prepare,
+    record_policy_decisions,
+    remove_ac,
+    remove_compile,
+    reset,
+    torch_settings,
+    train_step,
+    unwrap,
+)
 
 __version__ = "0.2.0"
 
+# The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
+_LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(_LAZY[name])
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+
+
 __all__ = [
-    "compat", "ConfigError", "ACConfig", "PolicyDecision", "SelectiveOpPolicy", "apply_ac", "default_save_ops",
-    "record_policy_decisions", "remove_ac", "CompileConfig", "apply_compile", "remove_compile", "Batch",
-    "ModelConfig", "build_model", "loss_fn", "make_batch", "train_step", "canonical_name", "get_module",
-    "named_modules", "unwrap", "naming", "RECIPES", "apply_recipe", "prepare", "reset", "applied", "global_state",
-    "torch_settings", "Report", "Scenario", "measure", "run", "PRESETS", "preset", "presets", "report",
-    "setup_notebook", "display", "catalogue", "classify", "matrix", "sweep", "widgets", "bugs", "repro", "estimate",
-    "Estimate", "LAYER_SHAPES", "run_distributed", "DistributedReport", "TorchtitanConfig", "__version__",
+    "compat",
+    "ConfigError",
+    "ACConfig",
+    "PolicyDecision",
+    "SelectiveOpPolicy",
+    "apply_ac",
+    "default_save_ops",
+    "record_policy_decisions",
+    "remove_ac",
+    "CompileConfig",
+    "apply_compile",
+    "remove_compile",
+    "Batch",
+    "ModelConfig",
+    "build_model",
+    "loss_fn",
+    "make_batch",
+    "train_step",
+    "canonical_name",
+    "get_module",
+    "named_modules",
+    "unwrap",
+    "naming",
+    "RECIPES",
+    "apply_recipe",
+    "prepare",
+    "reset",
+    "applied",
+    "global_state",
+    "torch_settings",
+    "Report",
+    "Scenario",
+    "measure",
+    "run",
+    "PRESETS",
+    "preset",
+    "presets",
+    "report",
+    "setup_notebook",
+    "display",
+    "catalogue",
+    "classify",
+    "matrix",
+    "sweep",
+    "widgets",
+    "bugs",
+    "repro",
+    "estimate",
+    "Estimate",
+    "LAYER_SHAPES",
+    "run_distributed",
+    "DistributedReport",
+    "TorchtitanConfig",
+    "__version__",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Callable
 
 
 class ConfigError(ValueError):
@@ -19,15 +19,43 @@ class ConfigError(ValueError):
 def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[Any]) -> None:
     choices = tuple(choices)
     if value not in choices:
-        raise ConfigError(owner, field, f"{value!r} is not one of {', '.join(map(repr, choices))}.",
-                          f"pass one of {', '.join(map(repr, choices))}.")
+        raise ConfigError(
+            owner,
+            field,
+            f"{value!r} is not one of {', '.join(map(repr, choices))}.",
+            f"pass one of {', '.join(map(repr, choices))}.",
+        )
 
 
 def check_int(owner: str, field: str, value: Any, minimum: int | None = None) -> None:
+    """A whole number (not a bool), at or above `minimum`: the one home of every such check."""
+    at_least = f" >= {minimum}" if minimum is not None else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(owner, field, f"{value!r} is not an int.", "pass a whole number.")
+        raise ConfigError(
+            owner, field, f"{value!r} is not a whole number{at_least}.", f"pass e.g. {field}={max(1, minimum or 0)}."
+        )
     if minimum is not None and value < minimum:
-        raise ConfigError(owner, field, f"{value} is below {minimum}.", f"pass a value >= {minimum}.")
+        raise ConfigError(
+            owner,
+            field,
+            f"{value} is not a whole number{at_least} (it is below {minimum}).",
+            f"pass e.g. {field}={max(1, minimum)}.",
+        )
+
+
+def check_seconds(owner: str, field: str, value: Any) -> None:
+    """A time limit: None (no limit) or a finite number of seconds above 0 — never NaN, inf or a bool."""
+    import math
+
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            owner,
+            field,
+            f"{value!r} is not a positive number of seconds.",
+            f"pass e.g. {field}=600, or None for no limit.",
+        )
 
 
 def check_bool(owner: str, field: str, value: Any) -> None:
@@ -35,8 +63,9 @@ def check_bool(owner: str, field: str, value: Any) -> None:
         raise ConfigError(owner, field, f"{value!r} is not a bool.", "pass True or False.")
 
 
-def check_number(owner: str, field: str, value: Any, *, minimum: float, inclusive: bool = True,
-                 example: str = "1.0") -> None:
+def check_number(
+    owner: str, field: str, value: Any, *, minimum: float, inclusive: bool = True, example: str = "1.0"
+) -> None:
     """A finite real number at or above `minimum` (above it when not `inclusive`): NaN and inf never pass,
     since every comparison with NaN is False and a check written as `value < 0` would let it through."""
     import math
@@ -46,6 +75,32 @@ def check_number(owner: str, field: str, value: Any, *, minimum: float, inclusiv
     if value < minimum or (not inclusive and value == minimum):
         bound = f">= {minimum}" if inclusive else f"> {minimum}"
         raise ConfigError(owner, field, f"{value!r} is not {bound}.", f"pass e.g. {example}.")
+
+
+def arg_type(
+    check: Callable[[Any], None], *, convert: Callable[[str], Any] = float, example: str = ""
+) -> Callable[[str], Any]:
+    """An argparse `type=` made of a config check, so a flag and the API refuse the same values with the same
+    words: the text is converted, checked, and a failure names the text as typed (`-1 is not a positive number
+    of seconds (e.g. --timeout-s 600)`)."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            kind = "whole number" if convert is int else "number"
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {kind}" + (f" (e.g. {example})" if example else "")
+            ) from None
+        try:
+            check(value)
+        except ConfigError as e:
+            problem = e.problem.replace(repr(value), text, 1).rstrip(".")
+            raise argparse.ArgumentTypeError(problem + (f" (e.g. {example})" if example else "")) from None
+        return value
+
+    return parse
 
 
 def literal_choices(cls: type, field: str) -> tuple[Any, ...]:
@@ -72,7 +127,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
         elif callable(v):
             v = f"<callable {getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', repr(v))}>"
         elif isinstance(v, (tuple, frozenset, set)):
-            v = sorted(map(str, v)) if isinstance(v, (frozenset, set)) else [str(x) if not isinstance(x, (int, float, str, bool)) else x for x in v]
+            v = (
+                sorted(map(str, v))
+                if isinstance(v, (frozenset, set))
+                else [str(x) if not isinstance(x, (int, float, str, bool)) else x for x in v]
+            )
         out[f.name] = v
     return out
 
@@ -90,14 +149,19 @@ def from_dict(cls: type, data: dict[str, Any]):
     unknown = set(data) - names
     if unknown:
         bad = sorted(unknown)[0]
-        raise ConfigError(cls.__name__, bad, "is not a field of this config.",
-                          f"use one of {', '.join(sorted(names))}.")
+        raise ConfigError(
+            cls.__name__, bad, "is not a field of this config.", f"use one of {', '.join(sorted(names))}."
+        )
     kwargs = {}
     hints = typing.get_type_hints(cls)
     for k, v in data.items():
         if isinstance(v, str) and v.startswith("<callable "):
-            raise ConfigError(cls.__name__, k, "holds a callable, which JSON cannot carry.",
-                              "set the callable again in Python after loading.")
+            raise ConfigError(
+                cls.__name__,
+                k,
+                "holds a callable, which JSON cannot carry.",
+                "set the callable again in Python after loading.",
+            )
         if isinstance(v, list):
             origin = typing.get_origin(hints[k])
             args = typing.get_args(hints[k])

@@ -20,16 +20,25 @@ class Extra:
     """What it turns on."""
 
 
-EXTRAS: dict[str, Extra] = {e.module: e for e in (
-    Extra("torch_remat", 'pip install -e ".[dev]"  (or: pip install torch-remat)',
-          "torchtitan main's activation checkpointing: ACConfig(mode='remat'), the torchtitan_main recipe, C30-C33, "
-          "C45, C46"),
-    Extra("torchtitan", 'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
-          "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)"),
-    Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
-    Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
-    Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
-)}
+EXTRAS: dict[str, Extra] = {
+    e.module: e
+    for e in (
+        Extra(
+            "torch_remat",
+            'pip install -e ".[dev]"  (or: pip install torch-remat)',
+            "torchtitan main's activation checkpointing: ACConfig(mode='remat'), the torchtitan_main recipe, C30-C33, "
+            "C45, C46",
+        ),
+        Extra(
+            "torchtitan",
+            'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
+            "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)",
+        ),
+        Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
+        Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
+        Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
+    )
+}
 
 
 def available(module: str) -> bool:

@@ -1,91 +1,90 @@
-"""Command line: `python -m toolkit demo|run|cases|env|matrix` — the demo table, one measured scenario, the known cases, this torch's private APIs, the composability sweep."""
+"""The command line, `python -m toolkit demo|run|cases|env|matrix|lab`: every parser lives here.
+
+Command line: `python -m toolkit demo|run|cases|env|matrix` — the demo table, one measured scenario, the known cases,
+this torch's private APIs, the composability sweep.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .measure import Scenario
 
 
-def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
-    """One row per setup: structure, loss, largest gradient difference from eager no-AC, compiled graphs."""
-    from . import compat
-    from .measure.numerics import grads as _grads
-    from .measure.runner import capture_warnings
-    from .models import ModelConfig, build_model, make_batch
-    from .transforms import ACConfig, CompileConfig, apply_recipe, prepare, reset, train_step
-    from .transforms.settings import applied
+def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[str, "Scenario"]]:
+    """The demo's six setups, each a Scenario: eager, full AC, SAC, full AC compiled without and with fullgraph,
+    and torchtitan 0.3.0's recipe."""
+    from .measure import Scenario
+    from .models import ModelConfig
+    from .transforms import ACConfig, CompileConfig
 
     # The for_loop experts' `.tolist()` is the graph break the demo exists to show (C2): with the default
     # `grouped_mm` experts nothing breaks, and row 4 would look like row 5.
-    cfg = ModelConfig(n_layers=n_layers, experts_impl="for_loop")
-    batch = make_batch(cfg)
-    ref = build_model(cfg)
-    ref_loss = train_step(ref, batch).item()
-    ref_grads = _grads(ref)
-    setups = [
-        ("no AC, eager", dict(ac=ACConfig(), compile=CompileConfig())),
-        ("full AC, eager", dict(ac=ACConfig(mode="full"), compile=CompileConfig())),
-        ("selective_op AC, eager", dict(ac=ACConfig(mode="selective_op"), compile=CompileConfig())),
-        ("full AC, compile(AC(block)), fullgraph=False", dict(ac=ACConfig(mode="full"), compile=CompileConfig(
-            scope="blocks", backend=backend))),
-        ("full AC, compile(AC(block)), fullgraph=True", dict(ac=ACConfig(mode="full"), compile=CompileConfig(
-            scope="blocks", backend=backend, fullgraph=True))),
-        ("recipe torchtitan_0_3_0", "torchtitan_0_3_0"),
+    model = ModelConfig(n_layers=n_layers, experts_impl="for_loop")
+    quick = dict(model=model, measure_memory=False, steady_steps=0)
+    blocks = dict(scope="blocks", backend=backend)
+    return [
+        ("no AC, eager", Scenario(**quick)),
+        ("full AC, eager", Scenario(ac=ACConfig(mode="full"), **quick)),
+        ("selective_op AC, eager", Scenario(ac=ACConfig(mode="selective_op"), **quick)),
+        (
+            "full AC, compile(AC(block)), fullgraph=False",
+            Scenario(ac=ACConfig(mode="full"), compile=CompileConfig(**blocks), **quick),
+        ),
+        (
+            "full AC, compile(AC(block)), fullgraph=True",
+            Scenario(ac=ACConfig(mode="full"), compile=CompileConfig(**blocks, fullgraph=True), **quick),
+        ),
+        ("recipe torchtitan_0_3_0", Scenario(recipe="torchtitan_0_3_0", recipe_backend=backend, **quick)),
     ]
+
+
+def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
+    """One row per setup, each measured by `run` like any scenario: outcome, loss, the largest gradient difference
+    from the same model eager without AC, graphs, breaks, what was checkpointed and compiled (Report fields)."""
+    from .measure import run
+
     rows = []
-    for label, setup in setups:
-        compat.reset_dynamo()
-        before = compat.counters_snapshot()
-        model = build_model(cfg)
-        row: dict = {"setup": label}
+    for label, scenario in demo_scenarios(backend, n_layers):
         t0 = time.perf_counter()
-        caught: list[str] = []
-        # torch logs warnings such as "Detected that context_fn is passed to torch.utils.checkpoint under
-        # torch.compile" to stderr; the demo's output is its table, so they go into the row (shown by --json).
-        with capture_warnings(caught):
-            try:
-                if isinstance(setup, str):
-                    apply_recipe(model, setup, backend=backend)
-                else:
-                    prepare(model, **setup)
-                loss = train_step(model, batch).item()
-                grads = _grads(model)
-                row.update(
-                    outcome="ok",
-                    loss=round(loss, 6),
-                    loss_diff=abs(loss - ref_loss),
-                    max_grad_diff=max((grads[k] - ref_grads[k]).abs().max().item() for k in ref_grads),
-                )
-            except Exception as e:  # a failing setup is a result, not a crash of the demo
-                row.update(outcome="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-        rec = applied(model)
-        graphs, breaks = compat.graphs_compiled(before)
+        r = run(scenario.replace(name=label))
+        n = r.numerics
+        row: dict = {"setup": label, "outcome": r.outcome}
+        if r.ok:
+            row.update(loss=round(n.loss, 6), loss_diff=n.loss_diff, max_grad_diff=n.max_grad_diff)
+        else:
+            row["error"] = f"{r.error.type.rsplit('.', 1)[-1]}: {r.error.message.splitlines()[0][:160]}"
         row.update(
-            checkpointed=list(rec.ac_wrapped),
-            compiled=list(rec.compiled),
-            orders=sorted(set(rec.compile_orders.values())),
-            graphs=graphs,
-            graph_breaks=breaks,
+            checkpointed=list(r.transforms.checkpointed),
+            compiled=list(r.transforms.compiled),
+            orders=sorted(set(r.compile.orders.values())),
+            graphs=r.compile.graphs,
+            graph_breaks=r.compile.graph_breaks,
             seconds=round(time.perf_counter() - t0, 2),
-            warnings=[w.strip() for w in caught if w.strip()],
+            warnings=list(r.warnings),
         )
-        reset(model)
         rows.append(row)
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'setup':46} {'outcome':7} {'loss':>9} {'max|dgrad|':>10} {'graphs':>6} {'breaks':>6}  checkpointed / compiled"]
+    lines = [
+        f"{'setup':46} {'outcome':7} {'loss':>9} {'max|dgrad|':>10} {'graphs':>6} {'breaks':>6}  "
+        "checkpointed / compiled"
+    ]
     for r in rows:
         if r["outcome"] == "ok":
             nums = f"{r['loss']:9.4f} {r['max_grad_diff']:10.1e}"
         else:
             nums = f"{'-':>9} {'-':>10}"
-        where = f"{len(r['checkpointed'])} wrapped / {len(r['compiled'])} compiled {' '.join(r['orders'])}"
+        where = f"{len(r['checkpointed'])} wrapped / {len(r['compiled'])} compiled {' '.join(r['orders'])}".rstrip()
         lines.append(f"{r['setup']:46} {r['outcome']:7} {nums} {r['graphs']:6d} {r['graph_breaks']:6d}  {where}")
         if r["outcome"] != "ok":
             lines.append(f"    {r['error']}")
@@ -108,13 +107,17 @@ def _load_scenario(args):
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        raise _UsageError(f"--config {path}: cannot read it ({e.strerror or e}).",
-                          "pass the path of a Scenario JSON file (Scenario.to_json() writes one).") from None
+        raise _UsageError(
+            f"--config {path}: cannot read it ({e.strerror or e}).",
+            "pass the path of a Scenario JSON file (Scenario.to_json() writes one).",
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _UsageError(f"--config {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.",
-                          "fix the JSON, or write the file with Scenario.to_json().") from None
+        raise _UsageError(
+            f"--config {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.",
+            "fix the JSON, or write the file with Scenario.to_json().",
+        ) from None
     try:
         return Scenario.from_dict(data)
     except ConfigError as e:
@@ -144,9 +147,6 @@ def _run_command(args) -> int:
     except (_UsageError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if args.nproc < 1:
-        print(f"error: --nproc must be 1 or more (got {args.nproc})", file=sys.stderr)
-        return EXIT_USAGE
     if args.nproc > 1:
         from .measure import run_distributed
 
@@ -157,8 +157,10 @@ def _run_command(args) -> int:
     refs = {}
     if report.ok and not args.no_refs:
         # sac_not_applied and ac_saves_nothing are only visible against the same setup without AC / with full AC.
-        refs = {key: run(ref, isolate=args.isolate, timeout_s=args.timeout_s)
-                for key, ref in reference_scenarios(scenario).items()}
+        refs = {
+            key: run(ref, isolate=args.isolate, timeout_s=args.timeout_s)
+            for key, ref in reference_scenarios(scenario).items()
+        }
     cl = classify(report, refs)
     if args.json:
         print(report.to_json())
@@ -170,17 +172,6 @@ def _run_command(args) -> int:
     if not report.ok:
         return EXIT_FAILED
     return EXIT_SILENT if args.strict and cl.label in SILENT else EXIT_OK
-
-
-def _positive_seconds(text: str) -> float:
-    """argparse type of --timeout-s: a finite number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds (e.g. --timeout-s 600)")
-    return value
 
 
 def _cases_command(args) -> int:
@@ -199,8 +190,11 @@ def _cases_command(args) -> int:
         ids = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
     unknown = [cid for cid in ids if not bugs.has_script(cid)]
     if unknown:
-        print(f"error: no standalone repro for {', '.join(unknown)} (cases with a standalone script: see "
-              "toolkit/bugs/standalone/, or `python -m toolkit cases --check all`)", file=sys.stderr)
+        print(
+            f"error: no standalone repro for {', '.join(unknown)} (cases with a standalone script: see "
+            "toolkit/bugs/standalone/, or `python -m toolkit cases --check all`)",
+            file=sys.stderr,
+        )
         return 2
     status = 0
     for cid in ids:
@@ -212,6 +206,145 @@ def _cases_command(args) -> int:
             continue
         print(finding)  # a Finding, or "CNN skipped: why" (no GPU; an optional package, with its install line)
     return status
+
+
+# --- matrix ---------------------------------------------------------------------------------------------------
+
+
+def _matrix_parser() -> argparse.ArgumentParser:
+    from ._config import arg_type, check_int, check_seconds
+    from .analysis import sweeps
+    from .analysis.executors import EXECUTORS
+    from .transforms.compile import BACKENDS
+
+    def count(minimum: int):
+        return arg_type(lambda v: check_int("matrix", "count", v, minimum), convert=int)
+
+    parser = argparse.ArgumentParser(prog="python -m toolkit matrix", description=sweeps.__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, a minute on a laptop)")
+    size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
+    parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeat for several (default aot_eager)")
+    parser.add_argument(
+        "--stack",
+        choices=sweeps.STACKS,
+        default="toolkit",
+        help="the toolkit's model (default), torchtitan's own models and transforms "
+        "(pip install -e '.[torchtitan]'), or all",
+    )
+    parser.add_argument("--only", metavar="REGEX", help="only cells whose label matches, e.g. '^dense \\| AC full'")
+    parser.add_argument(
+        "--timeout-s",
+        type=arg_type(lambda v: check_seconds("matrix", "timeout_s", v), example="600"),
+        default=600.0,
+        help="per cell (default 600)",
+    )
+    parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULTS",
+        default=[],
+        help="first merge these results.jsonl files (from other machines) into OUT, by cell key",
+    )
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--executor", choices=EXECUTORS, default="local", help="where cells run (default local)")
+    loc = parser.add_argument_group("--executor local")
+    loc.add_argument("--workers", type=count(1), default=max(1, min(2, os.cpu_count() or 1)))
+    loc.add_argument("--cold", action="store_true", help="a fresh Python per cell instead of the warm fork server")
+    sub = parser.add_argument_group("--executor submitit (Slurm; without Slurm, local processes)")
+    sub.add_argument("--cluster", choices=["slurm", "local", "debug"], help="default: slurm if sbatch is found")
+    sub.add_argument("--partition", help="Slurm partition")
+    sub.add_argument("--time-min", type=count(1), default=60, help="time limit per task, minutes (default 60)")
+    sub.add_argument("--gpus-per-cell", type=count(0), default=0)
+    sub.add_argument("--array-parallelism", type=count(1), default=64, help="array tasks at once (default 64)")
+    both = parser.add_argument_group("--executor submitit and ray")
+    both.add_argument("--cpus-per-cell", type=count(1), default=None, help="default 2 (submitit), 1 (ray)")
+    both.add_argument("--cells-per-job", type=count(1), default=1, help="cells per task, run in turn (default 1)")
+    ray = parser.add_argument_group("--executor ray")
+    ray.add_argument("--address", help="an existing Ray cluster ('auto', or ray://HEAD:10001); default: start one here")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the options, the cells and the --merge files, say how many cells would run "
+        "(and how many OUT already holds), then exit without running or writing anything",
+    )
+    return parser
+
+
+def _matrix_command(argv: list[str]) -> int:
+    """`python -m toolkit matrix …`: the sweep, or with --dry-run what it would run."""
+    import re
+
+    from ._config import ConfigError
+    from ._extras import available, reason
+    from .analysis import sweeps
+    from .analysis.executors import make
+
+    parser = _matrix_parser()
+    args = parser.parse_args(argv)
+    backends = args.backend or ["aot_eager"]
+    try:
+        cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
+    except (ConfigError, ImportError) as e:
+        parser.error(f"--stack {args.stack}: {e}")
+    if args.only:
+        try:
+            pattern = re.compile(args.only)
+        except re.error as e:
+            parser.error(f"--only: {e}")
+        cells = [c for c in cells if pattern.search(c.label)]
+        if not cells:
+            parser.error(f"--only {args.only!r} matches no cell of the {'full' if args.full else 'quick'} sweep")
+    options: dict = {}
+    if args.executor == "submitit":
+        options = dict(
+            cluster=args.cluster,
+            partition=args.partition,
+            time_min=args.time_min,
+            gpus_per_cell=args.gpus_per_cell,
+            cpus_per_cell=args.cpus_per_cell or 2,
+            cells_per_job=args.cells_per_job,
+            array_parallelism=args.array_parallelism,
+        )
+    elif args.executor == "ray":
+        options = dict(address=args.address, cpus_per_cell=args.cpus_per_cell or 1, cells_per_task=args.cells_per_job)
+    try:
+        if args.dry_run:
+            ex = make(args.executor, workers=args.workers, warm=not args.cold, **options)
+            if args.executor in ("submitit", "ray") and not available(args.executor):
+                raise _UsageError(f"--executor {args.executor} {reason(args.executor)}")
+            for src in args.merge:
+                if not os.path.isfile(src):
+                    raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
+            runnable, pending = sweeps.plan(cells, out=args.out, timeout_s=args.timeout_s)
+            print(
+                f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left "
+                f"out), {len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in "
+                f"{os.path.join(args.out, sweeps.RESULTS)}"
+                + (f"; would first merge {len(args.merge)} results file(s)" if args.merge else "")
+                + ". Nothing was run."
+            )
+            return 0
+        if args.merge:
+            added = sweeps.merge_into(args.out, args.merge)
+            print(f"merged {added} records into {args.out}/{sweeps.RESULTS}", file=sys.stderr)
+        result = sweeps.sweep(
+            cells,
+            out=args.out,
+            workers=args.workers,
+            timeout_s=args.timeout_s,
+            progress=not args.no_progress,
+            executor=args.executor,
+            warm=not args.cold,
+            **options,
+        )
+    except (ConfigError, _UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(sweeps.summary(result))
+    print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/{sweeps.RESULTS})")
+    return EXIT_OK
 
 
 def _lab_command(extra: list[str]) -> int:
@@ -269,54 +402,97 @@ same setup without AC (and, for a selective mode, with full AC), which sac_not_a
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .analysis.catalogue import CPU_STATUSES
-
-    from .analysis.catalogue import cases
+    from ._config import arg_type, check_int, check_seconds
+    from .analysis.catalogue import CPU_STATUSES, cases
 
     ids = [c.id for c in cases()]
-    parser = argparse.ArgumentParser(prog="python -m toolkit", epilog=_OVERVIEW.format(cases=f"{ids[0]}-{ids[-1]}"),
-                                     description="See how activation checkpointing, torch.compile and MoE compose on a "
-                                                 "small torchtitan-shaped model.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit",
+        epilog=_OVERVIEW.format(cases=f"{ids[0]}-{ids[-1]}"),
+        description="See how activation checkpointing, torch.compile and MoE compose on a "
+        "small torchtitan-shaped model.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     # Each subcommand is described once, in _OVERVIEW (argparse's own list wraps them into a narrow column).
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,run,cases,env,matrix,lab}",
-                                help="one of the subcommands below")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{demo,run,cases,env,matrix,lab}", help="one of the subcommands below"
+    )
     d = sub.add_parser("demo", description="Train a small MoE model under six AC / compile setups and print one table.")
-    d.add_argument("--backend", default="aot_eager", choices=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"],
-                   help="compile backend of the compiled setups (default aot_eager)")
+    d.add_argument(
+        "--backend",
+        default="aot_eager",
+        choices=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"],
+        help="compile backend of the compiled setups (default aot_eager)",
+    )
     d.add_argument("--layers", type=int, default=2, help="transformer blocks of the model (default 2)")
-    d.add_argument("--json", action="store_true", help="print the rows as JSON (with torch's warnings) instead of a table")
-    r = sub.add_parser("run", description="Measure one training step of a scenario and classify it.", epilog=_RUN_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument(
+        "--json", action="store_true", help="print the rows as JSON (with torch's warnings) instead of a table"
+    )
+    r = sub.add_parser(
+        "run",
+        description="Measure one training step of a scenario and classify it.",
+        epilog=_RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = r.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", metavar="NAME", help="a named scenario (--list shows them)")
     src.add_argument("--config", metavar="FILE", help="a Scenario JSON file (what Scenario.to_json() writes)")
     src.add_argument("--list", action="store_true", help="list the presets and exit")
-    r.add_argument("--json", action="store_true",
-                   help="print the Report as JSON on stdout (the classification goes to stderr)")
-    r.add_argument("--isolate", action="store_true",
-                   help="run in a subprocess, so that a crash or a hang comes back as a result")
-    r.add_argument("--timeout-s", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help="with --isolate or --nproc: give up after this many seconds (a positive number)")
-    r.add_argument("--strict", action="store_true",
-                   help="exit 3 when the run is a silent failure (fell_back_to_eager, sac_not_applied, grads_differ, ...)")
-    r.add_argument("--no-refs", action="store_true",
-                   help="skip the reference runs without AC / with full AC (sac_not_applied, ac_saves_nothing "
-                        "are then not checked)")
-    r.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="run on N ranks under torchrun (gloo, 127.0.0.1) and print the ranks side by side")
+    r.add_argument(
+        "--json", action="store_true", help="print the Report as JSON on stdout (the classification goes to stderr)"
+    )
+    r.add_argument(
+        "--isolate", action="store_true", help="run in a subprocess, so that a crash or a hang comes back as a result"
+    )
+    r.add_argument(
+        "--timeout-s",
+        type=arg_type(lambda v: check_seconds("run", "timeout_s", v), example="--timeout-s 600"),
+        default=None,
+        metavar="SECONDS",
+        help="with --isolate or --nproc: give up after this many seconds (a positive number)",
+    )
+    r.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 when the run is a silent failure (fell_back_to_eager, sac_not_applied, grads_differ, ...)",
+    )
+    r.add_argument(
+        "--no-refs",
+        action="store_true",
+        help="skip the reference runs without AC / with full AC (sac_not_applied, ac_saves_nothing "
+        "are then not checked)",
+    )
+    r.add_argument(
+        "--nproc",
+        type=arg_type(lambda v: check_int("run", "nproc", v, 1), convert=int),
+        default=1,
+        metavar="N",
+        help="run on N ranks under torchrun (gloo, 127.0.0.1) and print the ranks side by side",
+    )
     r.set_defaults(run_parser=r)  # its usage line goes with the errors main() finds after parsing
     c = sub.add_parser("cases", description="The catalogue of known AC x compile x MoE cases, or their repros re-run.")
     c.add_argument("--cpu", choices=list(CPU_STATUSES), help="only cases with this CPU status")
-    c.add_argument("--needs", choices=["cpu", "gpu", "multi-rank"],
-                   help="only cases whose repro needs this: one CPU process, a GPU, or several ranks")
+    c.add_argument(
+        "--needs",
+        choices=["cpu", "gpu", "multi-rank"],
+        help="only cases whose repro needs this: one CPU process, a GPU, or several ranks",
+    )
     c.add_argument("--text", help="only cases whose title/configuration/symptom/mechanism contain this text")
     c.add_argument("--findings", action="store_true", help="add this machine's recorded verdicts to the torch column")
-    c.add_argument("--markdown", action="store_true",
-                   help="print the markdown table (upstream links, notebooks, every release's verdict)")
-    c.add_argument("--check", nargs="+", metavar="CASE",
-                   help="run the standalone repro of these cases (or 'all') and check their signatures on this torch")
-    sub.add_parser("env", description="This torch, and every private torch API the toolkit relies on: available or not.")
+    c.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the markdown table (upstream links, notebooks, every release's verdict)",
+    )
+    c.add_argument(
+        "--check",
+        nargs="+",
+        metavar="CASE",
+        help="run the standalone repro of these cases (or 'all') and check their signatures on this torch",
+    )
+    sub.add_parser(
+        "env", description="This torch, and every private torch API the toolkit relies on: available or not."
+    )
     sub.add_parser("matrix", add_help=False)
     sub.add_parser("lab", add_help=False)
     return parser
@@ -330,17 +506,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv and argv[0] == "matrix":
-        from .analysis.sweeps import main as matrix_main
-
-        return matrix_main(argv[1:])
+        return _matrix_command(argv[1:])
     if argv and argv[0] == "lab":
         return _lab_command(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.timeout_s is not None and not args.isolate and args.nproc == 1:
             # The same rule as tk.run(timeout_s=..., isolate=False), said in the CLI's own words.
-            args.run_parser.error("--timeout-s needs --isolate: only a subprocess can be stopped when the time is up. "
-                           "Fix: add --isolate, or drop --timeout-s.")
+            args.run_parser.error(
+                "--timeout-s needs --isolate: only a subprocess can be stopped when the time is up. "
+                "Fix: add --isolate, or drop --timeout-s."
+            )
         return _run_command(args)
     if args.command == "cases":
         return _cases_command(args)
@@ -356,8 +532,10 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = demo_rows(args.backend, args.layers)
         print(json.dumps(rows, indent=2) if args.json else format_rows(rows))
-        print(f"\ntorch {torch.__version__}, device cpu; gradients compared with the same model run eagerly without AC.",
-              file=sys.stderr if args.json else sys.stdout)
+        print(
+            f"\ntorch {torch.__version__}, device cpu; gradients compared with the same model run eagerly without AC.",
+            file=sys.stderr if args.json else sys.stdout,
+        )
     return 0
 
 

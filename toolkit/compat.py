@@ -1,4 +1,7 @@
-"""Every private torch API the toolkit touches, in one place: feature-detected at import, with the releases it was checked on.
+"""Every private torch API the toolkit touches, in one place, feature-detected at import.
+
+Every private torch API the toolkit touches, in one place: feature-detected at import, with the releases it was checked
+on.
 
 Nothing else in the toolkit reaches into `torch._*`, `torch.utils.checkpoint._*` or AOTAutograd internals. Each
 feature below names what the toolkit sees through it; when a torch release lacks one (or changed it beyond what
@@ -13,12 +16,12 @@ import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves  # a private module, used across the toolkit
 from torch.utils._python_dispatch import TorchDispatchMode  # the probes' dispatch tracker base
+from torch.utils._pytree import tree_leaves  # a private module, used across the toolkit
 
 CHECKED_ON = ("2.13.0", "2.14.1")
 """torch releases every feature here was checked on (CI runs the measurement tests on both)."""
@@ -46,74 +49,91 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "torch._functorch._aot_autograd.graph_compile._partition_joint_graph_into_fw_bw",
         "which module and op made each tensor a compiled graph saves, and the forward ops its backward recomputes",
         "saved tensors of graphs compiled during the step are attributed to their compiled region only, and forward "
-        "ops recomputed inside compiled backward graphs are not counted"),
+        "ops recomputed inside compiled backward graphs are not counted",
+    ),
     "aot_saved_state": (
         "torch._functorch._aot_autograd.runtime_wrappers._AutogradSavedState.save_from_forward",
         "the real tensors each compiled graph saves for backward, and which compiled graphs ran",
         "tensors saved by compiled graphs are seen only through saved-tensor hooks (kind 'autograd', op 'unknown'), "
-        "and which compiled graphs ran is unknown (graphs counted from compile events only)"),
+        "and which compiled graphs ran is unknown (graphs counted from compile events only)",
+    ),
     "compiled_fw_graph": (
         "CompiledFunction.compiled_fw (the forward FX graph behind an AOTAutograd function)",
         "module attribution for graphs compiled before the step (a warm model)",
-        "saved tensors of graphs compiled before the step are attributed to their compiled region only"),
+        "saved tensors of graphs compiled before the step are attributed to their compiled region only",
+    ),
     "sac_mode": (
         "torch.utils.checkpoint._CachingTorchDispatchMode (its `storage` of cached outputs)",
         "the tensors a selective-checkpoint policy caches for backward",
-        "tensors cached by selective checkpointing are counted as kind 'other' instead of 'sac_cache'"),
+        "tensors cached by selective checkpointing are counted as kind 'other' instead of 'sac_cache'",
+    ),
     "checkpoint_generator": (
         "torch.utils.checkpoint._checkpoint_without_reentrant_generator(_impl)",
         "the inputs a non-reentrant checkpoint holds to re-run its function, and when that re-run happens",
         "inputs held by checkpoint regions are counted as kind 'other', and forward ops re-run by checkpoints whose "
-        "modules have no toolkit hooks are not counted as recomputed"),
+        "modules have no toolkit hooks are not counted as recomputed",
+    ),
     "structured_trace": (
         "torch._logging._internal.trace_log (structured trace events)",
         "graph-break reasons with file:line, recompile reasons and compile times",
-        "graph breaks are counted but their reasons and places, recompiles and compile times are not seen"),
+        "graph breaks are counted but their reasons and places, recompiles and compile times are not seen",
+    ),
     "dynamo_counters": (
         "torch._dynamo.utils.counters",
         "graphs compiled and graph breaks taken during the step",
-        "graphs compiled and graph breaks during the step are not counted"),
+        "graphs compiled and graph breaks during the step are not counted",
+    ),
     "lru_cache": (
         "torch._C._dynamo.eval_frame._set_lru_cache / _debug_get_cache_entry_list",
         "Dynamo's cache-entry LRU switch: read (by probing a private function's cache) and restored",
-        "Dynamo's LRU switch cannot be read, so it is neither set for the step nor restored after it"),
+        "Dynamo's LRU switch cannot be read, so it is neither set for the step nor restored after it",
+    ),
     "skip_code": (
         "torch._dynamo.eval_frame.skip_code",
         "keeping Dynamo from tracing the toolkit's own saved-tensor hooks",
-        "the toolkit's own hooks may appear as graph breaks"),
+        "the toolkit's own hooks may appear as graph breaks",
+    ),
     "profiler_allocations": (
         "torch._C._profiler._EventType + kineto_results.experimental_event_tree()",
         "every CPU allocation and free of the memory step (the CPU peak)",
-        "CPU peak memory is not measured"),
+        "CPU peak memory is not measured",
+    ),
     "cuda_snapshot": (
         "torch.cuda.memory._record_memory_history / _dump_snapshot",
         "CUDA allocator snapshots for PyTorch's memory viewer",
-        "CUDA memory snapshots cannot be written"),
+        "CUDA memory snapshots cannot be written",
+    ),
     "fake_tensors": (
         "torch._subclasses.fake_tensor.FakeTensor / functional_tensor.FunctionalTensor",
         "telling real tensors from tracing-time tensors",
-        "tracing-time tensors may be mistaken for real storages"),
+        "tracing-time tensors may be mistaken for real storages",
+    ),
     "storage_weak_ptr": (
         "torch.UntypedStorage._new_with_weak_ptr",
         "each storage's size at the end of the forward (FSDP frees its all-gathered parameters by resizing to 0)",
-        "storages are counted at their size when they were made, which over-counts storages freed by resizing"),
+        "storages are counted at their size when they were made, which over-counts storages freed by resizing",
+    ),
     "fsdp_state": (
         "torch.distributed.fsdp FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params",
         "FSDP2's unsharded parameter storages (counted as parameters, not activations)",
-        "FSDP2's unsharded parameters are recognised only while registered on their modules"),
+        "FSDP2's unsharded parameters are recognised only while registered on their modules",
+    ),
     "torch_remat": (
         "torch_remat (PyPI torch-remat >= 0.2: checkpoint, region, current_saved_tensor_info) — not torch, optional",
         "ACConfig(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
-        ""),
+        "",
+    ),
     "storage_placeholder": (
         "torch._C._set_storage_data_ptr_access_error_msg (CUDA builds only)",
         "whether torch_remat can stand in a placeholder for a kept region's output that recompute does not need "
         "(on +cpu builds it cannot: AttributeError in backward, case C31)",
-        ""),
+        "",
+    ),
     "respect_saved_tensors_hooks": (
         "torch.utils.checkpoint.checkpoint(respect_saved_tensors_hooks=...) (torch >= 2.14)",
         "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
-        ""),
+        "",
+    ),
 }
 
 
@@ -246,8 +266,18 @@ def _find_torch_remat() -> _Found:
     import importlib
 
     remat = importlib.import_module("torch_remat")
-    missing = [n for n in ("checkpoint", "region", "recompute_needs_tensor", "current_saved_tensor_info",
-                           "SavedTensorKind", "RecomputeStateHook") if not hasattr(remat, n)]
+    missing = [
+        n
+        for n in (
+            "checkpoint",
+            "region",
+            "recompute_needs_tensor",
+            "current_saved_tensor_info",
+            "SavedTensorKind",
+            "RecomputeStateHook",
+        )
+        if not hasattr(remat, n)
+    ]
     if missing:
         return _Found(False, f"torch_remat lacks {', '.join(missing)}")
     return _Found(True, value=remat)
@@ -296,7 +326,9 @@ def table() -> str:
     """Every feature, available or not, as plain text (`python -m toolkit env`)."""
     lines = [f"torch {torch.__version__}; checked on {', '.join(CHECKED_ON)}"]
     for f in FEATURES.values():
-        lines.append(f"  {'ok ' if f.available else 'MISSING'} {f.name:28} {f.sees}" + (f" — {f.detail}" if f.detail else ""))
+        lines.append(
+            f"  {'ok ' if f.available else 'MISSING'} {f.name:28} {f.sees}" + (f" — {f.detail}" if f.detail else "")
+        )
     return "\n".join(lines)
 
 
@@ -326,8 +358,10 @@ def aot_saved_state_target() -> tuple[Any, str] | None:
 
 def saved_slices(metadata: Any) -> list[slice]:
     """The slices of a compiled forward's outputs that are saved for backward."""
-    return [metadata.tensors_saved_for_backwards_with_vc_check_slice,
-            metadata.tensors_saved_for_backwards_no_vc_check_slice]
+    return [
+        metadata.tensors_saved_for_backwards_with_vc_check_slice,
+        metadata.tensors_saved_for_backwards_no_vc_check_slice,
+    ]
 
 
 def forward_graph_of(ctx: Any) -> torch.fx.GraphModule | None:
@@ -437,8 +471,11 @@ def keep_sac_legacy_under(call: CheckpointCall, pack: Callable) -> None:
     """A SAC region under the toolkit's own saved-tensor hooks (`pack`) keeps torch's legacy behaviour — SAC's
     cache bypasses them — by passing `respect_saved_tensors_hooks=False` explicitly where the caller left None:
     the same behaviour as None, without 2.14's FutureWarning about our hooks (C42)."""
-    if call.has_option("respect_saved_tensors_hooks") and call.option("respect_saved_tensors_hooks") is None \
-            and top_saved_tensors_hooks_are(pack):
+    if (
+        call.has_option("respect_saved_tensors_hooks")
+        and call.option("respect_saved_tensors_hooks") is None
+        and top_saved_tensors_hooks_are(pack)
+    ):
         call.set_option("respect_saved_tensors_hooks", False)
 
 
@@ -568,29 +605,38 @@ def storage_nbytes_now(weak_cdata: int) -> int | None:
     return None if st is None else st.nbytes()
 
 
-def fsdp_unsharded_parameters(model: nn.Module) -> list[torch.Tensor]:
-    """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (empty without FSDP2)."""
+def fsdp_unsharded_parameters(model: nn.Module) -> tuple[list[torch.Tensor], list[str]]:
+    """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (none without FSDP2), and
+    the names of the FSDP2 units whose state could not be read (the caller says so: those parameters would
+    otherwise count as activations)."""
     f = _found["fsdp_state"]
     if not f.ok:
-        return []
-    out = []
-    for m in model.modules():
+        return [], []
+    out: list[torch.Tensor] = []
+    unreadable: list[str] = []
+    for name, m in model.named_modules():
         if not isinstance(m, f.value):
             continue
         try:
-            group = m._get_fsdp_state()._fsdp_param_group
-        except Exception:
+            state = m._get_fsdp_state()
+            # A unit with per-parameter meshes (expert parallel's experts) has several groups: newer torch lists them
+            # in `_fsdp_param_groups`, and its singular `_fsdp_param_group` asserts there is only one.
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                groups = [state._fsdp_param_group]
+        except (AttributeError, RuntimeError, AssertionError) as e:  # the private state changed shape
+            unreadable.append(f"{name or 'the model'} ({type(e).__name__})")
             continue
-        for p in getattr(group, "fsdp_params", ()) if group is not None else ():
+        for p in (p for group in groups if group is not None for p in getattr(group, "fsdp_params", ())):
             for attr in ("_unsharded_param", "_unsharded_inner_tensors"):
                 val = getattr(p, attr, None)
-                for t in (val if isinstance(val, (list, tuple)) else [val]):
+                for t in val if isinstance(val, (list, tuple)) else [val]:
                     if isinstance(t, torch.Tensor):
                         out.append(t)
             for t in getattr(p, "all_gather_outputs", None) or ():
                 if isinstance(t, torch.Tensor):
                     out.append(t)
-    return out
+    return out, unreadable
 
 
 def is_fsdp_module(m: nn.Module) -> bool:
@@ -679,12 +725,21 @@ def set_lru_cache(enabled: bool) -> None:
 # --- configs and flags ---------------------------------------------------------------------------------------
 
 
-def compiler_configs() -> list[Any]:
-    """The config modules whose values the toolkit may patch: Dynamo, functorch (AOTAutograd), Inductor."""
+class CompilerConfigs(NamedTuple):
+    """The config modules whose values the toolkit may patch."""
+
+    dynamo: Any
+    functorch: Any
+    """AOTAutograd's (`torch._functorch.config`)."""
+    inductor: Any
+
+
+def compiler_configs() -> CompilerConfigs:
+    """Dynamo's, AOTAutograd's and Inductor's config modules (a tuple of the three, by name)."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    return [torch._dynamo.config, functorch_config, inductor_config]
+    return CompilerConfigs(torch._dynamo.config, functorch_config, inductor_config)
 
 
 def checkpoint_early_stop() -> Any:
@@ -708,7 +763,7 @@ def default_compute_intensive_ops() -> list[Any]:
 
 
 def op_kind(obj: Any) -> str | None:
-    """"op" for an op overload (`torch.ops.aten.mm.default`) or a higher-order op (`inductor_compiled_code`): what a
+    """ "op" for an op overload (`torch.ops.aten.mm.default`) or a higher-order op (`inductor_compiled_code`): what a
     SAC policy's `func` can be; "packet" for an overload packet (`torch.ops.aten.mm`), which never equals a
     `func`; None for anything else."""
     import torch._ops as ops
@@ -751,6 +806,7 @@ def wrap_in_place_compiled_call(m: nn.Module, wrap: Callable[[Callable], Callabl
 
     def undo() -> None:
         m._compiled_call_impl = original
+
     return undo
 
 
@@ -780,8 +836,18 @@ def checkpoint_wrapper(module: nn.Module, **kwargs: Any) -> nn.Module:
 
 refresh()
 
-__all__ = ["CHECKED_ON", "Feature", "FEATURES", "refresh", "available", "missing", "blind_spot", "table", "tree_leaves",
-           "TorchDispatchMode"]
+__all__ = [
+    "CHECKED_ON",
+    "Feature",
+    "FEATURES",
+    "refresh",
+    "available",
+    "missing",
+    "blind_spot",
+    "table",
+    "tree_leaves",
+    "TorchDispatchMode",
+]
 
 
 # --- torch_remat (optional; not torch, but its introspection lives here with the rest) ------------------------
@@ -836,8 +902,9 @@ def _stand_in_make_placeholder(metadata: Any, message: str, *, requires_grad: bo
     fill = float("nan") if metadata.dtype.is_floating_point else 0
     # Out of sight of any dispatch mode (the probes' op counter among them): a real build makes no ops here.
     with _disable_current_modes():
-        base = torch.full((max(1, -(-metadata.storage_nbytes // item)),), fill, dtype=metadata.dtype,
-                          device=metadata.device)
+        base = torch.full(
+            (max(1, -(-metadata.storage_nbytes // item)),), fill, dtype=metadata.dtype, device=metadata.device
+        )
         placeholder = torch.empty(0, dtype=metadata.dtype, device=metadata.device)
         placeholder.set_(base.untyped_storage(), 0, torch.Size(metadata.shape), tuple(metadata.stride))
     _placeholder_storages[placeholder.untyped_storage()._cdata] = StorageWeakRef(placeholder.untyped_storage())
@@ -862,8 +929,10 @@ def remat_placeholders_needed() -> bool:
     import importlib
 
     api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
-    return all(hasattr(m, n) for m, n in ((api, "_make_placeholder_tensor"), (api, "_is_placeholder"),
-                                         (view, "_is_placeholder")))
+    return all(
+        hasattr(m, n)
+        for m, n in ((api, "_make_placeholder_tensor"), (api, "_is_placeholder"), (view, "_is_placeholder"))
+    )
 
 
 def remat_placeholders_acquire() -> None:
@@ -876,9 +945,11 @@ def remat_placeholders_acquire() -> None:
     import importlib
 
     api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
-    for owner, name, new in ((api, "_make_placeholder_tensor", _stand_in_make_placeholder),
-                             (api, "_is_placeholder", _stand_in_is_placeholder),
-                             (view, "_is_placeholder", _stand_in_is_placeholder)):
+    for owner, name, new in (
+        (api, "_make_placeholder_tensor", _stand_in_make_placeholder),
+        (api, "_is_placeholder", _stand_in_is_placeholder),
+        (view, "_is_placeholder", _stand_in_is_placeholder),
+    ):
         _placeholder_originals.append((owner, name, getattr(owner, name)))
         setattr(owner, name, new)
 

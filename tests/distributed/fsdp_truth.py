@@ -48,12 +48,22 @@ def main(out: str) -> int:
                 tk.loss_fn(output, batch.labels).backward()
                 del output
             report = tk.measure(model, batch.tokens, loss_fn=lambda o: tk.loss_fn(o, batch.labels))
-            rows.append({"ac": ac, "backend": backend or "eager", "outcome": report.outcome,
-                         "error": report.error.message[:500] if report.error else "",
-                         "saved": report.saved.total_bytes, "truth": true_bytes, "by_kind": report.saved.by_kind,
-                         "graphs": report.compile.graphs, "peak": report.memory.peak_bytes})
-    pathlib.Path(out, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "world": dist.get_world_size(),
-                                                                 "rows": rows}))
+            rows.append(
+                {
+                    "ac": ac,
+                    "backend": backend or "eager",
+                    "outcome": report.outcome,
+                    "error": report.error.message[:500] if report.error else "",
+                    "saved": report.saved.total_bytes,
+                    "truth": true_bytes,
+                    "by_kind": report.saved.by_kind,
+                    "graphs": report.compile.graphs,
+                    "peak": report.memory.peak_bytes,
+                }
+            )
+    pathlib.Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "world": dist.get_world_size(), "rows": rows})
+    )
     dist.destroy_process_group()
     return 0
 

@@ -1,9 +1,27 @@
-"""Analysis of Reports: classification into works / errors / silent failures, the catalogue of known cases, and the composability matrix and its sweeps."""
+"""Analysis of Reports: classification, the catalogue of known cases, and the composability matrix.
+
+Analysis of Reports: classification into works / errors / silent failures, the catalogue of known cases, and the
+composability matrix — its grid (`cells`), results (`matrix`), views (`views`) and sweeps (`sweeps`, on the
+`executors`).
+"""
 
 from . import catalogue
+from .cells import Cell, full_cells, quick_cells, torchtitan_cells
 from .classification import EXPLAIN, SEVERITY, Classification, classify
-from .matrix import Cell, MatrixResult, full_cells, quick_cells
+from .matrix import MatrixResult, Row
 from .sweeps import sweep
 
-__all__ = ["catalogue", "EXPLAIN", "SEVERITY", "Classification", "classify", "Cell", "MatrixResult", "full_cells",
-           "quick_cells", "sweep"]
+__all__ = [
+    "catalogue",
+    "EXPLAIN",
+    "SEVERITY",
+    "Classification",
+    "classify",
+    "Cell",
+    "MatrixResult",
+    "Row",
+    "full_cells",
+    "quick_cells",
+    "torchtitan_cells",
+    "sweep",
+]

@@ -16,8 +16,16 @@ _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 NEEDS = {"gpu_only": "gpu", "multi_rank": "multi-rank"}
 CPU_STATUSES = ("reproduced", "plausible", "gpu_only", "multi_rank")
 
-_REPORT_KEYS = {"classification", "recipe", "ac_modes", "order", "error_contains", "break_reason_contains",
-                "recompute_op_contains", "warning_contains"}
+_REPORT_KEYS = {
+    "classification",
+    "recipe",
+    "ac_modes",
+    "order",
+    "error_contains",
+    "break_reason_contains",
+    "recompute_op_contains",
+    "warning_contains",
+}
 
 
 def _shows(text: str, patterns) -> bool:
@@ -112,10 +120,23 @@ def cases() -> tuple[Case, ...]:
     data = json.loads(_PATH.read_text())
     out = []
     for c in data["cases"]:
-        out.append(Case(id=c["id"], title=c["title"], configuration=c["configuration"], symptom=c["symptom"],
-                        mechanism=c["mechanism"], status=c["status"], upstream=tuple(c.get("upstream") or ()),
-                        links=tuple(c.get("links") or ()), cpu=c["cpu"], torch_versions=c.get("torch_versions", ""),
-                        notebook=c.get("notebook"), signature=c.get("signature"), verified=c.get("verified")))
+        out.append(
+            Case(
+                id=c["id"],
+                title=c["title"],
+                configuration=c["configuration"],
+                symptom=c["symptom"],
+                mechanism=c["mechanism"],
+                status=c["status"],
+                upstream=tuple(c.get("upstream") or ()),
+                links=tuple(c.get("links") or ()),
+                cpu=c["cpu"],
+                torch_versions=c.get("torch_versions", ""),
+                notebook=c.get("notebook"),
+                signature=c.get("signature"),
+                verified=c.get("verified"),
+            )
+        )
     return tuple(sorted(out, key=lambda c: int(c.id[1:])))
 
 
@@ -126,8 +147,9 @@ def get(case_id: str) -> Case:
     raise KeyError(f"no case {case_id!r}; known: {', '.join(c.id for c in cases())}")
 
 
-def filter(*, cpu: str | None = None, text: str | None = None, notebook: bool | None = None,
-           needs: str | None = None) -> list[Case]:
+def filter(
+    *, cpu: str | None = None, text: str | None = None, notebook: bool | None = None, needs: str | None = None
+) -> list[Case]:
     """Cases by CPU reproducibility (one of `CPU_STATUSES`), a search text, having a notebook, or what a repro needs
     ("cpu", "gpu", "multi-rank")."""
     out = []
@@ -136,7 +158,10 @@ def filter(*, cpu: str | None = None, text: str | None = None, notebook: bool | 
             continue
         if needs is not None and c.needs != needs:
             continue
-        if text is not None and text.lower() not in " ".join([c.title, c.configuration, c.symptom, c.mechanism]).lower():
+        if (
+            text is not None
+            and text.lower() not in " ".join([c.title, c.configuration, c.symptom, c.mechanism]).lower()
+        ):
             continue
         if notebook is not None and bool(c.notebook) != notebook:
             continue
@@ -160,7 +185,9 @@ def torch_release(version: str | None = None) -> str:
 
 def findings_path() -> pathlib.Path:
     """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`."""
-    return pathlib.Path(os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl")
+    return pathlib.Path(
+        os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl"
+    )
 
 
 def record(finding) -> None:
@@ -203,15 +230,20 @@ def versions(case: Case, *, with_findings: bool = True, recorded: dict[str, dict
 
 def markdown(selection: list[Case] | None = None, *, with_findings: bool = False) -> str:
     """The catalogue as a markdown table (`with_findings` adds this machine's recorded verdicts): `needs` says what a
-    repro takes (cpu / gpu / multi-rank), `torch` each release's verdict, `notebook` the bug notebook if there is one."""
-    rows = ["| id | case | status | upstream | CPU | needs | torch | notebook |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    repro takes (cpu / gpu / multi-rank), `torch` each release's verdict, `notebook` the bug notebook if there is
+    one."""
+    rows = [
+        "| id | case | status | upstream | CPU | needs | torch | notebook |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     recorded = findings() if with_findings else {}
     for c in selection if selection is not None else cases():
-        refs = ", ".join(f"[{u}]({l})" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
+        refs = ", ".join(f"[{u}]({link})" for u, link in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
         nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
-        rows.append(f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {c.needs} | "
-                    f"{versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |")
+        rows.append(
+            f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {c.needs} | "
+            f"{versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |"
+        )
     return "\n".join(rows)
 
 
@@ -233,25 +265,36 @@ def text(selection: list[Case] | None = None, *, width: int = 100, with_findings
 
     release = torch_release()
     recorded = findings() if with_findings else {}
-    rows = [(c.id, c.title, c.status, c.needs, "yes" if c.notebook else "no", verdict(c, release, recorded=recorded))
-            for c in (selection if selection is not None else cases())]
+    rows = [
+        (c.id, c.title, c.status, c.needs, "yes" if c.notebook else "no", verdict(c, release, recorded=recorded))
+        for c in (selection if selection is not None else cases())
+    ]
     heads = ("id", "case", "status", "needs", "nb", f"torch {release}")
     fixed = [max([len(heads[i])] + [len(r[i]) for r in rows]) for i in (0, 3, 4, 5)]
     # What the fixed columns and the five two-space gaps leave goes to the two text columns, 3:2.
     free = max(40, width - sum(fixed) - 10)
     w_case, w_status = free * 3 // 5, free - free * 3 // 5
     widths = (fixed[0], w_case, w_status, *fixed[1:])
-    out = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip(),
-           "  ".join("-" * w for w in widths)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip(), "  ".join("-" * w for w in widths)]
     for r in rows:
-        cols = [[r[0]], textwrap.wrap(r[1], w_case, break_on_hyphens=False) or [""],
-                textwrap.wrap(r[2], w_status, break_on_hyphens=False) or [""], [r[3]], [r[4]], [r[5]]]
+        cols = [
+            [r[0]],
+            textwrap.wrap(r[1], w_case, break_on_hyphens=False) or [""],
+            textwrap.wrap(r[2], w_status, break_on_hyphens=False) or [""],
+            [r[3]],
+            [r[4]],
+            [r[5]],
+        ]
         for i in range(max(len(col) for col in cols)):
             out.append("  ".join((col[i] if i < len(col) else "").ljust(w) for col, w in zip(cols, widths)).rstrip())
     out.append("")
-    out += textwrap.wrap(f"{len(rows)} cases. needs: what a repro takes (cpu: one CPU process; gpu; multi-rank: "
-                         f"several processes); nb: a bug notebook shows it; torch {release}: the verdict recorded for "
-                         "the installed release" + (" (local: a finding of this machine)" if with_findings else "")
-                         + ". --markdown: the table with upstream links, notebooks and every release's verdict; "
-                         "--check CASE: re-run a repro here.", max(40, width))
+    out += textwrap.wrap(
+        f"{len(rows)} cases. needs: what a repro takes (cpu: one CPU process; gpu; multi-rank: "
+        f"several processes); nb: a bug notebook shows it; torch {release}: the verdict recorded for "
+        "the installed release"
+        + (" (local: a finding of this machine)" if with_findings else "")
+        + ". --markdown: the table with upstream links, notebooks and every release's verdict; "
+        "--check CASE: re-run a repro here.",
+        max(40, width),
+    )
     return "\n".join(out)

@@ -1,4 +1,8 @@
-"""Classify a Report: `works`, `error`, or one of the silent failures (gradients differ, compile fell back to eager, SAC had no effect, …), with the catalogued cases it shows."""
+"""Classify a Report: `works`, `error`, or a silent failure, with the catalogued cases it shows.
+
+Classify a Report: `works`, `error`, or one of the silent failures (gradients differ, compile fell back to eager, SAC
+had no effect, …), with the catalogued cases it shows.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,18 @@ from ..measure.report import Report, fmt_bytes, short_paths
 from . import catalogue
 
 # Most severe first.
-SEVERITY = ("grads_differ", "crashed", "timeout", "error", "fell_back_to_eager", "sac_not_applied",
-            "ac_saves_nothing", "recompiles", "graph_breaks", "works")
+SEVERITY = (
+    "grads_differ",
+    "crashed",
+    "timeout",
+    "error",
+    "fell_back_to_eager",
+    "sac_not_applied",
+    "ac_saves_nothing",
+    "recompiles",
+    "graph_breaks",
+    "works",
+)
 EXPLAIN = {
     "grads_differ": "gradients differ from the eager no-AC run: silently wrong training",
     "crashed": "the worker process died",
@@ -77,8 +91,13 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
                 flags.append("sac_not_applied")
                 like = "full AC" if _close(saved, s_full) else "no AC"
                 why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
-        if ac not in ("none", "unknown", "recipe") and none_ref is not None and none_ref.ok \
-                and saved >= none_ref.saved.total_bytes and "fell_back_to_eager" not in flags:
+        if (
+            ac not in ("none", "unknown", "recipe")
+            and none_ref is not None
+            and none_ref.ok
+            and saved >= none_ref.saved.total_bytes
+            and "fell_back_to_eager" not in flags
+        ):
             flags.append("ac_saves_nothing")
             why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"
         if c.recompiles:
@@ -132,8 +151,11 @@ def reference_scenarios(scenario) -> dict[str, Any]:
     quick = dict(check_numerics=False, measure_memory=False, steady_steps=0, memory_snapshot=None)
     label = scenario.label
     # Without AC there is no wrapper for `order` to place compile around, so the scope decides alone.
-    refs = {"none": scenario.replace(ac=ACConfig(), compile=scenario.compile.replace(order=None),
-                                     name=f"{label} [reference: no AC]", **quick)}
+    refs = {
+        "none": scenario.replace(
+            ac=ACConfig(), compile=scenario.compile.replace(order=None), name=f"{label} [reference: no AC]", **quick
+        )
+    }
     if scenario.ac.mode in _SELECTIVE:
         refs["full"] = scenario.replace(ac=ACConfig(mode="full"), name=f"{label} [reference: full AC]", **quick)
     return refs
@@ -161,8 +183,10 @@ def describe(report: Report, cl: Classification, *, references: bool | None = No
     ac = report.scenario.ac_mode
     if references is False and report.ok and ac not in ("none", "recipe", "unknown"):
         unchecked = NEED_REFERENCES if ac in _SELECTIVE else ("ac_saves_nothing",)
-        lines.append(f"  not checked: {', '.join(unchecked)} (they compare with the same setup run without AC"
-                     + (" and with full AC)" if ac in _SELECTIVE else ")"))
+        lines.append(
+            f"  not checked: {', '.join(unchecked)} (they compare with the same setup run without AC"
+            + (" and with full AC)" if ac in _SELECTIVE else ")")
+        )
     body = str(report).splitlines()
     lines.append(f"  step outcome: {report.outcome}")
     lines += body[1:]

@@ -1,4 +1,7 @@
-"""Where a sweep's cells run — this machine (`LocalExecutor`: warm or cold workers), a Slurm cluster (`SubmititExecutor`) or a Ray cluster (`RayExecutor`) — each cell one isolated subprocess, one Report.
+"""Where a sweep's cells run: this machine, Slurm (submitit) or Ray; each cell one isolated Report.
+
+Where a sweep's cells run — this machine (`LocalExecutor`: warm or cold workers), a Slurm cluster (`SubmititExecutor`)
+or a Ray cluster (`RayExecutor`) — each cell one isolated subprocess, one Report.
 
 Every executor yields `(job, report)` as cells finish; the sweep writes them into `results.jsonl` by cell key, so
 resume, dedupe and the `kill -9` guarantees are the same wherever a cell ran. A cell lost on the way (a node
@@ -19,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
-from .._config import ConfigError
+from .._config import ConfigError, check_int
 from ..measure import Report, Scenario, run
 from ..measure.isolate import crashed_report, kill_live
-from .matrix import Cell
+from .cells import Cell
 
 EXECUTORS = ("local", "submitit", "ray")
 
@@ -51,12 +54,8 @@ class Executor:
         return self.name
 
 
-def _check_positive(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(owner, name, f"{value!r} is not a whole number >= {minimum}.", f"pass e.g. {name}={max(1, minimum)}.")
-
-
 # ------------------------------------------------------------------------------------------------------- local
+
 
 @dataclass(frozen=True, kw_only=True)
 class LocalExecutor(Executor):
@@ -72,7 +71,7 @@ class LocalExecutor(Executor):
     """Measures one scenario instead of the isolated run (tests, custom measurement)."""
 
     def __post_init__(self) -> None:
-        _check_positive("LocalExecutor", "workers", self.workers)
+        check_int("LocalExecutor", "workers", self.workers, 1)
 
     def describe(self) -> str:
         if self.runner is not None:
@@ -120,8 +119,10 @@ class LocalExecutor(Executor):
 
 # ------------------------------------------------------------------------------------------------ remote cells
 
-def run_chunk(cells: list[tuple[str, dict, float | None]], threads: int | None, sweep: tuple[str, int] | None = None
-              ) -> list[tuple[str, dict]]:
+
+def run_chunk(
+    cells: list[tuple[str, dict, float | None]], threads: int | None, sweep: tuple[str, int] | None = None
+) -> list[tuple[str, dict]]:
     """Run on a node (a Slurm task, a Ray worker): each `(key, cell dict, timeout_s)` as its own isolated
     subprocess; returns `(key, report dict)` pairs. `sweep` = (host, pid) of the sweep: on that same host (submitit's
     local executor) the task exits when the sweep dies, so a `kill -9` leaves nothing running."""
@@ -137,8 +138,11 @@ def run_chunk(cells: list[tuple[str, dict, float | None]], threads: int | None, 
     try:
         for key, cell, timeout_s in cells:
             scenario = Cell(**cell).scenario()
-            report = pool.run(scenario, timeout_s, threads) if pool is not None else \
-                run(scenario, isolate=True, timeout_s=timeout_s, threads=threads)
+            report = (
+                pool.run(scenario, timeout_s, threads)
+                if pool is not None
+                else run(scenario, isolate=True, timeout_s=timeout_s, threads=threads)
+            )
             out.append((key, report.to_dict()))
     finally:
         if pool is not None:
@@ -161,7 +165,7 @@ def _watch(pid: int) -> None:
 
 
 def _chunks(jobs: list[Job], size: int) -> list[list[Job]]:
-    return [jobs[i:i + size] for i in range(0, len(jobs), size)]
+    return [jobs[i : i + size] for i in range(0, len(jobs), size)]
 
 
 def _payload(chunk: list[Job]) -> list[tuple[str, dict, float | None]]:
@@ -183,6 +187,7 @@ def _reports(chunk: list[Job], result: list[tuple[str, dict]], where: str) -> It
 
 
 # ---------------------------------------------------------------------------------------------------- submitit
+
 
 @dataclass(frozen=True, kw_only=True)
 class SubmititExecutor(Executor):
@@ -212,25 +217,39 @@ class SubmititExecutor(Executor):
     def __post_init__(self) -> None:
         own = "SubmititExecutor"
         if self.cluster not in (None, "slurm", "local", "debug"):
-            raise ConfigError(own, "cluster", f"{self.cluster!r} is not a submitit cluster.",
-                              "pass None (auto), 'slurm', 'local' or 'debug'.")
-        _check_positive(own, "time_min", self.time_min)
-        _check_positive(own, "gpus_per_cell", self.gpus_per_cell, 0)
-        _check_positive(own, "cpus_per_cell", self.cpus_per_cell)
-        _check_positive(own, "cells_per_job", self.cells_per_job)
-        _check_positive(own, "array_parallelism", self.array_parallelism)
+            raise ConfigError(
+                own,
+                "cluster",
+                f"{self.cluster!r} is not a submitit cluster.",
+                "pass None (auto), 'slurm', 'local' or 'debug'.",
+            )
+        check_int(own, "time_min", self.time_min, 1)
+        check_int(own, "gpus_per_cell", self.gpus_per_cell, 0)
+        check_int(own, "cpus_per_cell", self.cpus_per_cell, 1)
+        check_int(own, "cells_per_job", self.cells_per_job, 1)
+        check_int(own, "array_parallelism", self.array_parallelism, 1)
 
     def _executor(self, folder: pathlib.Path | None):
         try:
             import submitit
         except ImportError as e:
-            raise ConfigError("SubmititExecutor", "cluster", f"submitit is not installed ({e}).",
-                              'pip install "toolkit[cluster]" (or pip install submitit).') from None
+            raise ConfigError(
+                "SubmititExecutor",
+                "cluster",
+                f"submitit is not installed ({e}).",
+                'pip install "toolkit[cluster]" (or pip install submitit).',
+            ) from None
         where = pathlib.Path(self.folder) if self.folder else (folder or pathlib.Path("matrix-out")) / "submitit"
         ex = submitit.AutoExecutor(folder=str(where / "%j"), cluster=self.cluster)
-        params: dict[str, Any] = dict(timeout_min=self.time_min, gpus_per_node=self.gpus_per_cell,
-                                      cpus_per_task=self.cpus_per_cell, tasks_per_node=1, nodes=1,
-                                      name="toolkit-matrix", slurm_array_parallelism=self.array_parallelism)
+        params: dict[str, Any] = dict(
+            timeout_min=self.time_min,
+            gpus_per_node=self.gpus_per_cell,
+            cpus_per_task=self.cpus_per_cell,
+            tasks_per_node=1,
+            nodes=1,
+            name="toolkit-matrix",
+            slurm_array_parallelism=self.array_parallelism,
+        )
         if self.partition:
             params["slurm_partition"] = self.partition
         params.update({k if k.startswith("slurm_") else f"slurm_{k}": v for k, v in self.slurm.items()})
@@ -276,6 +295,7 @@ def _first_line(e: BaseException) -> str:
 
 # --------------------------------------------------------------------------------------------------------- ray
 
+
 @dataclass(frozen=True, kw_only=True)
 class RayExecutor(Executor):
     """A Ray cluster: one task per `cells_per_task` cells; GPU cells request `num_gpus=1`, CPU cells none.
@@ -293,8 +313,8 @@ class RayExecutor(Executor):
     """Extra `ray.init` arguments (e.g. {"runtime_env": {...}})."""
 
     def __post_init__(self) -> None:
-        _check_positive("RayExecutor", "cpus_per_cell", self.cpus_per_cell)
-        _check_positive("RayExecutor", "cells_per_task", self.cells_per_task)
+        check_int("RayExecutor", "cpus_per_cell", self.cpus_per_cell, 1)
+        check_int("RayExecutor", "cells_per_task", self.cells_per_task, 1)
 
     def describe(self) -> str:
         return f"ray ({self.address or 'this machine'})"
@@ -303,9 +323,12 @@ class RayExecutor(Executor):
         try:
             import ray
         except ImportError as e:
-            raise ConfigError("RayExecutor", "address", f"ray is not installed ({e}).",
-                              'pip install "ray[default]>=2.60" on every machine of the cluster, or use '
-                              "--executor submitit / local.") from None
+            raise ConfigError(
+                "RayExecutor",
+                "address",
+                f"ray is not installed ({e}).",
+                'pip install "ray[default]>=2.60" on every machine of the cluster, or use --executor submitit / local.',
+            ) from None
         started = not ray.is_initialized()
         if started:
             # A private Ray needs no dashboard; an existing cluster keeps whatever it was started with.
@@ -316,7 +339,8 @@ class RayExecutor(Executor):
         for chunk in _chunks(jobs, self.cells_per_task):
             gpu = any(j.scenario().model_config.device_type == "cuda" for j in chunk)
             ref = task.options(num_cpus=self.cpus_per_cell, num_gpus=1 if gpu else 0).remote(
-                _payload(chunk), self.cpus_per_cell, None)
+                _payload(chunk), self.cpus_per_cell, None
+            )
             refs[ref] = chunk
         try:
             while refs:
@@ -337,22 +361,37 @@ class RayExecutor(Executor):
                 ray.shutdown()
 
 
-def make(executor: str | Executor, *, workers: int = 1, warm: bool = True,
-         runner: Callable[[Scenario], Report] | None = None, **options: Any) -> Executor:
+def make(
+    executor: str | Executor,
+    *,
+    workers: int = 1,
+    warm: bool = True,
+    runner: Callable[[Scenario], Report] | None = None,
+    **options: Any,
+) -> Executor:
     """An Executor from its name (`local`, `submitit`, `ray`) and options, or the one given."""
     if isinstance(executor, Executor):
         if runner is not None and not isinstance(executor, LocalExecutor):
-            raise ConfigError("sweep", "runner", "a custom runner only runs on this machine.",
-                              "drop runner=, or use executor='local'.")
+            raise ConfigError(
+                "sweep",
+                "runner",
+                "a custom runner only runs on this machine.",
+                "drop runner=, or use executor='local'.",
+            )
         return executor
     if executor == "local":
         return LocalExecutor(workers=workers, warm=warm, runner=runner)
     if runner is not None:
-        raise ConfigError("sweep", "runner", "a custom runner only runs on this machine.",
-                          "drop runner=, or use executor='local'.")
+        raise ConfigError(
+            "sweep", "runner", "a custom runner only runs on this machine.", "drop runner=, or use executor='local'."
+        )
     if executor == "submitit":
         return SubmititExecutor(**options)
     if executor == "ray":
         return RayExecutor(**options)
-    raise ConfigError("sweep", "executor", f"{executor!r} is not an executor.",
-                      f"pass one of {', '.join(map(repr, EXECUTORS))}, or an Executor instance.")
+    raise ConfigError(
+        "sweep",
+        "executor",
+        f"{executor!r} is not an executor.",
+        f"pass one of {', '.join(map(repr, EXECUTORS))}, or an Executor instance.",
+    )

@@ -1,4 +1,7 @@
-"""Sweeping the matrix: every cell isolated (a subprocess with a timeout, here or on a cluster), results appended to `results.jsonl` as each cell finishes, re-runs resume.
+"""Sweeping the matrix: every cell isolated, appended to `results.jsonl` as it finishes; re-runs resume.
+
+Sweeping the matrix: every cell isolated (a subprocess with a timeout, here or on a cluster), results appended to
+`results.jsonl` as each cell finishes, re-runs resume.
 
 `results.jsonl` holds one record per line, `{"key", "cell", "report", "limit_s"}`, keyed by scenario, torch version
 and device (`matrix.cell_key`); the last record of a key wins. A re-run skips cells already there, except
@@ -12,7 +15,6 @@ import contextlib
 import json
 import os
 import pathlib
-import re
 import shutil
 import socket
 import sys
@@ -21,18 +23,20 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .._config import ConfigError
+from .._config import ConfigError, check_int, check_seconds
 from ..measure import Report
 from ..measure import environment as run_environment
+from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
 from .classification import EXPLAIN, classify
-from .executors import EXECUTORS, Executor, Job, make
-from .matrix import Cell, MatrixResult, Row, cell_key, full_cells, quick_cells, torchtitan_cells, valid
+from .executors import Executor, Job, make
+from .matrix import MatrixResult, Row
 
 RESULTS = "results.jsonl"
 LOCK = ".sweep.lock"
 
 
 # ------------------------------------------------------------------------------------------------ results.jsonl
+
 
 def _records(path: pathlib.Path) -> dict[str, dict]:
     """key → the last valid record for it (a torn line, e.g. after `kill -9`, is skipped)."""
@@ -98,8 +102,10 @@ def merge_results(sources: Iterable[str | os.PathLike], into: str | os.PathLike)
         for src in sources:
             for key, rec in _records(pathlib.Path(src)).items():
                 mine = have.get(key)
-                if mine is not None and (mine["_report"].outcome not in ("crashed", "timeout")
-                                         or rec["_report"].outcome in ("crashed", "timeout")):
+                if mine is not None and (
+                    mine["_report"].outcome not in ("crashed", "timeout")
+                    or rec["_report"].outcome in ("crashed", "timeout")
+                ):
                     continue
                 f.write(json.dumps({k: v for k, v in rec.items() if not k.startswith("_")}) + "\n")
                 have[key] = rec
@@ -120,14 +126,19 @@ class _Folder:
     def __enter__(self) -> "_Folder":
         p = self.path
         if p.exists() and not p.is_dir():
-            raise ConfigError("sweep", "out", f"{str(p)!r} is a file, not a folder.",
-                              "pass a folder (created if missing), or move the file away.")
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"{str(p)!r} is a file, not a folder.",
+                "pass a folder (created if missing), or move the file away.",
+            )
         try:
             p.mkdir(parents=True, exist_ok=True)
             lock = open(p / LOCK, "a+")
         except OSError as e:
-            raise ConfigError("sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).",
-                              "pass a folder you can write to.") from None
+            raise ConfigError(
+                "sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).", "pass a folder you can write to."
+            ) from None
         import fcntl
 
         try:
@@ -136,8 +147,12 @@ class _Folder:
             lock.seek(0)
             who = lock.read().strip() or "another process"
             lock.close()
-            raise ConfigError("sweep", "out", f"another sweep is writing into {str(p)!r} ({who}).",
-                              "wait for it to finish, or pass another folder.") from None
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"another sweep is writing into {str(p)!r} ({who}).",
+                "wait for it to finish, or pass another folder.",
+            ) from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -149,8 +164,12 @@ class _Folder:
             repair_tail(self.results)
         except OSError as e:
             self.__exit__()
-            raise ConfigError("sweep", "out", f"cannot write {str(self.results)!r} ({e.strerror or e}).",
-                              "pass a folder you can write to.") from None
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"cannot write {str(self.results)!r} ({e.strerror or e}).",
+                "pass a folder you can write to.",
+            ) from None
         return self
 
     def append(self, rec: dict) -> None:
@@ -169,6 +188,7 @@ class _Folder:
 
 # --------------------------------------------------------------------------------------------------- progress
 
+
 class Progress:
     """Cells done, findings (any label but `works`), lost cells (crashed / timeout) and the last finished cell.
     On a terminal a tqdm bar sized to it (time left appears once a cell has finished); elsewhere a line per cell."""
@@ -183,8 +203,15 @@ class Progress:
         if self.enabled and self.tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=done, file=self.stream, dynamic_ncols=True, unit="cell",
-                             desc="matrix", bar_format="{desc} {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining} {postfix}")
+            self._bar = tqdm(
+                total=total,
+                initial=done,
+                file=self.stream,
+                dynamic_ncols=True,
+                unit="cell",
+                desc="matrix",
+                bar_format="{desc} {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining} {postfix}",
+            )
 
     def finish(self, cell: Cell, label: str) -> None:
         self.done += 1
@@ -208,16 +235,10 @@ class Progress:
 
 # ------------------------------------------------------------------------------------------------------ sweep
 
+
 def environment() -> dict[str, Any]:
     """The runner's environment plus the device the cells run on (part of every cell's cache key)."""
     return {**run_environment(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
-
-
-def _check_limit(owner: str, timeout_s: Any) -> None:
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or not timeout_s > 0 or timeout_s != timeout_s or timeout_s == float("inf")):
-        raise ConfigError(owner, "timeout_s", f"{timeout_s!r} is not a positive number of seconds.",
-                          "pass e.g. 600, or None for no limit.")
 
 
 STACKS = ("toolkit", "torchtitan", "all")
@@ -227,8 +248,12 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
     """The cells of a sweep: the quick or full toolkit sweep, torchtitan's own models, or both. torchtitan is
     checked for before anything runs."""
     if stack not in STACKS:
-        raise ConfigError("sweep", "stack", f"{stack!r} is not one of {', '.join(STACKS)}.",
-                          "pass stack='toolkit' (the default), 'torchtitan' or 'all'.")
+        raise ConfigError(
+            "sweep",
+            "stack",
+            f"{stack!r} is not one of {', '.join(STACKS)}.",
+            "pass stack='toolkit' (the default), 'torchtitan' or 'all'.",
+        )
     cells = [] if stack == "torchtitan" else (quick_cells(backends) if quick else full_cells(backends))
     if stack != "toolkit":
         from ..stacks.torchtitan import require
@@ -238,21 +263,30 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
     return cells
 
 
-def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None = None, quick: bool = True,
-          backends: Iterable[str] = ("aot_eager",), workers: int = 1, timeout_s: float | None = 600,
-          progress: bool = True, runner: Callable[..., Report] | None = None,
-          executor: str | Executor = "local", warm: bool = True, stack: str = "toolkit",
-          **executor_options: Any) -> MatrixResult:
+def sweep(
+    cells: Iterable[Cell] | None = None,
+    *,
+    out: str | os.PathLike | None = None,
+    quick: bool = True,
+    backends: Iterable[str] = ("aot_eager",),
+    workers: int = 1,
+    timeout_s: float | None = 600,
+    progress: bool = True,
+    runner: Callable[..., Report] | None = None,
+    executor: str | Executor = "local",
+    warm: bool = True,
+    stack: str = "toolkit",
+    **executor_options: Any,
+) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
     there (same scenario, torch version and device) are not run again, `crashed` ones and shorter-limit timeouts
     are. `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
     torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
     `cells` is given. Writes matrix.json/.md/.html to `out`."""
-    _check_limit("sweep", timeout_s)
+    check_seconds("sweep", "timeout_s", timeout_s)
     cells = list(cells) if cells is not None else default_cells(quick=quick, backends=tuple(backends), stack=stack)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError("sweep", "workers", f"{workers!r} is not a whole number >= 1.", "pass e.g. workers=2.")
+    check_int("sweep", "workers", workers, 1)
     ex = make(executor, workers=workers, warm=warm, runner=runner, **executor_options)
     runnable = [c for c in cells if valid(c) is None]
     device = environment()["device"]
@@ -263,21 +297,28 @@ def sweep(cells: Iterable[Cell] | None = None, *, out: str | os.PathLike | None 
         done = {k: (r["_cell"], r["_report"]) for k, r in records.items()}
         pending = [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s)]
         if progress and pending:
-            print(f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
-                  + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
+                + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
         try:
             for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
-                    folder.append({"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(),
-                                   "limit_s": timeout_s})
+                    folder.append(
+                        {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
+                    )
                 bar.finish(job.cell, classify(report).label)
         finally:
             bar.close()
-        result = MatrixResult([Row(keys[c], c, done[keys[c]][1]) for c in runnable], environment(),
-                              _other_releases(records, set(runnable), set(keys.values())))
+        result = MatrixResult(
+            [Row(keys[c], c, done[keys[c]][1]) for c in runnable],
+            environment(),
+            _other_releases(records, set(runnable), set(keys.values())),
+        )
         if out is not None:
             result.write(out)
     return result
@@ -303,8 +344,10 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
     lines = [str(result)]
     for label, n in result.counts().items():
         lines.append(f"  {label:20} {n:4d}  {EXPLAIN[label]}")
-    bad = sorted((r for r in result.rows if r.classification.label != "works"),
-                 key=lambda r: (r.classification.severity, r.cell.label))
+    bad = sorted(
+        (r for r in result.rows if r.classification.label != "works"),
+        key=lambda r: (r.classification.severity, r.cell.label),
+    )
     if bad:
         lines.append(f"\nnot works ({len(bad)}):")
     for r in bad:
@@ -323,131 +366,28 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:max(10, width - 1)] + "…"
+    return text if len(text) <= width else text[: max(10, width - 1)] + "…"
 
 
-# -------------------------------------------------------------------------------------------------------- CLI
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from ..transforms.compile import BACKENDS
-
-    def seconds(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds (e.g. 600)")
-        return v
-
-    def count(minimum: int):
-        def parse(text: str) -> int:
-            try:
-                v = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-            if v < minimum:
-                raise argparse.ArgumentTypeError(f"{v} is below {minimum}")
-            return v
-        return parse
-
-    parser = argparse.ArgumentParser(prog="python -m toolkit matrix", description=__doc__.splitlines()[0])
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, a minute on a laptop)")
-    size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
-    parser.add_argument("--backend", action="append", choices=BACKENDS, help="repeat for several (default aot_eager)")
-    parser.add_argument("--stack", choices=STACKS, default="toolkit",
-                        help="the toolkit's model (default), torchtitan's own models and transforms "
-                             "(pip install -e '.[torchtitan]'), or all")
-    parser.add_argument("--only", metavar="REGEX", help="only cells whose label matches, e.g. '^dense \\| AC full'")
-    parser.add_argument("--timeout-s", type=seconds, default=600.0, help="per cell (default 600)")
-    parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
-    parser.add_argument("--merge", nargs="+", metavar="RESULTS", default=[],
-                        help="first merge these results.jsonl files (from other machines) into OUT, by cell key")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--executor", choices=EXECUTORS, default="local", help="where cells run (default local)")
-    loc = parser.add_argument_group("--executor local")
-    loc.add_argument("--workers", type=count(1), default=max(1, min(2, os.cpu_count() or 1)))
-    loc.add_argument("--cold", action="store_true", help="a fresh Python per cell instead of the warm fork server")
-    sub = parser.add_argument_group("--executor submitit (Slurm; without Slurm, local processes)")
-    sub.add_argument("--cluster", choices=["slurm", "local", "debug"], help="default: slurm if sbatch is found")
-    sub.add_argument("--partition", help="Slurm partition")
-    sub.add_argument("--time-min", type=count(1), default=60, help="time limit per task, minutes (default 60)")
-    sub.add_argument("--gpus-per-cell", type=count(0), default=0)
-    sub.add_argument("--array-parallelism", type=count(1), default=64, help="array tasks at once (default 64)")
-    both = parser.add_argument_group("--executor submitit and ray")
-    both.add_argument("--cpus-per-cell", type=count(1), default=None, help="default 2 (submitit), 1 (ray)")
-    both.add_argument("--cells-per-job", type=count(1), default=1, help="cells per task, run in turn (default 1)")
-    ray = parser.add_argument_group("--executor ray")
-    ray.add_argument("--address", help="an existing Ray cluster ('auto', or ray://HEAD:10001); default: start one here")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check the options, the cells and the --merge files, say how many cells would run "
-                             "(and how many OUT already holds), then exit without running or writing anything")
-    args = parser.parse_args(argv)
-
-    backends = args.backend or ["aot_eager"]
-    try:
-        cells = default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
-    except (ConfigError, ImportError) as e:
-        parser.error(f"--stack {args.stack}: {e}")
-    if args.only:
-        try:
-            pattern = re.compile(args.only)
-        except re.error as e:
-            parser.error(f"--only: {e}")
-        cells = [c for c in cells if pattern.search(c.label)]
-        if not cells:
-            parser.error(f"--only {args.only!r} matches no cell of the {'full' if args.full else 'quick'} sweep")
-    options: dict[str, Any] = {}
-    if args.executor == "submitit":
-        options = dict(cluster=args.cluster, partition=args.partition, time_min=args.time_min,
-                       gpus_per_cell=args.gpus_per_cell, cpus_per_cell=args.cpus_per_cell or 2,
-                       cells_per_job=args.cells_per_job, array_parallelism=args.array_parallelism)
-    elif args.executor == "ray":
-        options = dict(address=args.address, cpus_per_cell=args.cpus_per_cell or 1, cells_per_task=args.cells_per_job)
-    if args.dry_run:
-        return _dry_run(args, cells, options)
-    try:
-        if args.merge:
-            for src in args.merge:
-                if not pathlib.Path(src).is_file():
-                    raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
-            with _Folder(args.out) as f:
-                added = merge_results(args.merge, f.results)
-            print(f"merged {added} records into {args.out}/{RESULTS}", file=sys.stderr)
-        result = sweep(cells, out=args.out, workers=args.workers, timeout_s=args.timeout_s,
-                       progress=not args.no_progress, executor=args.executor, warm=not args.cold, **options)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(summary(result))
-    print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/{RESULTS})")
-    return 0
-
-
-def _dry_run(args: Any, cells: list[Cell], options: dict[str, Any]) -> int:
-    """`matrix --dry-run`: what the sweep would do, without running a cell or writing a file."""
-    from .._extras import available, reason
-
-    try:
-        ex = make(args.executor, workers=args.workers, warm=not args.cold, **options)
-        for src in args.merge:
-            if not pathlib.Path(src).is_file():
-                raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.executor in ("submitit", "ray") and not available(args.executor):
-        print(f"error: --executor {args.executor} {reason(args.executor)}", file=sys.stderr)
-        return 2
+def plan(
+    cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600
+) -> tuple[list[Cell], list[Cell]]:
+    """`(runnable, pending)`: the cells that can be built, and those of them `sweep` would run into `out` (not in
+    its results.jsonl yet, crashed, or timed out under a shorter limit) — read only, nothing is run or written."""
+    check_seconds("sweep", "timeout_s", timeout_s)
     runnable = [c for c in cells if valid(c) is None]
-    device = environment()["device"]
-    results = pathlib.Path(args.out) / RESULTS
+    results = pathlib.Path(out) / RESULTS
     records = _records(results) if results.is_file() else {}
-    pending = [c for c in runnable if _needs_run(records.get(cell_key(c.scenario(), device)), args.timeout_s)]
-    print(f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left out), "
-          f"{len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in {results}"
-          + (f"; would first merge {len(args.merge)} results file(s)" if args.merge else "") + ". Nothing was run.")
-    return 0
+    device = environment()["device"]
+    return runnable, [c for c in runnable if _needs_run(records.get(cell_key(c.scenario(), device)), timeout_s)]
+
+
+def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> int:
+    """`merge_results` into `out/results.jsonl`, holding the folder's lock as a sweep does; each source must be a
+    file. Returns how many records were added."""
+    sources = list(sources)
+    for src in sources:
+        if not pathlib.Path(src).is_file():
+            raise ConfigError("matrix", "merge", f"{str(src)!r} is not a file.", "pass results.jsonl files.")
+    with _Folder(out) as folder:
+        return merge_results(sources, folder.results)

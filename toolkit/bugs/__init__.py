@@ -1,4 +1,7 @@
-"""Bug-notebook support: a case's header, a version-aware verdict checked against its catalogue signature, standalone repros.
+"""Bug-notebook support: a case's header, a version-aware verdict against its signature, standalone repros.
+
+Bug-notebook support: a case's header, a version-aware verdict checked against its catalogue signature, standalone
+repros.
 
 A bug notebook prints `header(case)`, reproduces the case (a `Scenario` run, or a standalone torch-only script from
 `toolkit.bugs.standalone`), and calls `confirm(case, report_or_observations)`. `confirm` checks the catalogue signature:
@@ -15,8 +18,8 @@ import importlib
 import inspect
 import json
 import pathlib
-import platform
 import pkgutil
+import platform
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -72,7 +75,7 @@ def _fmt(v: Any) -> str:
 def header(case_id: str) -> None:
     """Print a case's title, symptom, mechanism, status, upstream links and this run's environment."""
     c = catalogue.get(case_id)
-    refs = ", ".join(f"{u} <{l}>" for u, l in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
+    refs = ", ".join(f"{u} <{link}>" for u, link in zip(c.upstream, c.links)) if c.links else ", ".join(c.upstream)
     verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "no verdict recorded"
     where = f"CUDA ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "CPU only"
     print(f"{c.id} · {c.title}")
@@ -93,8 +96,12 @@ def observe(report: Report, classification: str | None = None) -> dict[str, Any]
     if report.error is not None:
         out["error"] = error_line(report.error.type, report.error.message)
     if c.requested:
-        out.update(graphs=c.graphs, graph_breaks=c.graph_breaks, recompiles=len(c.recompiles),
-                   fell_back_to_eager=c.fell_back_to_eager)
+        out.update(
+            graphs=c.graphs,
+            graph_breaks=c.graph_breaks,
+            recompiles=len(c.recompiles),
+            fell_back_to_eager=c.fell_back_to_eager,
+        )
     if report.ok:
         out["saved_bytes"] = report.saved.total_bytes
         if report.numerics.compared:
@@ -109,8 +116,9 @@ def error_line(type_name: str, message: str) -> str:
     return f"{type_name.rsplit('.', 1)[-1]}: {first[:200]}"
 
 
-def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Report] | None = None,
-            record: bool = True) -> Finding:
+def confirm(
+    case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Report] | None = None, record: bool = True
+) -> Finding:
     """Check `result` against the case's catalogue signature; raise if the catalogue says this torch reproduces it
     and the run did not; otherwise return the Finding (recorded when the verdict is new for this torch)."""
     c = catalogue.get(case_id)
@@ -125,11 +133,14 @@ def confirm(case_id: str, result: Report | dict[str, Any], *, refs: dict[str, Re
         reproduced = c.matches_observed(observed)
     release = torch_release()
     catalogued = expected(case_id)
-    finding = Finding(case=case_id, torch=torch.__version__, reproduced=reproduced, observed=observed,
-                      catalogued=catalogued)
+    finding = Finding(
+        case=case_id, torch=torch.__version__, reproduced=reproduced, observed=observed, catalogued=catalogued
+    )
     if not reproduced and catalogued == "reproduced":
-        raise AssertionError(f"{case_id} is catalogued as reproducing on torch {release}, but this run did not show "
-                             f"its signature {json.dumps(c.signature)}.\n{finding}")
+        raise AssertionError(
+            f"{case_id} is catalogued as reproducing on torch {release}, but this run did not show "
+            f"its signature {json.dumps(c.signature)}.\n{finding}"
+        )
     if record and catalogued not in (("reproduced",) if reproduced else ("fixed", "not reproduced")):
         catalogue.record(finding)
     return finding
@@ -168,10 +179,11 @@ def _index() -> dict[str, str]:
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
         path = pathlib.Path(pkg.__path__[0]) / f"{info.name}.py"
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("CASE", "CASES")
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id in ("CASE", "CASES") for t in node.targets
+            ):
                 value = ast.literal_eval(node.value)
-                for cid in ([value] if isinstance(value, str) else list(value)):
+                for cid in [value] if isinstance(value, str) else list(value):
                     out.setdefault(cid, info.name)
     return out
 

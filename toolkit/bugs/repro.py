@@ -35,8 +35,15 @@ class Bundle:
         return [p.name for p in (self.script, self.notebook, self.environment, self.trace) if p is not None]
 
 
-def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | None = None, case: str | None = None,
-           trace: bool = False, timeout_s: float = 600) -> Bundle:
+def export(
+    report: Report,
+    path: str | pathlib.Path,
+    *,
+    scenario: Scenario | None = None,
+    case: str | None = None,
+    trace: bool = False,
+    timeout_s: float = 600,
+) -> Bundle:
     """Write `PATH.py`, `PATH.ipynb` and `PATH.env.json` reproducing `report`'s scenario and asserting its outcome
     (and, with `case`, that the catalogue case is recognised). `trace=True` also re-runs the script once with
     `TORCH_TRACE=PATH.trace` so the bundle carries Dynamo/AOT/Inductor structured logs (`pip install tlparse`)."""
@@ -45,8 +52,10 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
     if case is not None:
         shown = classify(report).cases
         if case not in shown:
-            raise ValueError(f"case={case!r}: this report does not show {case}'s catalogue signature (it shows "
-                             f"{', '.join(shown) or 'no catalogued case'}); pass one of those or case=None.")
+            raise ValueError(
+                f"case={case!r}: this report does not show {case}'s catalogue signature (it shows "
+                f"{', '.join(shown) or 'no catalogued case'}); pass one of those or case=None."
+            )
     scenario = scenario if scenario is not None else report.scenario.to_scenario()
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,8 +68,8 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
     if case is not None:
         checks.append(f"assert {case!r} in tk.classify(report).cases, 'catalogue case {case} not recognised'")
     setup = textwrap.dedent(f"""\
-        # Reproduces: {report.scenario.name or case or 'scenario'}
-        # Observed with torch {report.environment.get('torch', '?')}: {report.outcome}
+        # Reproduces: {report.scenario.name or case or "scenario"}
+        # Observed with torch {report.environment.get("torch", "?")}: {report.outcome}
         import platform
 
         import torch
@@ -77,10 +86,15 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
     py.write_text(setup + check)
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# Repro: {report.scenario.name or case or 'scenario'}\n\n"
-                                              f"Observed outcome: **{report.outcome}** "
-                                              f"(torch {report.environment.get('torch', '?')})."),
-                nbformat.v4.new_code_cell(setup.strip()), nbformat.v4.new_code_cell(check.strip())]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            f"# Repro: {report.scenario.name or case or 'scenario'}\n\n"
+            f"Observed outcome: **{report.outcome}** "
+            f"(torch {report.environment.get('torch', '?')})."
+        ),
+        nbformat.v4.new_code_cell(setup.strip()),
+        nbformat.v4.new_code_cell(check.strip()),
+    ]
     ipynb = path.with_suffix(".ipynb")
     nbformat.write(nb, str(ipynb))
     env = path.with_suffix(".env.json")
@@ -93,6 +107,8 @@ def export(report: Report, path: str | pathlib.Path, *, scenario: Scenario | Non
         done = subprocess.run([sys.executable, str(py)], env=run_env, capture_output=True, text=True, timeout=timeout_s)
         (trace_dir / "script-output.txt").write_text(done.stdout + done.stderr)
         if not any(p.name.startswith("dedicated_log_torch_trace") for p in trace_dir.iterdir()):
-            raise RuntimeError(f"the script ran (exit {done.returncode}) but wrote no TORCH_TRACE log into {trace_dir}; "
-                               f"is compile requested in this scenario? Output:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(
+                f"the script ran (exit {done.returncode}) but wrote no TORCH_TRACE log into {trace_dir}; "
+                f"is compile requested in this scenario? Output:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
     return Bundle(script=py, notebook=ipynb, environment=env, trace=trace_dir)

@@ -1,4 +1,8 @@
-"""`run_distributed(scenario, nproc=2)`: one scenario on N ranks under torchrun (gloo, 127.0.0.1 only), one Report per rank merged into one view."""
+"""`run_distributed(scenario, nproc=2)`: one scenario on N ranks under torchrun (gloo, 127.0.0.1).
+
+`run_distributed(scenario, nproc=2)`: one scenario on N ranks under torchrun (gloo, 127.0.0.1 only), one Report per rank
+merged into one view.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import ConfigError, check_int
+from .._config import check_int, check_seconds
 from .report import Report, fmt_bytes, fmt_measured_bytes
 from .scenario import Scenario
 
@@ -50,15 +54,19 @@ class DistributedReport:
         if not self.ranks:
             return f"no rank reported{': ' + self.stderr_tail if self.stderr_tail else ''}"
         first = self.ranks[0]
-        lines = [f"{first.scenario.name}: {len(self.ranks)} ranks, "
-                 f"{'ok' if self.ok else ', '.join(sorted({r.outcome for r in self.ranks}))}",
-                 f"  {'rank':<6}{'outcome':>9}{'saved':>12}{'held':>12}{'peak':>12}{'graphs':>8}  collectives"]
+        lines = [
+            f"{first.scenario.name}: {len(self.ranks)} ranks, "
+            f"{'ok' if self.ok else ', '.join(sorted({r.outcome for r in self.ranks}))}",
+            f"  {'rank':<6}{'outcome':>9}{'saved':>12}{'held':>12}{'peak':>12}{'graphs':>8}  collectives",
+        ]
         for r in self.ranks:
             d = r.distributed
             calls = ", ".join(f"{k} x{v}" for k, v in d.collectives.items()) or "-"
-            lines.append(f"  {d.rank:<6}{r.outcome:>9}{fmt_bytes(r.saved.total_bytes):>12}"
-                         f"{fmt_measured_bytes(r.memory.held_after_forward_bytes):>12}"
-                         f"{fmt_measured_bytes(r.memory.peak_bytes):>12}{r.compile.graphs:>8}  {calls}")
+            lines.append(
+                f"  {d.rank:<6}{r.outcome:>9}{fmt_bytes(r.saved.total_bytes):>12}"
+                f"{fmt_measured_bytes(r.memory.held_after_forward_bytes):>12}"
+                f"{fmt_measured_bytes(r.memory.peak_bytes):>12}{r.compile.graphs:>8}  {calls}"
+            )
             if r.error is not None:
                 lines.append(f"        error at {r.error.stage}: {r.error.message.splitlines()[0][:160]}")
         return "\n".join(lines)
@@ -71,16 +79,33 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
     if not isinstance(scenario, Scenario):
         raise TypeError(f"run_distributed() needs a Scenario, got {type(scenario).__name__}")
     check_int("run_distributed", "nproc", nproc, 1)
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ConfigError("run_distributed", "timeout_s", f"{timeout_s!r} is not a positive number.", "pass e.g. 900.")
+    check_seconds("run_distributed", "timeout_s", timeout_s)
     with tempfile.TemporaryDirectory(prefix="toolkit-ranks-") as tmp:
         spec = pathlib.Path(tmp, "scenario.json")
         spec.write_text(scenario.to_json())
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", "1",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "toolkit.measure.rank_worker",
-               str(spec), tmp]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))}
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--nnodes",
+            "1",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "toolkit.measure.rank_worker",
+            str(spec),
+            tmp,
+        ]
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": "lo",
+            "MASTER_ADDR": "127.0.0.1",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
+        }
         try:
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
             tail = "" if done.returncode == 0 else " | ".join(done.stderr.strip().splitlines()[-8:])

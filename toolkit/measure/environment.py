@@ -1,4 +1,7 @@
-"""The one home of `environment()`: what a Report records about the machine it ran on (torch, python, CPU, threads, GPU)."""
+"""`environment()`: what a Report records about the machine it ran on (torch, python, CPU, GPU).
+
+The one home of `environment()`: what a Report records about the machine it ran on (torch, python, CPU, threads, GPU).
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,15 @@ def _cpu_model() -> str:
 def environment() -> dict[str, Any]:
     """torch and python versions, platform, CPU model, cores and the intra-op threads the step ran with (CPU peak
     memory depends on both: kernel workspaces), and the GPU if any."""
-    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
-                           "platform": platform.platform(terse=True), "cpu": _cpu_model(),
-                           "cores": os.cpu_count() or 0, "threads": torch.get_num_threads(),
-                           "cuda": torch.cuda.is_available()}
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count() or 0,
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     missing = [f.name for f in compat.missing()]

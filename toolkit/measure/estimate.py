@@ -11,8 +11,8 @@ the same; per-op SAC and memory budgets need the compiled run), and routed exper
 (`grouped_mm`, or `masked`): fake tensors have no values, so data-dependent split sizes (`for_loop`,
 `nonzero`, `bincount` counts) cannot be known. Autograd never sums gradients in place into a tensor subclass, so
 where a parameter gets several gradient contributions (the `masked` experts' `w[e]` slices) the peak comes out a
-few percent high (3 % at the test size; `grouped_mm` agrees exactly). Attention saves what the CPU SDPA kernel saves; CUDA's flash /
-efficient kernels keep a different (smaller) set — compare with `benchmarks/gpu_validation.py` on a GPU.
+few percent high (3 % at the test size; `grouped_mm` agrees exactly). Attention saves what the CPU SDPA kernel saves;
+CUDA's flash / efficient kernels keep a different (smaller) set — compare with `benchmarks/gpu_validation.py` on a GPU.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from ..compat import TorchDispatchMode
-from ..compat import tree_leaves
 
 from .. import compat
 from .._config import ConfigError
+from ..compat import TorchDispatchMode, tree_leaves
 from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..transforms import ACConfig, apply_ac
 from ..transforms.naming import module_names
@@ -43,13 +42,40 @@ CUDA_BLOCK = 512
 
 # Shapes of published MoE layers (one block; attention stays the toolkit's multi-head attention, not MLA / GQA).
 LAYER_SHAPES: dict[str, ModelConfig] = {
-    "deepseek_v3_layer": ModelConfig(n_layers=1, dim=7168, n_heads=128, ffn_hidden=18432, vocab_size=129280,
-                                     seq_len=4096, batch=1, dtype="bfloat16", n_experts=256, top_k=8, moe_hidden=2048,
-                                     n_shared_experts=1, score_func="sigmoid", route_norm=True, route_scale=2.5,
-                                     experts_impl="grouped_mm"),
-    "llama4_scout_layer": ModelConfig(n_layers=1, dim=5120, n_heads=40, ffn_hidden=16384, vocab_size=202048,
-                                      seq_len=8192, batch=1, dtype="bfloat16", n_experts=16, top_k=1, moe_hidden=8192,
-                                      n_shared_experts=1, score_func="sigmoid", experts_impl="grouped_mm"),
+    "deepseek_v3_layer": ModelConfig(
+        n_layers=1,
+        dim=7168,
+        n_heads=128,
+        ffn_hidden=18432,
+        vocab_size=129280,
+        seq_len=4096,
+        batch=1,
+        dtype="bfloat16",
+        n_experts=256,
+        top_k=8,
+        moe_hidden=2048,
+        n_shared_experts=1,
+        score_func="sigmoid",
+        route_norm=True,
+        route_scale=2.5,
+        experts_impl="grouped_mm",
+    ),
+    "llama4_scout_layer": ModelConfig(
+        n_layers=1,
+        dim=5120,
+        n_heads=40,
+        ffn_hidden=16384,
+        vocab_size=202048,
+        seq_len=8192,
+        batch=1,
+        dtype="bfloat16",
+        n_experts=16,
+        top_k=1,
+        moe_hidden=8192,
+        n_shared_experts=1,
+        score_func="sigmoid",
+        experts_impl="grouped_mm",
+    ),
 }
 
 
@@ -72,8 +98,10 @@ class Estimate:
     def __str__(self) -> str:
         name = self.scenario.get("name") or "scenario"
         rounding = "CUDA rounding" if self.cuda_rounding else "exact bytes"
-        lines = [f"estimate {name} ({rounding}): saved {fmt_bytes(self.saved_bytes)}, peak {fmt_bytes(self.peak_bytes)}, "
-                 f"parameters {fmt_bytes(self.params_bytes)}"]
+        lines = [
+            f"estimate {name} ({rounding}): saved {fmt_bytes(self.saved_bytes)}, peak {fmt_bytes(self.peak_bytes)}, "
+            f"parameters {fmt_bytes(self.params_bytes)}"
+        ]
         for mod, n in sorted(self.saved_by_module.items(), key=lambda kv: -kv[1])[:8]:
             lines.append(f"  {mod or '(model)':<34} {fmt_bytes(n):>10}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -94,28 +122,54 @@ def check(scenario: Scenario) -> list[str]:
     own = "estimate"
     m = scenario.model
     if scenario.recipe is not None:
-        raise ConfigError(own, "recipe", f"recipe {scenario.recipe!r} compiles; estimates run the eager graph.",
-                          "estimate the recipe's AC without compile (e.g. ACConfig(mode='selective_op')).")
+        raise ConfigError(
+            own,
+            "recipe",
+            f"recipe {scenario.recipe!r} compiles; estimates run the eager graph.",
+            "estimate the recipe's AC without compile (e.g. ACConfig(mode='selective_op')).",
+        )
     if scenario.compile.scope != "none":
-        raise ConfigError(own, "compile", "estimates run the eager graph on fake tensors, not a compiled one.",
-                          "pass CompileConfig() (full AC saves the same compiled or not); measure compiled runs with tk.run.")
+        raise ConfigError(
+            own,
+            "compile",
+            "estimates run the eager graph on fake tensors, not a compiled one.",
+            "pass CompileConfig() (full AC saves the same compiled or not); measure compiled runs with tk.run.",
+        )
     if scenario.ac.mode == "memory_budget":
         raise ConfigError(own, "ac.mode", "a memory budget only acts in compiled graphs.", "use tk.run for it.")
     if m.has_moe:
         if m.experts_impl in ("for_loop", "nonzero"):
-            raise ConfigError(own, "model.experts_impl", f"{m.experts_impl!r} experts split tokens by data-dependent "
-                              "counts, which fake tensors cannot know.", "use experts_impl='grouped_mm' or 'masked'.")
+            raise ConfigError(
+                own,
+                "model.experts_impl",
+                f"{m.experts_impl!r} experts split tokens by data-dependent counts, which fake tensors cannot know.",
+                "use experts_impl='grouped_mm' or 'masked'.",
+            )
         if m.token_count == "bincount":
-            raise ConfigError(own, "model.token_count", "bincount has a data-dependent output shape.",
-                              "use token_count='scatter' (torchtitan) or 'histc'.")
+            raise ConfigError(
+                own,
+                "model.token_count",
+                "bincount has a data-dependent output shape.",
+                "use token_count='scatter' (torchtitan) or 'histc'.",
+            )
         if m.experts_impl == "grouped_mm" and m.dtype != "bfloat16" and m.layout == "torchtitan_2025":
-            raise ConfigError(own, "model.dtype", "torch._grouped_mm's meta kernel accepts only bfloat16 on CPU (C14).",
-                              "use ModelConfig(dtype='bfloat16') or experts_impl='masked'.")
+            raise ConfigError(
+                own,
+                "model.dtype",
+                "torch._grouped_mm's meta kernel accepts only bfloat16 on CPU (C14).",
+                "use ModelConfig(dtype='bfloat16') or experts_impl='masked'.",
+            )
     if m.attention == "flex":
-        raise ConfigError(own, "model.attention", "FlexAttention cannot run its backward on CPU fake tensors.",
-                          "use attention='sdpa'.")
-    notes = ["attention saves what CPU SDPA saves; CUDA flash/efficient kernels keep less",
-             "RMSNorm runs the CPU composite (fp32 intermediates in a bf16 model); CUDA's fused kernel keeps less"]
+        raise ConfigError(
+            own,
+            "model.attention",
+            "FlexAttention cannot run its backward on CPU fake tensors.",
+            "use attention='sdpa'.",
+        )
+    notes = [
+        "attention saves what CPU SDPA saves; CUDA flash/efficient kernels keep less",
+        "RMSNorm runs the CPU composite (fp32 intermediates in a bf16 model); CUDA's fused kernel keeps less",
+    ]
     if m.has_moe:
         notes.append(f"routed experts: {m.experts_impl}, static shapes (every token copy is computed, T·K rows)")
     return notes
@@ -180,12 +234,15 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
             if stack:
                 stack.pop()
 
-        hooks = [nn.modules.module.register_module_forward_pre_hook(enter),
-                 nn.modules.module.register_module_forward_hook(leave, always_call=True)]
+        hooks = [
+            nn.modules.module.register_module_forward_pre_hook(enter),
+            nn.modules.module.register_module_forward_hook(leave, always_call=True),
+        ]
         try:
             batch_keys = {StorageWeakRef(t.untyped_storage()).cdata for t in batch}
-            known = batch_keys | {StorageWeakRef(t.untyped_storage()).cdata
-                                  for t in [*model.parameters(), *model.buffers()]}
+            known = batch_keys | {
+                StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]
+            }
             params_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
             live = _Live(CUDA_BLOCK if cuda_rounding else 1, stack, known)
             inputs: dict[int, tuple[StorageWeakRef, int, str, str]] = {}
@@ -214,7 +271,14 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
     for _ref, n, mod, op in saved.values():
         by_module[mod] += n
         by_op[op] += n
-    return Estimate(scenario={**scenario.to_dict(), "name": scenario.label}, saved_bytes=sum(by_module.values()),
-                    saved_by_module=dict(sorted(by_module.items())), saved_by_op=dict(sorted(by_op.items())),
-                    peak_bytes=live.peak, params_bytes=params_bytes, cuda_rounding=cuda_rounding,
-                    seconds=round(time.perf_counter() - t0, 3), notes=tuple(notes))
+    return Estimate(
+        scenario={**scenario.to_dict(), "name": scenario.label},
+        saved_bytes=sum(by_module.values()),
+        saved_by_module=dict(sorted(by_module.items())),
+        saved_by_op=dict(sorted(by_op.items())),
+        peak_bytes=live.peak,
+        params_bytes=params_bytes,
+        cuda_rounding=cuda_rounding,
+        seconds=round(time.perf_counter() - t0, 3),
+        notes=tuple(notes),
+    )

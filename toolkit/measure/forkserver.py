@@ -1,4 +1,7 @@
-"""Warm isolated runs: one server process imports torch once and forks a fresh child per Scenario, so each run is still its own process (a crash or hang is a result) without paying torch's import every time.
+"""Warm isolated runs: a server imports torch once and forks a fresh child per Scenario.
+
+Warm isolated runs: one server process imports torch once and forks a fresh child per Scenario, so each run is still its
+own process (a crash or hang is a result) without paying torch's import every time.
 
 Fork safety: the server never runs a step, never touches CUDA and stays single-threaded (numpy's OpenBLAS pool
 is held at one thread, and the server checks `/proc/self/task` before every fork); intra-op threads are set in
@@ -25,10 +28,21 @@ import threading
 import time
 import traceback
 
+from . import channel
+
 # Imported before the first fork, so a child finds them loaded (what a compiled cell would import on its own).
-PREIMPORT = ("toolkit.measure.runner", "torch._dynamo", "torch._dynamo.backends.debugging", "torch._functorch.aot_autograd",
-             "torch._functorch.partitioners", "torch._inductor.compile_fx", "torch._inductor.lowering",
-             "torch._inductor.scheduler", "torch._inductor.codegen.cpp", "torch.export")
+PREIMPORT = (
+    "toolkit.measure.local",
+    "torch._dynamo",
+    "torch._dynamo.backends.debugging",
+    "torch._functorch.aot_autograd",
+    "torch._functorch.partitioners",
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.scheduler",
+    "torch._inductor.codegen.cpp",
+    "torch.export",
+)
 _MSG = 1 << 20
 
 
@@ -46,11 +60,10 @@ def _send(sock: socket.socket, msg: dict) -> None:
 
 # --------------------------------------------------------------------------------------------------- server side
 
+
 def serve(fd: int) -> None:
     """The server's loop: fork a child per request, report each child's pid and exit status; exit with the caller."""
-    from .worker import die_with_parent
-
-    die_with_parent()
+    channel.die_with_parent()
     ctrl = socket.socket(fileno=fd)
     try:
         import importlib
@@ -137,10 +150,10 @@ def _reap(children: dict[int, int], ctrl: socket.socket) -> None:
 def _child(req: dict, fds: list[int], ctrl: socket.socket, wake: tuple[int, int], server: int) -> None:
     code = 1
     try:
-        from .worker import PARENT_ENV, die_with_parent, measure
+        from .worker import measure
 
         os.setpgid(0, 0)  # its own group: a timeout kills the child and anything it started
-        die_with_parent(server)
+        channel.die_with_parent(server)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         ctrl.close()
@@ -152,7 +165,9 @@ def _child(req: dict, fds: list[int], ctrl: socket.socket, wake: tuple[int, int]
         os.dup2(devnull, 1)
         os.dup2(err_fd, 2)
         os.close(err_fd)
-        for k in [k for k in os.environ if k.startswith("TOOLKIT_") and k != PARENT_ENV and k not in req["env"]]:
+        for k in [
+            k for k in os.environ if k.startswith("TOOLKIT_") and k != channel.PARENT_ENV and k not in req["env"]
+        ]:
             del os.environ[k]  # the caller's toolkit settings now, not those of when the server started
         os.environ.update(req["env"])
         with os.fdopen(chan_fd, "w") as chan:
@@ -168,6 +183,7 @@ def _child(req: dict, fds: list[int], ctrl: socket.socket, wake: tuple[int, int]
 
 
 # --------------------------------------------------------------------------------------------------- caller side
+
 
 class _Waiter:
     def __init__(self) -> None:
@@ -222,9 +238,7 @@ class WarmPool:
             if why:
                 raise RuntimeError(why)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            from .isolate import cell_env
-
-            env = cell_env(None)
+            env = channel.child_env(dict(os.environ), None)
             # numpy's OpenBLAS starts a thread pool at import; one thread means none, so the server can fork.
             env.update(OPENBLAS_NUM_THREADS="1", GOTO_NUM_THREADS="1")
             started = threading.Event()
@@ -233,12 +247,16 @@ class WarmPool:
             def keeper() -> None:
                 # The server dies with the thread that started it (PR_SET_PDEATHSIG): this thread lives as long
                 # as the pool, whichever thread asked for it first.
-                env["TOOLKIT_PARENT_PID"] = str(os.getpid())
                 try:
                     box["proc"] = subprocess.Popen(
                         [sys.executable, "-m", "toolkit.measure.forkserver", str(theirs.fileno())],
-                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+                        pass_fds=[theirs.fileno()],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        start_new_session=True,
+                        env=env,
+                    )
                 except BaseException as e:
                     box["error"] = e
                 started.set()
@@ -261,8 +279,9 @@ class WarmPool:
                 raise RuntimeError(f"the warm pool's server did not start: {hello.get('error')}")
             if hello.get("threads", 1) != 1:
                 self._stop_proc(proc)
-                raise RuntimeError(f"the warm pool's server has {hello['threads']} threads after importing torch; "
-                                   "forking it is unsafe")
+                raise RuntimeError(
+                    f"the warm pool's server has {hello['threads']} threads after importing torch; forking it is unsafe"
+                )
             mine.settimeout(None)
             self._ctrl, self._proc, self.server_pid = mine, proc, hello["pid"]
             self.starts += 1
@@ -342,19 +361,20 @@ class WarmPool:
             ctrl = self._ensure()
         except (RuntimeError, OSError) as e:
             return crashed_report(scenario, str(e))
-        env = {k: v for k, v in os.environ.items() if k.startswith("TOOLKIT_") and k != "TOOLKIT_PARENT_PID"}
-        env.pop("TOOLKIT_THREADS", None)
-        if threads:
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOOLKIT_THREADS=str(threads),
-                       TORCHINDUCTOR_COMPILE_THREADS=str(threads))
+        # The caller's toolkit settings and this run's thread cap; the child's parent is the server, not us.
+        env = channel.child_env({k: v for k, v in os.environ.items() if k.startswith("TOOLKIT_")}, threads)
+        env.pop(channel.PARENT_ENV)
         rid = next(self._ids)
         w = self._waiting[rid] = _Waiter()
         chan_r, chan_w = socket.socketpair()
         err_r, err_w = socket.socketpair()
         try:
             with self._send_lock:
-                socket.send_fds(ctrl, [json.dumps({"id": rid, "scenario": scenario.to_json(), "env": env}).encode()],
-                                [chan_w.fileno(), err_w.fileno()])
+                socket.send_fds(
+                    ctrl,
+                    [json.dumps({"id": rid, "scenario": scenario.to_json(), "env": env}).encode()],
+                    [chan_w.fileno(), err_w.fileno()],
+                )
         except OSError as e:
             self._waiting.pop(rid, None)
             for s in (chan_r, chan_w, err_r, err_w):

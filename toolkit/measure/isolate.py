@@ -1,7 +1,11 @@
-"""`run(scenario, isolate=True)`: the step in a subprocess, so a segfault, abort or hang comes back as a `crashed` / `timeout` Report.
+"""`run(scenario, isolate=True)`: the step in a subprocess; a crash or hang comes back as a Report.
 
-The subprocess gets its Scenario on stdin and sends its Report back on stdout (`worker.py`): nothing is written to
-disk, so a `kill -9` of either side leaves no temp folder behind, and the worker dies with its parent.
+`run(scenario, isolate=True)`: the step in a subprocess, so a segfault, abort or hang comes back as a `crashed` /
+`timeout` Report.
+
+The subprocess gets its Scenario on stdin and sends its Report back on stdout (`worker.py`, over `channel.py`):
+nothing is written to disk, so a `kill -9` of either side leaves no temp folder behind, and the worker dies with
+its parent. `crashed_report`, `timeout_report` and `parse_result` also serve the warm pool's children.
 """
 
 from __future__ import annotations
@@ -15,11 +19,10 @@ import threading
 import time
 from typing import Callable
 
+from . import channel
 from .environment import environment
 from .report import ErrorInfo, Report, ScenarioRecord, Timing
 from .scenario import Scenario
-from .worker import PARENT_ENV
-
 
 _live: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
@@ -34,25 +37,25 @@ def kill_live() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def cell_env(threads: int | None) -> dict[str, str]:
-    """The environment a cell runs with: the caller's, its intra-op thread cap, and who its parent is."""
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOOLKIT_THREADS=str(threads),
-                   TORCHINDUCTOR_COMPILE_THREADS=str(threads))
-    env[PARENT_ENV] = str(os.getpid())
-    return env
-
-
-def run_isolated(scenario: Scenario, timeout_s: float | None, on_stage: Callable[[str], None] | None = None,
-                 threads: int | None = None) -> Report:
+def run_isolated(
+    scenario: Scenario,
+    timeout_s: float | None,
+    on_stage: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> Report:
     """A fresh Python per call (torch imported each time); `toolkit.measure.forkserver` is the warm variant."""
     cmd = [sys.executable, "-m", "toolkit.measure.worker"]
     t0 = time.perf_counter()
     # Its own session, so a timeout kills the worker's own children too (Inductor's compile workers); it still
     # dies with this process (PR_SET_PDEATHSIG, set by the worker), so it is never left running on its own.
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env=cell_env(threads))
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=channel.child_env(dict(os.environ), threads),
+    )
     with _live_lock:
         _live.add(proc)
     try:
@@ -73,42 +76,42 @@ def run_isolated(scenario: Scenario, timeout_s: float | None, on_stage: Callable
     return parse_result(scenario, out, err, proc.returncode, on_stage)
 
 
-def parse_result(scenario: Scenario, out: bytes, err: bytes, returncode: int,
-                 on_stage: Callable[[str], None] | None = None) -> Report:
+def parse_result(
+    scenario: Scenario, out: bytes, err: bytes, returncode: int, on_stage: Callable[[str], None] | None = None
+) -> Report:
     """The Report a worker sent on its channel, or a `crashed` Report naming how it died."""
-    stages, report = _lines(out)
+    stages, report = channel.read(out)
     if on_stage:
         for s in stages:
             on_stage(s)
     if returncode == 0 and report is not None:
         return Report.from_json(report)
-    why = f"killed by {signal.Signals(-returncode).name} ({returncode})" if returncode < 0 else \
-        f"exited with status {returncode}" + ("" if returncode else " without sending a report")
+    why = (
+        f"killed by {signal.Signals(-returncode).name} ({returncode})"
+        if returncode < 0
+        else f"exited with status {returncode}" + ("" if returncode else " without sending a report")
+    )
     tail = (err or b"").decode(errors="replace").strip().splitlines()[-5:]
-    return crashed_report(scenario, why + ("; stderr: " + " | ".join(tail) if tail else ""),
-                          stages[-1] if stages else "build")
+    return crashed_report(
+        scenario, why + ("; stderr: " + " | ".join(tail) if tail else ""), stages[-1] if stages else "build"
+    )
 
 
 def timeout_report(scenario: Scenario, timeout_s: float | None, out: bytes, seconds: float) -> Report:
-    stages, _ = _lines(out)
-    return Report(outcome="timeout", scenario=ScenarioRecord.of(scenario), environment=environment(),
-                  error=ErrorInfo("Timeout", f"no result after {timeout_s:g} s", stages[-1] if stages else "build"),
-                  timing=Timing(first_step_s=round(seconds, 2)))
+    stages, _ = channel.read(out)
+    return Report(
+        outcome="timeout",
+        scenario=ScenarioRecord.of(scenario),
+        environment=environment(),
+        error=ErrorInfo("Timeout", f"no result after {timeout_s:g} s", stages[-1] if stages else "build"),
+        timing=Timing(first_step_s=round(seconds, 2)),
+    )
 
 
 def crashed_report(scenario: Scenario, why: str, stage: str = "build") -> Report:
-    return Report(outcome="crashed", scenario=ScenarioRecord.of(scenario), environment=environment(),
-                  error=ErrorInfo("Crash", why, stage))
-
-
-def _lines(out: bytes) -> tuple[list[str], str | None]:
-    stages, report = [], None
-    for line in (out or b"").decode(errors="replace").split("\n"):
-        if line.startswith("stage "):
-            stages.append(line[6:].strip())
-        elif line.startswith("report "):
-            report = line[7:]
-    # A torn last line (the worker killed mid-write) has no newline: the split leaves it last and unparsable.
-    if report is not None and not (out or b"").endswith(b"\n"):
-        report = None
-    return stages, report
+    return Report(
+        outcome="crashed",
+        scenario=ScenarioRecord.of(scenario),
+        environment=environment(),
+        error=ErrorInfo("Crash", why, stage),
+    )

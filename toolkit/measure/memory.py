@@ -1,4 +1,8 @@
-"""Peak and held-after-forward memory of one bare step: the profiler's CPU allocation events replayed, or CUDA's caching allocator."""
+"""Peak and held-after-forward memory of a bare step: profiler replay on CPU, the allocator on CUDA.
+
+Peak and held-after-forward memory of one bare step: the profiler's CPU allocation events replayed, or CUDA's caching
+allocator.
+"""
 
 from __future__ import annotations
 
@@ -85,8 +89,9 @@ def cpu_step(step: Callable[[Callable[[], None]], None]) -> tuple[int, int] | No
     return peak, held if held is not None else cum
 
 
-def cuda_step(step: Callable[[Callable[[], None]], None], device: torch.device,
-              snapshot_path: str | None) -> tuple[int, int]:
+def cuda_step(
+    step: Callable[[Callable[[], None]], None], device: torch.device, snapshot_path: str | None
+) -> tuple[int, int]:
     """Peak (`max_memory_allocated`) and held-after-forward bytes above the start, optionally writing an
     allocator snapshot for PyTorch's memory viewer."""
     torch.cuda.synchronize(device)

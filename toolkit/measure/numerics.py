@@ -1,4 +1,8 @@
-"""Gradients against a reference: the same model eager without AC (`tk.run`), or a deep copy of a user's module run eagerly with its checkpoint wrappers removed (`tk.measure`)."""
+"""Gradients against a reference: the same model eager without AC, or an eager copy of a user's module.
+
+Gradients against a reference: the same model eager without AC (`tk.run`), or a deep copy of a user's module run eagerly
+with its checkpoint wrappers removed (`tk.measure`).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,11 @@ from .report import Numerics
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
     """Canonical parameter name → a float copy of its gradient (DTensor gradients as their local shard)."""
-    return {canonical_name(n): compat.local_tensor(p.grad).detach().float().clone()
-            for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        canonical_name(n): compat.local_tensor(p.grad).detach().float().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -40,8 +47,16 @@ def compare(loss: float, got: dict, ref_loss: float, ref_grads: dict, dtype: tor
     missing = tuple(sorted(set(ref_grads) - set(got)))
     loss_diff = abs(loss - ref_loss)
     ok = ok and loss_diff <= atol + rtol * abs(ref_loss)
-    return Numerics(loss=loss, reference_loss=ref_loss, loss_diff=loss_diff, max_grad_diff=worst_diff,
-                    worst_param=worst, grads_match=ok and not missing, missing_grads=missing, reference=reference)
+    return Numerics(
+        loss=loss,
+        reference_loss=ref_loss,
+        loss_diff=loss_diff,
+        max_grad_diff=worst_diff,
+        worst_param=worst,
+        grads_match=ok and not missing,
+        missing_grads=missing,
+        reference=reference,
+    )
 
 
 def _class_forward_under(m: nn.Module) -> bool:
@@ -80,8 +95,10 @@ def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
             # A forward replaced on the instance (torch_remat's checkpoint or region, by the toolkit or by hand) is
             # a function: deepcopy keeps it as is, so the copy would still call the *original* module.
             if not _class_forward_under(m):
-                return None, (f"{name or 'the model'}'s forward is replaced by a function that does not wrap its "
-                              "class's forward, so a copy cannot run without it")
+                return None, (
+                    f"{name or 'the model'}'s forward is replaced by a function that does not wrap its "
+                    "class's forward, so a copy cannot run without it"
+                )
             del m.__dict__["forward"]
             m.__dict__.pop(RECOMPUTES_FORWARD, None)
         if compat.in_place_compiled(m):
@@ -94,13 +111,18 @@ def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
     return ref, ""
 
 
-def reference_run(ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]) -> tuple[float, dict, str]:
+def reference_run(
+    ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]
+) -> tuple[float, dict, str]:
     """Run `forward` (which calls `ref`) under `force_eager`, so no compiled code or cache entry is touched, with
     function-form non-reentrant checkpoints running as plain calls; returns loss, grads and what the reference was."""
     ref.zero_grad(set_to_none=True)
     with torch.compiler.set_stance("force_eager"), compat.non_reentrant_checkpoints_disabled() as disabled:
         loss = loss_of(forward())
         loss.backward()
-    what = "a deep copy run eagerly without checkpointing" if disabled else \
-        "a deep copy run eagerly without checkpoint wrappers (function-form checkpoints kept)"
+    what = (
+        "a deep copy run eagerly without checkpointing"
+        if disabled
+        else "a deep copy run eagerly without checkpoint wrappers (function-form checkpoints kept)"
+    )
     return float(loss.detach().float()), grads(ref), what

@@ -7,12 +7,12 @@ import sys
 def main(spec: str, out: str) -> int:
     import torch.distributed as dist
 
-    from .runner import run
+    from .local import run_here
     from .scenario import Scenario
 
     dist.init_process_group("gloo")
     try:
-        report = run(Scenario.from_json(pathlib.Path(spec).read_text()))
+        report = run_here(Scenario.from_json(pathlib.Path(spec).read_text()))
         path = pathlib.Path(out, f"rank{dist.get_rank()}.json")
         path.with_suffix(".tmp").write_text(report.to_json())
         path.with_suffix(".tmp").replace(path)

@@ -1,16 +1,22 @@
-"""`Report`: everything one measured training step showed, as frozen dataclasses with a JSON contract and a plain-text twin."""
+"""`Report`: what one measured step showed, as frozen dataclasses with JSON and a plain-text twin.
+
+`Report`: everything one measured training step showed, as frozen dataclasses with a JSON contract and a plain-text
+twin.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 SCHEMA_VERSION = 2
-KINDS = ("autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other")
-STAGES = ("build", "ac", "compile", "forward", "backward", "measure")
-OUTCOMES = ("ok", "error", "crashed", "timeout")
+Outcome = Literal["ok", "error", "crashed", "timeout"]
+Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other"]
+KINDS: tuple[str, ...] = typing.get_args(Kind)
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,9 @@ class ScenarioRecord:
     """The ACConfig mode ("recipe" when a recipe applied AC; "unknown" for a user's module)."""
     compile_scope: str = "none"
     backend: str = "eager"
-    stack: str = "toolkit"
+    stack: Literal["toolkit", "torchtitan", "user"] = "toolkit"
     """"toolkit", "torchtitan" (its own model and transforms) or "user" (`tk.measure`)."""
-    fsdp: str = "none"
+    fsdp: Literal["none", "blocks", "blocks+experts"] = "none"
     ep: int = 1
     """Expert-parallel degree (torchtitan's own EP)."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -40,11 +46,18 @@ class ScenarioRecord:
         d = {**scenario.to_dict(), "name": scenario.label}
         c = scenario.compile
         scope = c.scope if isinstance(c.scope, str) else ",".join(c.scope)
-        return cls(name=scenario.label, measured="scenario", recipe=scenario.recipe,
-                   ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
-                   compile_scope="recipe" if scenario.recipe else scope,
-                   backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
-                   stack=scenario.stack, fsdp=scenario.fsdp, ep=scenario.ep, config=d)
+        return cls(
+            name=scenario.label,
+            measured="scenario",
+            recipe=scenario.recipe,
+            ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
+            compile_scope="recipe" if scenario.recipe else scope,
+            backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
+            stack=scenario.stack,
+            fsdp=scenario.fsdp,
+            ep=scenario.ep,
+            config=d,
+        )
 
     def to_scenario(self):
         """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""
@@ -52,8 +65,12 @@ class ScenarioRecord:
         from .scenario import Scenario
 
         if self.measured != "scenario" or not self.config:
-            raise ConfigError("ScenarioRecord", "measured", f"{self.name!r} was a user's module, not a Scenario.",
-                              "pass the Scenario explicitly (e.g. repro.export(report, path, scenario=...)).")
+            raise ConfigError(
+                "ScenarioRecord",
+                "measured",
+                f"{self.name!r} was a user's module, not a Scenario.",
+                "pass the Scenario explicitly (e.g. repro.export(report, path, scenario=...)).",
+            )
         return Scenario.from_dict({**self.config, "name": self.config.get("name", "")})
 
 
@@ -69,7 +86,7 @@ class SavedTensor:
     dtype: str
     bytes: int
     """Bytes of the whole storage (views of one storage count once)."""
-    kind: str
+    kind: Kind
     """"autograd" (saved by an eager op outside checkpoints), "compiled" (saved by a compiled graph),
     "sac_cache" (cached by a selective-checkpoint policy), "remat_save" (kept by a torch_remat region declared
     `recompute=False`: saved for backward, or its output persisted for the recompute), "checkpoint_input" (held
@@ -131,6 +148,17 @@ class CompileInfo:
     checkpointed block with fullgraph=False: C2)."""
     regions_without_graphs: tuple[str, ...] = ()
     orders: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """What the toolkit's transforms did to the model, by canonical name (empty for torchtitan's own transforms and
+    for `measure` of a user's module, whose structure the toolkit did not make)."""
+
+    checkpointed: tuple[str, ...] = ()
+    """Modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`."""
+    compiled: tuple[str, ...] = ()
+    """Compile targets ("" = the whole model)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +226,7 @@ class ErrorInfo:
 
 @dataclass(frozen=True)
 class Report:
-    outcome: str = "ok"
+    outcome: Outcome = "ok"
     error: ErrorInfo | None = None
     warnings: tuple[str, ...] = ()
     scenario: ScenarioRecord = field(default_factory=ScenarioRecord)
@@ -212,6 +240,7 @@ class Report:
     blind_spots: tuple[str, ...] = ()
     """What this Report cannot see on this torch (a private API missing or changed), one sentence each."""
     distributed: Distributed = field(default_factory=Distributed)
+    transforms: Transforms = field(default_factory=Transforms)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -247,12 +276,17 @@ def _legacy_scenario(d: dict[str, Any]) -> dict[str, Any]:
     scope = comp.get("scope", "none")
     scope = scope if isinstance(scope, str) else ",".join(scope)
     recipe = d.get("recipe")
-    return {"name": d.get("name", ""), "measured": "scenario", "recipe": recipe,
-            "ac_mode": "recipe" if recipe else (d.get("ac") or {}).get("mode", "none"),
-            "compile_scope": "recipe" if recipe else scope,
-            "backend": d.get("recipe_backend", "aot_eager") if recipe else (comp.get("backend", "aot_eager")
-                                                                               if scope != "none" else "eager"),
-            "config": d}
+    return {
+        "name": d.get("name", ""),
+        "measured": "scenario",
+        "recipe": recipe,
+        "ac_mode": "recipe" if recipe else (d.get("ac") or {}).get("mode", "none"),
+        "compile_scope": "recipe" if recipe else scope,
+        "backend": d.get("recipe_backend", "aot_eager")
+        if recipe
+        else (comp.get("backend", "aot_eager") if scope != "none" else "eager"),
+        "config": d,
+    }
 
 
 def _plain(obj: Any) -> Any:
@@ -268,8 +302,6 @@ def _plain(obj: Any) -> Any:
 
 
 def _build(cls: type, data: Any) -> Any:
-    import typing
-
     if data is None:
         return None
     hints = typing.get_type_hints(cls)
@@ -282,14 +314,12 @@ def _build(cls: type, data: Any) -> Any:
 
 
 def _convert(tp: Any, value: Any) -> Any:
-    import typing
-
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if value is None:
         return float("nan") if tp is float else None
     if dataclasses.is_dataclass(tp):
         return _build(tp, value)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+    if origin is typing.Union or origin is types.UnionType:
         for a in args:
             if a is type(None):
                 continue
@@ -345,8 +375,10 @@ def format_report(r: Report) -> str:
             lines.append(f"  warning: {w.splitlines()[0][:140]}")
         return "\n".join(lines)
     s = r.saved
-    lines.append(f"  saved for backward: {fmt_bytes(s.total_bytes)} in {len(s.tensors)} tensors "
-                 f"(+{fmt_bytes(s.params_bytes)} params/buffers)")
+    lines.append(
+        f"  saved for backward: {fmt_bytes(s.total_bytes)} in {len(s.tensors)} tensors "
+        f"(+{fmt_bytes(s.params_bytes)} params/buffers)"
+    )
     if s.by_kind:
         lines.append("    by kind: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(s.by_kind.items())))
     if s.by_module:
@@ -355,28 +387,39 @@ def format_report(r: Report) -> str:
         lines.append("    by op: " + _top(s.by_op))
     rc = r.recompute
     rerun = ", ".join(f"{k} x{v}" for k, v in sorted(rc.compiled_reruns.items()))
-    lines.append(f"  recomputed in backward: {rc.ops} ops" + (f"; compiled regions re-run: {rerun}" if rerun else "")
-                 + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else ""))
+    lines.append(
+        f"  recomputed in backward: {rc.ops} ops"
+        + (f"; compiled regions re-run: {rerun}" if rerun else "")
+        + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else "")
+    )
     c = r.compile
     if c.requested:
         warm = f" ({c.warm_graphs} compiled before the step)" if c.warm_graphs else ""
-        lines.append(f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
-                     + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else ""))
+        lines.append(
+            f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
+            + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")
+        )
         for b in c.breaks[:5]:
             lines.append(f"    break at {b.place}: {b.reason.splitlines()[0][:120]}")
     else:
         lines.append("  compile: not requested")
     m = r.memory
     if m.method:
-        lines.append(f"  memory ({m.device}, {m.method}): peak {fmt_measured_bytes(m.peak_bytes)}, "
-                     f"held after forward {fmt_measured_bytes(m.held_after_forward_bytes)}")
+        lines.append(
+            f"  memory ({m.device}, {m.method}): peak {fmt_measured_bytes(m.peak_bytes)}, "
+            f"held after forward {fmt_measured_bytes(m.held_after_forward_bytes)}"
+        )
     n = r.numerics
     if n.loss is not None:
         if n.compared:
-            lines.append(f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
-                         f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}")
+            lines.append(
+                f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
+                f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}"
+            )
         else:
-            lines.append(f"  numerics: loss {n.loss:.4f}; gradients not compared" + (f" ({n.reference})" if n.reference else ""))
+            lines.append(
+                f"  numerics: loss {n.loss:.4f}; gradients not compared" + (f" ({n.reference})" if n.reference else "")
+            )
     d = r.distributed
     if d.world_size > 1 or d.collectives:
         calls = ", ".join(f"{k} x{v}" for k, v in d.collectives.items())
@@ -389,7 +432,8 @@ def format_report(r: Report) -> str:
 
 
 def short_path(path: str) -> str:
-    """A path from the innermost `toolkit` or `torch` folder on (else its last two parts): the same in every checkout."""
+    """A path from the innermost `toolkit` or `torch` folder on (else its last two parts): the same in every
+    checkout."""
     parts = path.replace("\\", "/").split("/")
     for anchor in ("toolkit", "torch"):
         if anchor in parts:

@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from .._config import ConfigError, check_bool, check_choice
+from .._config import ConfigError, check_bool, check_choice, check_int
 from ..models import ModelConfig, build_model
 from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
-from ..transforms.fsdp import FSDP_MODES
+from ..transforms.fsdp import FSDP_MODES, FsdpMode
 from ..transforms.recipes import RECIPES, prepare, reset
 
-STACKS = ("toolkit", "torchtitan")
+Stack = Literal["toolkit", "torchtitan"]
+STACKS: tuple[str, ...] = typing.get_args(Stack)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """Everything needed to rebuild and measure one training step."""
 
-    stack: str = "toolkit"
+    stack: Stack = "toolkit"
     """Whose model and transforms: "toolkit" (its torchtitan-shaped model, its AC / compile / recipes) or
     "torchtitan" (torchtitan 0.3.0's own model from `torchtitan`, and its own `FullAC` / `SelectiveAC`,
     `apply_compile` and `apply_fsdp_to_decoder`, in the order its `parallelize_*` uses; an optional extra)."""
@@ -53,7 +55,7 @@ class Scenario:
     """Extra un-instrumented steps timed for the steady-state step time (0 skips them)."""
     memory_snapshot: str | None = None
     """CUDA only: write an allocator snapshot (for PyTorch's memory viewer) to this path."""
-    fsdp: str = "none"
+    fsdp: FsdpMode = "none"
     """Real FSDP2 after AC and compile: "none", "blocks" (torchtitan 0.3.0's units: embeddings, norm + head,
     each block, the root) or "blocks+experts" (the MoE's routed experts a unit of their own first, as in PR
     #2052's era: C4). On the default process group, or a 1-rank gloo group on 127.0.0.1 made for the run."""
@@ -67,23 +69,38 @@ class Scenario:
         own = "Scenario"
         check_choice(own, "stack", self.stack, STACKS)
         check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
-        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
-            raise ConfigError(own, "ep", f"{self.ep!r} is not a whole number >= 1.", "pass ep=1 (no expert parallel) or ep=2.")
+        check_int(own, "ep", self.ep, 1)
         if self.ep > 1 and self.stack != "torchtitan":
-            raise ConfigError(own, "ep", "expert parallel runs torchtitan's own token dispatcher and parallelize.",
-                              "pass stack='torchtitan' with ep, or ep=1.")
+            raise ConfigError(
+                own,
+                "ep",
+                "expert parallel runs torchtitan's own token dispatcher and parallelize.",
+                "pass stack='torchtitan' with ep, or ep=1.",
+            )
         if self.ep > 1 and self.fsdp != "blocks":
-            raise ConfigError(own, "ep", "torchtitan's parallelize applies FSDP2 together with expert parallel.",
-                              "pass fsdp='blocks' with ep > 1.")
+            raise ConfigError(
+                own,
+                "ep",
+                "torchtitan's parallelize applies FSDP2 together with expert parallel.",
+                "pass fsdp='blocks' with ep > 1.",
+            )
         if self.stack == "torchtitan":
             self._check_torchtitan()
         elif self.torchtitan is not None:
-            raise ConfigError(own, "torchtitan", "a torchtitan model config only applies to stack='torchtitan'.",
-                              "pass stack='torchtitan', or drop torchtitan=... and set model=ModelConfig(...).")
+            raise ConfigError(
+                own,
+                "torchtitan",
+                "a torchtitan model config only applies to stack='torchtitan'.",
+                "pass stack='torchtitan', or drop torchtitan=... and set model=ModelConfig(...).",
+            )
         for name, cls in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
             if not isinstance(getattr(self, name), cls):
-                raise ConfigError(own, name, f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
-                                  f"pass {cls.__name__}(...).")
+                raise ConfigError(
+                    own,
+                    name,
+                    f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
+                    f"pass {cls.__name__}(...).",
+                )
         for name in ("check_numerics", "measure_memory"):
             check_bool(own, name, getattr(self, name))
         for name in ("name", "recipe_backend"):
@@ -91,19 +108,33 @@ class Scenario:
                 raise ConfigError(own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text.")
         for name in ("recipe", "device", "memory_snapshot"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text, or None.")
+                raise ConfigError(
+                    own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text, or None."
+                )
         if self.recipe is not None:
             if self.recipe not in RECIPES:
-                raise ConfigError(own, "recipe", f"{self.recipe!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
+                raise ConfigError(
+                    own, "recipe", f"{self.recipe!r} is not a recipe.", f"use one of {', '.join(RECIPES)}."
+                )
+            why = RECIPES[self.recipe].missing()
+            if why:
+                raise ConfigError(own, "recipe", f"{self.recipe!r} {why}", "install it, or pick another recipe.")
             if self.ac != ACConfig() or self.compile != CompileConfig():
-                raise ConfigError(own, "recipe", "a recipe applies its own AC and compile, but ac/compile were set too.",
-                                  "drop ac/compile, or drop recipe.")
+                raise ConfigError(
+                    own,
+                    "recipe",
+                    "a recipe applies its own AC and compile, but ac/compile were set too.",
+                    "drop ac/compile, or drop recipe.",
+                )
             if self.recipe_backend not in BACKENDS:
-                raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a backend.",
-                                  f"use one of {', '.join(BACKENDS)}.")
+                raise ConfigError(
+                    own,
+                    "recipe_backend",
+                    f"{self.recipe_backend!r} is not a backend.",
+                    f"use one of {', '.join(BACKENDS)}.",
+                )
         check_ac_compile(self.ac, self.compile)
-        if isinstance(self.steady_steps, bool) or not isinstance(self.steady_steps, int) or self.steady_steps < 0:
-            raise ConfigError(own, "steady_steps", f"{self.steady_steps!r} is not an int >= 0.", "pass e.g. 2.")
+        check_int(own, "steady_steps", self.steady_steps, 0)
         self.model_config  # validates device/seed overrides
 
     def _check_torchtitan(self) -> None:
@@ -111,32 +142,63 @@ class Scenario:
         if self.torchtitan is None:
             object.__setattr__(self, "torchtitan", TorchtitanConfig())
         if not isinstance(self.torchtitan, TorchtitanConfig):
-            raise ConfigError(own, "torchtitan", f"is a {type(self.torchtitan).__name__}, not a TorchtitanConfig.",
-                              "pass toolkit.stacks.torchtitan.TorchtitanConfig(...).")
+            raise ConfigError(
+                own,
+                "torchtitan",
+                f"is a {type(self.torchtitan).__name__}, not a TorchtitanConfig.",
+                "pass toolkit.stacks.torchtitan.TorchtitanConfig(...).",
+            )
         if self.model != ModelConfig() or self.device is not None or self.seed is not None:
-            raise ConfigError(own, "model", "stack='torchtitan' builds torchtitan's own model, so the toolkit's "
-                              "ModelConfig / device / seed would be ignored.", "set them on torchtitan=TorchtitanConfig(...).")
+            raise ConfigError(
+                own,
+                "model",
+                "stack='torchtitan' builds torchtitan's own model, so the toolkit's "
+                "ModelConfig / device / seed would be ignored.",
+                "set them on torchtitan=TorchtitanConfig(...).",
+            )
         if self.recipe is not None:
-            raise ConfigError(own, "recipe", "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
-                              "stack='torchtitan' its own code applies them.",
-                              "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).")
+            raise ConfigError(
+                own,
+                "recipe",
+                "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
+                "stack='torchtitan' its own code applies them.",
+                "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).",
+            )
         if self.ac.mode not in ("none", "full", "selective_op") or self.ac != ACConfig(mode=self.ac.mode):
-            raise ConfigError(own, "ac", "torchtitan 0.3.0's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
-                              "its own defaults (torch_remat arrived on main after the release, PR #4497).",
-                              "pass ACConfig(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
-                              "remat use stack='toolkit' with ACConfig(mode='remat') or recipe='torchtitan_main'.")
+            raise ConfigError(
+                own,
+                "ac",
+                "torchtitan 0.3.0's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
+                "its own defaults (torch_remat arrived on main after the release, PR #4497).",
+                "pass ACConfig(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
+                "remat use stack='toolkit' with ACConfig(mode='remat') or recipe='torchtitan_main'.",
+            )
         c = self.compile
-        if c.enabled and (c.scope != "blocks" or not c.fullgraph or
-                          c.replace(backend="aot_eager") != CompileConfig(scope="blocks", fullgraph=True)):
-            raise ConfigError(own, "compile", "torchtitan's apply_compile compiles each block whole with "
-                              "fullgraph=True; only the backend is yours.",
-                              "pass CompileConfig(scope='blocks', fullgraph=True, backend=...).")
+        if c.enabled and (
+            c.scope != "blocks"
+            or not c.fullgraph
+            or c.replace(backend="aot_eager") != CompileConfig(scope="blocks", fullgraph=True)
+        ):
+            raise ConfigError(
+                own,
+                "compile",
+                "torchtitan's apply_compile compiles each block whole with fullgraph=True; only the backend is yours.",
+                "pass CompileConfig(scope='blocks', fullgraph=True, backend=...).",
+            )
         if self.fsdp == "blocks+experts":
-            raise ConfigError(own, "fsdp", "torchtitan 0.3.0 shards the experts inside each block's unit.",
-                              "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.")
+            raise ConfigError(
+                own,
+                "fsdp",
+                "torchtitan 0.3.0 shards the experts inside each block's unit.",
+                "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.",
+            )
         if self.torchtitan.n_experts % self.ep:
-            raise ConfigError(own, "ep", f"{self.torchtitan.n_experts} routed experts do not split over ep={self.ep} ranks.",
-                              f"pick ep dividing {self.torchtitan.n_experts}, or set TorchtitanConfig(n_experts=...).")
+            raise ConfigError(
+                own,
+                "ep",
+                f"{self.torchtitan.n_experts} routed experts do not split over ep={self.ep} ranks.",
+                f"pick ep dividing {self.torchtitan.n_experts}, or set TorchtitanConfig(n_experts=...).",
+            )
         require_torchtitan()
 
     @property
@@ -161,7 +223,8 @@ class Scenario:
         if self.recipe:
             return f"recipe {self.recipe}{fsdp}"
         c = self.compile
-        comp = "eager" if not c.enabled else f"compile {c.scope if isinstance(c.scope, str) else ','.join(c.scope)} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
+        scope = c.scope if isinstance(c.scope, str) else ",".join(c.scope)
+        comp = "eager" if not c.enabled else f"compile {scope} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
         return f"{self.model.experts_impl if self.model.has_moe else 'dense'} | AC {self.ac.mode} | {comp}{fsdp}"
 
     def replace(self, **changes) -> "Scenario":
@@ -177,23 +240,37 @@ class Scenario:
             out["ep"] = self.ep
         return {
             **out,
-            "model": self.model.to_dict(), "ac": self.ac.to_dict(), "compile": self.compile.to_dict(),
-            "recipe": self.recipe, "recipe_backend": self.recipe_backend, "name": self.name, "device": self.device,
-            "seed": self.seed, "check_numerics": self.check_numerics, "measure_memory": self.measure_memory,
-            "steady_steps": self.steady_steps, "memory_snapshot": self.memory_snapshot,
+            "model": self.model.to_dict(),
+            "ac": self.ac.to_dict(),
+            "compile": self.compile.to_dict(),
+            "recipe": self.recipe,
+            "recipe_backend": self.recipe_backend,
+            "name": self.name,
+            "device": self.device,
+            "seed": self.seed,
+            "check_numerics": self.check_numerics,
+            "measure_memory": self.measure_memory,
+            "steady_steps": self.steady_steps,
+            "memory_snapshot": self.memory_snapshot,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Scenario":
         if not isinstance(data, dict):
-            raise ConfigError("Scenario", "", f"the JSON holds a {_json_type(data)}, not an object of Scenario fields.",
-                              'write an object such as {"ac": {"mode": "full"}, "compile": {"scope": "blocks"}} '
-                              "(Scenario.to_json() writes one).")
+            raise ConfigError(
+                "Scenario",
+                "",
+                f"the JSON holds a {_json_type(data)}, not an object of Scenario fields.",
+                'write an object such as {"ac": {"mode": "full"}, "compile": {"scope": "blocks"}} '
+                "(Scenario.to_json() writes one).",
+            )
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError("Scenario", unknown[0], "is not a field of Scenario.", f"use one of {', '.join(sorted(known))}.")
+            raise ConfigError(
+                "Scenario", unknown[0], "is not a field of Scenario.", f"use one of {', '.join(sorted(known))}."
+            )
         for name, sub in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
             if name not in data:
                 continue
@@ -205,8 +282,12 @@ class Scenario:
                 elif name == "ac" and isinstance(value, str):
                     example = json.dumps({"mode": value})
                 what = "null" if value is None else f"the {_json_type(value)} {json.dumps(value)}"
-                raise ConfigError("Scenario", name, f"is {what}, not an object of {sub.__name__} fields.",
-                                  f"write \"{name}\": {example}, or leave \"{name}\" out for the default {sub.__name__}().")
+                raise ConfigError(
+                    "Scenario",
+                    name,
+                    f"is {what}, not an object of {sub.__name__} fields.",
+                    f'write "{name}": {example}, or leave "{name}" out for the default {sub.__name__}().',
+                )
             data[name] = sub.from_dict(value)
         if isinstance(data.get("torchtitan"), dict):
             data["torchtitan"] = TorchtitanConfig.from_dict(data["torchtitan"])
@@ -222,7 +303,8 @@ class Scenario:
 
 def _json_type(value: Any) -> str:
     return {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def check_structure(scenario: Scenario) -> None:

@@ -1,4 +1,8 @@
-"""The measured step: one instrumented forward + backward (compile happens here), then a bare memory step and bare steady steps."""
+"""The measured step: one instrumented forward + backward, then bare memory and steady steps.
+
+The measured step: one instrumented forward + backward (compile happens here), then a bare memory step and bare steady
+steps.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from ..compat import tree_leaves
 
 from .. import compat
+from ..compat import tree_leaves
 from ..transforms.settings import torch_settings
 from . import memory as _memory
 from .numerics import grads as _grads
@@ -61,10 +65,20 @@ def _output_bytes(out: Any) -> int:
     return total
 
 
-def measured_step(model: nn.Module, forward: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor],
-                  inputs: Any, device: torch.device, stage: Stage, *, seed: int | None = None,
-                  measure_memory: bool = True, steady_steps: int = 0, snapshot_path: str | None = None,
-                  result: StepResult | None = None) -> StepResult:
+def measured_step(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    loss_of: Callable[[Any], torch.Tensor],
+    inputs: Any,
+    device: torch.device,
+    stage: Stage,
+    *,
+    seed: int | None = None,
+    measure_memory: bool = True,
+    steady_steps: int = 0,
+    snapshot_path: str | None = None,
+    result: StepResult | None = None,
+) -> StepResult:
     """Step 1 with probes, then a memory step and `steady_steps` bare steps. `result` is filled as the step goes,
     so a failure in a later stage keeps what the earlier ones measured."""
     out = result if result is not None else StepResult()
@@ -89,8 +103,9 @@ def measured_step(model: nn.Module, forward: Callable[[], Any], loss_of: Callabl
             with probes.phase_scope("backward"):
                 loss.backward()
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
-    out.timings.update(first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0,
-                       first_backward_s=time.perf_counter() - t_bwd)
+    out.timings.update(
+        first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0, first_backward_s=time.perf_counter() - t_bwd
+    )
     out.loss = float(loss.detach().float())
     del loss
     out.grads = _grads(model)
@@ -126,16 +141,23 @@ def measured_step(model: nn.Module, forward: Callable[[], Any], loss_of: Callabl
         stage("measure")
         if device.type == "cuda":
             peak, held = _memory.cuda_step(bare_step, device, snapshot_path)
-            out.memory = Memory(device=str(device), peak_bytes=int(peak),
-                                held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
-                                method=_memory.CUDA_METHOD, snapshot_path=snapshot_path)
+            out.memory = Memory(
+                device=str(device),
+                peak_bytes=int(peak),
+                held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
+                method=_memory.CUDA_METHOD,
+                snapshot_path=snapshot_path,
+            )
         else:
             measured = _memory.cpu_step(bare_step)
             if measured is not None:
                 peak, held = measured
-                out.memory = Memory(device=str(device), peak_bytes=int(peak),
-                                    held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
-                                    method=_memory.CPU_METHOD)
+                out.memory = Memory(
+                    device=str(device),
+                    peak_bytes=int(peak),
+                    held_after_forward_bytes=int(held - output_bytes.get("v", 0)),
+                    method=_memory.CPU_METHOD,
+                )
     steady: list[tuple[float, float, float]] = []
     for _ in range(steady_steps):
         bare_step(times=steady)

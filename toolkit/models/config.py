@@ -6,8 +6,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from .._config import (ConfigError, check_bool, check_choice, check_int, check_number, check_object, from_dict,
-                       literal_choices, to_dict)
+from .._config import (
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_object,
+    from_dict,
+    literal_choices,
+    to_dict,
+)
 
 ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
 TokenCount = Literal["scatter", "histc", "bincount"]
@@ -96,22 +105,45 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
-        for name, minimum in [("n_layers", 1), ("dim", 2), ("n_heads", 1), ("ffn_hidden", 1), ("vocab_size", 2),
-                              ("seq_len", 1), ("batch", 1), ("n_experts", 1), ("top_k", 1), ("moe_hidden", 1),
-                              ("n_shared_experts", 0), ("seed", 0)]:
+        for name, minimum in [
+            ("n_layers", 1),
+            ("dim", 2),
+            ("n_heads", 1),
+            ("ffn_hidden", 1),
+            ("vocab_size", 2),
+            ("seq_len", 1),
+            ("batch", 1),
+            ("n_experts", 1),
+            ("top_k", 1),
+            ("moe_hidden", 1),
+            ("n_shared_experts", 0),
+            ("seed", 0),
+        ]:
             check_int(own, name, getattr(self, name), minimum)
         for name in ["layout", "dtype", "score_func", "experts_impl", "token_count", "attention"]:
             check_choice(own, name, getattr(self, name), literal_choices(ModelConfig, name))
         if self.dim % self.n_heads:
-            raise ConfigError(own, "dim", f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
-                              f"pick dim as a multiple of n_heads (e.g. dim={self.n_heads * max(1, self.dim // self.n_heads)}) "
-                              "or change n_heads.")
+            raise ConfigError(
+                own,
+                "dim",
+                f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
+                f"pick dim as a multiple of n_heads (e.g. dim={self.n_heads * max(1, self.dim // self.n_heads)}) "
+                "or change n_heads.",
+            )
         if (self.dim // self.n_heads) % 2:
-            raise ConfigError(own, "n_heads", f"head dim {self.dim // self.n_heads} is odd; RoPE rotates pairs.",
-                              "choose dim and n_heads so that dim // n_heads is even.")
+            raise ConfigError(
+                own,
+                "n_heads",
+                f"head dim {self.dim // self.n_heads} is odd; RoPE rotates pairs.",
+                "choose dim and n_heads so that dim // n_heads is even.",
+            )
         if self.top_k > self.n_experts:
-            raise ConfigError(own, "top_k", f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
-                              f"use top_k <= {self.n_experts} or raise n_experts.")
+            raise ConfigError(
+                own,
+                "top_k",
+                f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
+                f"use top_k <= {self.n_experts} or raise n_experts.",
+            )
         # Truthy stand-ins ("yes", 1) would switch these on without saying so: only real bools pass.
         for name in ("route_norm", "load_balance", "experts_graph_break"):
             check_bool(own, name, getattr(self, name))
@@ -125,26 +157,41 @@ class ModelConfig:
             # The CPU grouped-mm kernel needs 16-byte aligned strides (C14); multiples of 8 cover fp32 and bf16.
             for name in ("dim", "moe_hidden"):
                 if getattr(self, name) % 8:
-                    raise ConfigError(own, name, f"{name}={getattr(self, name)} is not a multiple of 8, which "
-                                      "torch._grouped_mm needs for 16-byte aligned strides.",
-                                      "use a multiple of 8 or another experts_impl.")
+                    raise ConfigError(
+                        own,
+                        name,
+                        f"{name}={getattr(self, name)} is not a multiple of 8, which "
+                        "torch._grouped_mm needs for 16-byte aligned strides.",
+                        "use a multiple of 8 or another experts_impl.",
+                    )
         if self.layout == "torchtitan_main" and self.has_moe:
             # main's routed experts are grouped linears and its router counts with a routing map: nothing else
             # exists there to be faithful to.
             if self.experts_impl != "grouped_mm":
-                raise ConfigError(own, "experts_impl", f"{self.experts_impl!r} does not exist in torchtitan main, "
-                                  "whose routed experts are two grouped linears (w13, w2) run with "
-                                  "torch._grouped_mm in bfloat16.",
-                                  "use experts_impl='grouped_mm' with layout='torchtitan_main', or "
-                                  "layout='torchtitan_0_3_0' for the other implementations.")
+                raise ConfigError(
+                    own,
+                    "experts_impl",
+                    f"{self.experts_impl!r} does not exist in torchtitan main, "
+                    "whose routed experts are two grouped linears (w13, w2) run with "
+                    "torch._grouped_mm in bfloat16.",
+                    "use experts_impl='grouped_mm' with layout='torchtitan_main', or "
+                    "layout='torchtitan_0_3_0' for the other implementations.",
+                )
             if self.token_count != "scatter":
-                raise ConfigError(own, "token_count", f"{self.token_count!r} does not exist in torchtitan main, whose "
-                                  "router counts tokens from a routing map (scatter, then sum).",
-                                  "use token_count='scatter' with layout='torchtitan_main'.")
+                raise ConfigError(
+                    own,
+                    "token_count",
+                    f"{self.token_count!r} does not exist in torchtitan main, whose "
+                    "router counts tokens from a routing map (scatter, then sum).",
+                    "use token_count='scatter' with layout='torchtitan_main'.",
+                )
         if self.attention == "flex" and self.device_type == "cpu":
-            raise ConfigError(own, "attention", "FlexAttention has no backward on CPU in torch 2.13 "
-                              "(NotImplementedError in the first training step).",
-                              "use attention='sdpa' on CPU, or device='cuda'.")
+            raise ConfigError(
+                own,
+                "attention",
+                "FlexAttention has no backward on CPU in torch 2.13 (NotImplementedError in the first training step).",
+                "use attention='sdpa' on CPU, or device='cuda'.",
+            )
 
     def _check_moe_layers(self) -> None:
         v = self.moe_layers
@@ -153,16 +200,23 @@ class ModelConfig:
             check_choice(own, "moe_layers", v, ("all", "none"))
         elif isinstance(v, int) and not isinstance(v, bool):
             if v < 1:
-                raise ConfigError(own, "moe_layers", f"every-k value {v} is below 1.",
-                                  "pass k >= 1, 'all' or 'none'.")
+                raise ConfigError(own, "moe_layers", f"every-k value {v} is below 1.", "pass k >= 1, 'all' or 'none'.")
         elif isinstance(v, tuple):
             bad = [i for i in v if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
             if bad:
-                raise ConfigError(own, "moe_layers", f"block indices {bad} are not in range(n_layers={self.n_layers}).",
-                                  "list indices between 0 and n_layers - 1.")
+                raise ConfigError(
+                    own,
+                    "moe_layers",
+                    f"block indices {bad} are not in range(n_layers={self.n_layers}).",
+                    "list indices between 0 and n_layers - 1.",
+                )
         else:
-            raise ConfigError(own, "moe_layers", f"{v!r} has the wrong type.",
-                              "pass 'all', 'none', an int k or a tuple of block indices.")
+            raise ConfigError(
+                own,
+                "moe_layers",
+                f"{v!r} has the wrong type.",
+                "pass 'all', 'none', an int k or a tuple of block indices.",
+            )
 
     def _check_device(self) -> None:
         import torch
@@ -170,14 +224,23 @@ class ModelConfig:
         try:
             dev = torch.device(self.device)
         except (RuntimeError, TypeError) as e:
-            raise ConfigError("ModelConfig", "device", f"{self.device!r} is not a device ({e}).",
-                              "pass 'cpu', 'cuda', 'cuda:0' or 'meta'.") from None
+            raise ConfigError(
+                "ModelConfig",
+                "device",
+                f"{self.device!r} is not a device ({e}).",
+                "pass 'cpu', 'cuda', 'cuda:0' or 'meta'.",
+            ) from None
         if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("ModelConfig", "device", "CUDA was asked for but torch.cuda.is_available() is False.",
-                              "use device='cpu' on this machine.")
+            raise ConfigError(
+                "ModelConfig",
+                "device",
+                "CUDA was asked for but torch.cuda.is_available() is False.",
+                "use device='cpu' on this machine.",
+            )
         if dev.type not in ("cpu", "cuda", "meta"):
-            raise ConfigError("ModelConfig", "device", f"device type {dev.type!r} is not supported.",
-                              "use 'cpu', 'cuda' or 'meta'.")
+            raise ConfigError(
+                "ModelConfig", "device", f"device type {dev.type!r} is not supported.", "use 'cpu', 'cuda' or 'meta'."
+            )
 
     @property
     def device_type(self) -> str:

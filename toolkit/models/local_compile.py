@@ -1,4 +1,7 @@
-"""Named functions of the model that can be compiled on their own, as torchtitan main's `@local_compile` (distributed/local_compile.py at 2350f753348e).
+"""Named functions of the model compiled on their own, as torchtitan main's `@local_compile`.
+
+Named functions of the model that can be compiled on their own, as torchtitan main's `@local_compile`
+(distributed/local_compile.py at 2350f753348e).
 
 Each decorated function calls its reference (eager) implementation until `bind` swaps in a compiled one
 (`torch.compile(fn, fullgraph=True, **kwargs)`; `fullgraph=False` is refused, as main refuses it); `unbind` puts
@@ -68,7 +71,7 @@ def bind(regions: tuple[str, ...], **compile_kwargs: Any) -> dict[str, Callable[
 
 def unbind(regions: tuple[str, ...] | None = None) -> None:
     """Every call of the named functions (all when None) runs the reference implementation again."""
-    for r in (regions if regions is not None else names()):
+    for r in regions if regions is not None else names():
         if r in _REGISTRY:
             _REGISTRY[r].fn = _REGISTRY[r].reference
 

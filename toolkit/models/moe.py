@@ -1,4 +1,8 @@
-"""Token-choice top-k MoE laid out like torchtitan 0.3.0's (router, routed experts = token dispatcher + inner experts, shared experts), like torchtitan main's (fused `w13` + `w2` grouped linears) or like its 2025 layout (`moe.experts`), with main's remat regions declared in the code.
+"""Token-choice top-k MoE laid out like torchtitan's (0.3.0, main or 2025), with main's remat regions.
+
+Token-choice top-k MoE laid out like torchtitan 0.3.0's (router, routed experts = token dispatcher + inner experts,
+shared experts), like torchtitan main's (fused `w13` + `w2` grouped linears) or like its 2025 layout (`moe.experts`),
+with main's remat regions declared in the code.
 
 Shape legend (suffixes on tensor names):
     B batch, S sequence, D model dim, T = B·S tokens, E routed experts, K top-k,
@@ -126,8 +130,9 @@ class TokenChoiceTopKRouter(nn.Module):
         self.noise = cfg.router_noise
         self.token_count = cfg.token_count
         if self.main:
-            self.register_buffer("tokens_per_expert_E", torch.zeros(cfg.n_experts, dtype=torch.float32),
-                                 persistent=False)
+            self.register_buffer(
+                "tokens_per_expert_E", torch.zeros(cfg.n_experts, dtype=torch.float32), persistent=False
+            )
 
     @staticmethod
     def _fp32_gate(x_TD: torch.Tensor, weight_ED: torch.Tensor) -> torch.Tensor:
@@ -173,8 +178,9 @@ class TokenChoiceTopKRouter(nn.Module):
         if self.token_count == "bincount":
             return torch.bincount(expert_ids_TK.flatten(), minlength=self.n_experts)
         if self.token_count == "histc":
-            return torch.histc(expert_ids_TK.flatten().float(), bins=self.n_experts, min=0,
-                               max=self.n_experts).to(torch.int64)
+            return torch.histc(expert_ids_TK.flatten().float(), bins=self.n_experts, min=0, max=self.n_experts).to(
+                torch.int64
+            )
         T = expert_ids_TK.shape[0]
         map_TE = torch.zeros(T, self.n_experts, dtype=torch.int64, device=expert_ids_TK.device)
         map_TE = map_TE.scatter(1, expert_ids_TK, 1)
@@ -248,8 +254,10 @@ class _Experts(nn.Module):
         """w1 and w3 as one region: main's fused `w13` (same bytes saved, the same pattern matches it)."""
         if self.bf16_grouped_mm:
             w1_EFD, w3_EFD = w1_EFD.bfloat16(), w3_EFD.bfloat16()
-        return (torch._grouped_mm(x, w1_EFD.transpose(-2, -1), offs=offsets_E),
-                torch._grouped_mm(x, w3_EFD.transpose(-2, -1), offs=offsets_E))
+        return (
+            torch._grouped_mm(x, w1_EFD.transpose(-2, -1), offs=offsets_E),
+            torch._grouped_mm(x, w3_EFD.transpose(-2, -1), offs=offsets_E),
+        )
 
     def _grouped_down(self, h_NF, w2_EDF, offsets_E):
         # The cast lies inside the region, as in main's GroupedLinear: a kept w2 keeps its bfloat16 copy.
@@ -260,11 +268,11 @@ class _Experts(nn.Module):
         w1, w2, w3 = self.weights()
         offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
         x = x_ND.bfloat16() if self.bf16_grouped_mm else x_ND
-        gate_NF, up_NF = regions.region(self, self._name("w13.grouped_mm"), self._grouped_gate_up, x, w1, w3,
-                                        offsets_E)
+        gate_NF, up_NF = regions.region(self, self._name("w13.grouped_mm"), self._grouped_gate_up, x, w1, w3, offsets_E)
         regions.needs(self, gate_NF, up_NF)
-        out_ND = regions.region(self, self._name("w2.grouped_mm"), self._grouped_down, swiglu(gate_NF, up_NF), w2,
-                                offsets_E)
+        out_ND = regions.region(
+            self, self._name("w2.grouped_mm"), self._grouped_down, swiglu(gate_NF, up_NF), w2, offsets_E
+        )
         regions.needs(self, out_ND)
         return out_ND.type_as(x_ND)
 
@@ -333,8 +341,9 @@ class GroupedLinear(nn.Module):
 
     def forward(self, input_RI: torch.Tensor, offsets_E: torch.Tensor) -> torch.Tensor:
         output_shape = self.weight.shape[1:-1]
-        output_RO = regions.region(self, "grouped_mm", self._grouped_mm, input_RI, self.weight.flatten(1, -2),
-                                   offsets_E)
+        output_RO = regions.region(
+            self, "grouped_mm", self._grouped_mm, input_RI, self.weight.flatten(1, -2), offsets_E
+        )
         return output_RO.reshape(*output_RO.shape[:-1], *output_shape)
 
     def remat_regions(self, fqn: str) -> list[str]:
@@ -348,8 +357,9 @@ class LocalTokenDispatcher:
     def __init__(self, top_k: int):
         self.top_k = top_k
 
-    def dispatch(self, x_TD: torch.Tensor, weights_TK: torch.Tensor, expert_ids_TK: torch.Tensor,
-                 with_ids: bool = True):
+    def dispatch(
+        self, x_TD: torch.Tensor, weights_TK: torch.Tensor, expert_ids_TK: torch.Tensor, with_ids: bool = True
+    ):
         """Rows sorted by expert, their tokens, their weights and (`with_ids`, for the experts that need them)
         their experts; main's dispatcher returns no ids."""
         order_N = torch.argsort(expert_ids_TK.flatten(), stable=True)
@@ -357,8 +367,9 @@ class LocalTokenDispatcher:
         ids_N = expert_ids_TK.flatten()[order_N] if with_ids else None
         return x_TD[token_N], token_N, weights_TK.flatten()[order_N].unsqueeze(-1), ids_N
 
-    def combine(self, out_ND: torch.Tensor, token_N: torch.Tensor, weights_N1: torch.Tensor,
-                x_TD: torch.Tensor) -> torch.Tensor:
+    def combine(
+        self, out_ND: torch.Tensor, token_N: torch.Tensor, weights_N1: torch.Tensor, x_TD: torch.Tensor
+    ) -> torch.Tensor:
         out_ND = (out_ND.float() * weights_N1).to(x_TD.dtype)
         return torch.zeros_like(x_TD).index_add(0, token_N, out_ND)
 
@@ -393,8 +404,9 @@ class MainRoutedExperts(nn.Module):
         self.token_dispatcher = LocalTokenDispatcher(cfg.top_k)
 
     def forward(self, x_TD, weights_TK, expert_ids_TK, counts_E):
-        routed_ND, token_N, weights_N1, _ = self.token_dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK,
-                                                                           with_ids=False)
+        routed_ND, token_N, weights_N1, _ = self.token_dispatcher.dispatch(
+            x_TD, weights_TK, expert_ids_TK, with_ids=False
+        )
         offsets_E = torch.cumsum(counts_E, dim=0, dtype=torch.int32)
         gate_NF, up_NF = self.w13(routed_ND.bfloat16(), offsets_E).unbind(dim=-2)
         regions.needs(self, gate_NF, up_NF)
@@ -453,8 +465,11 @@ class MoE(nn.Module):
     @staticmethod
     def buffer_names(layout: str) -> tuple[str, str]:
         """`(expert bias, tokens per expert)` buffer names of a layout (main's counter lives in `router`)."""
-        return ("expert_bias", "tokens_per_expert") if layout == "torchtitan_2025" else \
-            ("expert_bias_E", "tokens_per_expert_E")
+        return (
+            ("expert_bias", "tokens_per_expert")
+            if layout == "torchtitan_2025"
+            else ("expert_bias_E", "tokens_per_expert_E")
+        )
 
     def routed_experts_module(self) -> nn.Module:
         """The module holding the expert weights (`routed_experts.inner_experts`, main's `routed_experts`, or
@@ -496,8 +511,9 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             # A trailing add, kept under every policy: it saves nothing, so replay skips it and its inputs need
             # no marker (main's `moe.shared_add`).
-            out_TD = regions.kept(self, regions.region_name(self, "shared_add"), torch.add, out_TD,
-                                  self.shared_experts(x_TD))
+            out_TD = regions.kept(
+                self, regions.region_name(self, "shared_add"), torch.add, out_TD, self.shared_experts(x_TD)
+            )
         return out_TD.reshape(B, S, D)
 
     def init_weights(self, std: float = 0.02) -> None:

@@ -1,4 +1,7 @@
-"""Remat regions declared in the model code, as torchtitan main declares them: plain calls unless a torch_remat policy is configured on the module.
+"""Remat regions declared in the model code, as torchtitan main declares them.
+
+Remat regions declared in the model code, as torchtitan main declares them: plain calls unless a torch_remat policy is
+configured on the module.
 
 torchtitan main (`docs/remat.md` and `protocols/module.py` at 03d9819f3416) wraps each Linear's projection, each
 grouped matmul and each attention kernel in `torch_remat.region(fn, "<fqn>.<local>", recompute=...)`, where
@@ -120,5 +123,16 @@ def unconfigure(block: nn.Module) -> None:
             m.__dict__.pop(key, None)
 
 
-__all__ = ["available", "active", "region", "kept", "needs", "replaying", "declared", "configure", "unconfigure",
-           "region_name", "should_recompute"]
+__all__ = [
+    "available",
+    "active",
+    "region",
+    "kept",
+    "needs",
+    "replaying",
+    "declared",
+    "configure",
+    "unconfigure",
+    "region_name",
+    "should_recompute",
+]

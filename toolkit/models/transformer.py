@@ -55,9 +55,11 @@ class QKVLinear(nn.Module):
         qkv = self.wqkv(x_BSD)
         regions.needs(self, qkv)  # the split below copies the projection's output with bare ops
         q, k, v = torch.split(qkv.view(B, S, self.n_heads, 3, self.head_dim), [1, 1, 1], dim=-2)
-        return (q.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
-                k.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
-                v.reshape(B, S, self.n_heads, self.head_dim).contiguous())
+        return (
+            q.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
+            k.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
+            v.reshape(B, S, self.n_heads, self.head_dim).contiguous(),
+        )
 
 
 class Attention(nn.Module):
@@ -85,11 +87,16 @@ class Attention(nn.Module):
         if self.fused:
             q, k, v = self.qkv_linear(x_BSD)
         else:
-            q, k, v = self.wq(x_BSD).view(B, S, H, Dh), self.wk(x_BSD).view(B, S, H, Dh), self.wv(x_BSD).view(B, S, H, Dh)
+            q, k, v = (
+                self.wq(x_BSD).view(B, S, H, Dh),
+                self.wk(x_BSD).view(B, S, H, Dh),
+                self.wv(x_BSD).view(B, S, H, Dh),
+            )
         regions.needs(self, q, k)  # RoPE reads the projections with bare ops (v only reaches the kernel's region)
         q, k = rope_qk(q, k, rope)
-        o_BHSD = regions.region(self, "inner_attention", self._attend, q.transpose(1, 2), k.transpose(1, 2),
-                                v.transpose(1, 2))
+        o_BHSD = regions.region(
+            self, "inner_attention", self._attend, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         regions.needs(self, o_BHSD)  # the head merge copies the kernel's output with a bare op
         return self.wo(o_BHSD.transpose(1, 2).reshape(B, S, D))
 
@@ -188,7 +195,7 @@ class Transformer(nn.Module):
             else:
                 init_feed_forward(block.feed_forward, std)
         nn.init.ones_(self.norm.weight)
-        nn.init.trunc_normal_(self.get_submodule(self.head_name).weight, std=self.config.dim ** -0.5)
+        nn.init.trunc_normal_(self.get_submodule(self.head_name).weight, std=self.config.dim**-0.5)
 
 
 class Batch(NamedTuple):

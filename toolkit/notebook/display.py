@@ -6,8 +6,14 @@ from typing import Any, Mapping
 
 from ..measure.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
 
-KIND_COLORS = {"autograd": "#4c78a8", "compiled": "#f58518", "sac_cache": "#54a24b", "remat_save": "#17becf",
-               "checkpoint_input": "#b279a2", "other": "#9d9da0"}
+KIND_COLORS = {
+    "autograd": "#4c78a8",
+    "compiled": "#f58518",
+    "sac_cache": "#54a24b",
+    "remat_save": "#17becf",
+    "checkpoint_input": "#b279a2",
+    "other": "#9d9da0",
+}
 
 
 def _grouped(report: Report, by: str, top: int) -> tuple[list[str], dict[str, list[int]]]:
@@ -31,10 +37,21 @@ def saved_figure(report: Report, by: str = "module", top: int = 20):
     fig = go.Figure()
     for kind in KINDS:
         if any(series[kind]):
-            fig.add_bar(name=kind, x=keys, y=[v / 2**10 for v in series[kind]], marker_color=KIND_COLORS[kind],
-                        hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + kind + "</extra>")
-    fig.update_layout(barmode="stack", title=f"saved for backward by {by}: {fmt_bytes(report.saved.total_bytes)}",
-                      yaxis_title="KiB", xaxis_tickangle=-40, legend_title="kind", height=420)
+            fig.add_bar(
+                name=kind,
+                x=keys,
+                y=[v / 2**10 for v in series[kind]],
+                marker_color=KIND_COLORS[kind],
+                hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + kind + "</extra>",
+            )
+    fig.update_layout(
+        barmode="stack",
+        title=f"saved for backward by {by}: {fmt_bytes(report.saved.total_bytes)}",
+        yaxis_title="KiB",
+        xaxis_tickangle=-40,
+        legend_title="kind",
+        height=420,
+    )
     return fig
 
 
@@ -46,8 +63,9 @@ def saved_text(report: Report, by: str = "module", top: int = 20) -> str:
     lines = [f"{by:<{width}}" + "".join(f"{k:>18}" for k in kinds) + f"{'total':>12}"]
     for i, key in enumerate(keys):
         row = [series[k][i] for k in kinds]
-        lines.append(f"{key:<{width}}" + "".join(f"{fmt_bytes(v) if v else '-':>18}" for v in row)
-                     + f"{fmt_bytes(sum(row)):>12}")
+        lines.append(
+            f"{key:<{width}}" + "".join(f"{fmt_bytes(v) if v else '-':>18}" for v in row) + f"{fmt_bytes(sum(row)):>12}"
+        )
     return "\n".join(lines)
 
 
@@ -57,11 +75,17 @@ def memory_figure(reports: Mapping[str, Report]):
 
     labels = list(reports)
     fig = go.Figure()
-    for name, get in (("saved for backward", lambda r: r.saved.total_bytes),
-                      ("held after forward", lambda r: r.memory.held_after_forward_bytes),
-                      ("peak", lambda r: r.memory.peak_bytes)):
-        fig.add_bar(name=name, x=labels, y=[get(reports[k]) / 2**20 for k in labels],
-                    hovertemplate="%{x}<br>%{y:.2f} MiB<extra>" + name + "</extra>")
+    for name, get in (
+        ("saved for backward", lambda r: r.saved.total_bytes),
+        ("held after forward", lambda r: r.memory.held_after_forward_bytes),
+        ("peak", lambda r: r.memory.peak_bytes),
+    ):
+        fig.add_bar(
+            name=name,
+            x=labels,
+            y=[get(reports[k]) / 2**20 for k in labels],
+            hovertemplate="%{x}<br>%{y:.2f} MiB<extra>" + name + "</extra>",
+        )
     fig.update_layout(barmode="group", yaxis_title="MiB", title="memory per run", height=380)
     return fig
 
@@ -70,9 +94,11 @@ def memory_text(reports: Mapping[str, Report]) -> str:
     width = max([5] + [len(k) for k in reports]) + 2
     lines = [f"{'run':<{width}}{'saved':>12}{'held':>12}{'peak':>12}{'recomputed':>12}"]
     for k, r in reports.items():
-        lines.append(f"{k:<{width}}{fmt_bytes(r.saved.total_bytes):>12}"
-                     f"{fmt_measured_bytes(r.memory.held_after_forward_bytes):>12}"
-                     f"{fmt_measured_bytes(r.memory.peak_bytes):>12}{r.recompute.ops:>12}")
+        lines.append(
+            f"{k:<{width}}{fmt_bytes(r.saved.total_bytes):>12}"
+            f"{fmt_measured_bytes(r.memory.held_after_forward_bytes):>12}"
+            f"{fmt_measured_bytes(r.memory.peak_bytes):>12}{r.recompute.ops:>12}"
+        )
     return "\n".join(lines)
 
 
@@ -83,13 +109,18 @@ def recompute_text(reports: Mapping[str, Report]) -> str:
     (`-` where not compared). Deterministic: exact counts and rounded bytes."""
     kinds = [k for k in KINDS if any(k in r.saved.by_kind for r in reports.values())]
     width = max([3] + [len(k) for k in reports]) + 2
-    lines = [f"{'run':<{width}}{'saved':>10}" + "".join(f"{k:>18}" for k in kinds)
-             + f"{'eager ops':>11}{'in graph bwd':>14}{'graph reruns':>14}{'grads':>10}"]
+    lines = [
+        f"{'run':<{width}}{'saved':>10}"
+        + "".join(f"{k:>18}" for k in kinds)
+        + f"{'eager ops':>11}{'in graph bwd':>14}{'graph reruns':>14}{'grads':>10}"
+    ]
     for name, r in reports.items():
         grads = {True: "match", False: "MISMATCH", None: "-"}[r.numerics.grads_match]
         kind_cols = "".join(f"{fmt_bytes(r.saved.by_kind[k]) if k in r.saved.by_kind else '-':>18}" for k in kinds)
-        lines.append(f"{name:<{width}}{fmt_bytes(r.saved.total_bytes):>10}{kind_cols}{r.recompute.ops:>11}"
-                     f"{r.recompute.in_compiled_backward:>14}{sum(r.recompute.compiled_reruns.values()):>14}{grads:>10}")
+        lines.append(
+            f"{name:<{width}}{fmt_bytes(r.saved.total_bytes):>10}{kind_cols}{r.recompute.ops:>11}"
+            f"{r.recompute.in_compiled_backward:>14}{sum(r.recompute.compiled_reruns.values()):>14}{grads:>10}"
+        )
     return "\n".join(lines)
 
 
@@ -99,8 +130,9 @@ def recompute_figure(report: Report, top: int = 15):
 
     items = sorted(report.recompute.by_op.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     fig = go.Figure(go.Bar(x=[k for k, _ in items], y=[v for _, v in items], marker_color="#e45756"))
-    fig.update_layout(title=f"recomputed in backward: {report.recompute.ops} ops", yaxis_title="ops",
-                      xaxis_tickangle=-40, height=380)
+    fig.update_layout(
+        title=f"recomputed in backward: {report.recompute.ops} ops", yaxis_title="ops", xaxis_tickangle=-40, height=380
+    )
     return fig
 
 
@@ -109,8 +141,10 @@ def breaks_text(report: Report) -> str:
     c = report.compile
     if not c.requested:
         return "compile not requested"
-    lines = [f"{c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
-             + (" — fell back to eager in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")]
+    lines = [
+        f"{c.graphs} graphs, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
+        + (" — fell back to eager in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")
+    ]
     for b in c.breaks:
         lines.append(f"  break  {b.place}  {b.reason.splitlines()[0]}")
     for r in c.recompiles:
@@ -126,10 +160,13 @@ def breaks_html(report: Report) -> str:
     head = html.escape(breaks_text(report).splitlines()[0])
     if not c.breaks and not c.recompiles:
         return f"<b>{head}</b>"  # an empty table would only be a header
-    rows = "".join(f"<tr><td>{html.escape(b.place)}</td>"
-                   f"<td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks)
-    rec = "".join(f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
-                  for r in c.recompiles)
+    rows = "".join(
+        f"<tr><td>{html.escape(b.place)}</td><td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks
+    )
+    rec = "".join(
+        f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
+        for r in c.recompiles
+    )
     return f"<b>{head}</b><table><tr><th>where</th><th>reason</th></tr>{rows}{rec}</table>"
 
 
@@ -166,32 +203,81 @@ def compare_figure(a: Report, b: Report, names: tuple[str, str] = ("A", "B"), to
     from plotly.subplots import make_subplots
 
     mods = _module_diffs(a, b, top)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.1,
-                        subplot_titles=["saved for backward by module: where the runs differ", "memory"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.64, 0.36],
+        horizontal_spacing=0.1,
+        subplot_titles=["saved for backward by module: where the runs differ", "memory"],
+    )
     keys = [m or "<model>" for m in mods]
-    metrics = [("saved", lambda r: r.saved.total_bytes), ("held after forward", lambda r: r.memory.held_after_forward_bytes),
-               ("peak", lambda r: r.memory.peak_bytes)]
+    metrics = [
+        ("saved", lambda r: r.saved.total_bytes),
+        ("held after forward", lambda r: r.memory.held_after_forward_bytes),
+        ("peak", lambda r: r.memory.peak_bytes),
+    ]
     for name, run, color in ((names[0], a, COMPARE_COLORS["a"]), (names[1], b, COMPARE_COLORS["b"])):
-        fig.add_bar(name=name, legendgroup=name, x=keys, y=[run.saved.by_module.get(m, 0) / 2**10 for m in mods],
-                    marker_color=color, hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + name + "</extra>", row=1, col=1)
-        fig.add_bar(name=name, legendgroup=name, showlegend=False, x=[k for k, _ in metrics],
-                    y=[get(run) / 2**20 for _, get in metrics], marker_color=color,
-                    hovertemplate="%{x}<br>%{y:.3f} MiB<extra>" + name + "</extra>", row=1, col=2)
+        fig.add_bar(
+            name=name,
+            legendgroup=name,
+            x=keys,
+            y=[run.saved.by_module.get(m, 0) / 2**10 for m in mods],
+            marker_color=color,
+            hovertemplate="%{x}<br>%{y:.1f} KiB<extra>" + name + "</extra>",
+            row=1,
+            col=1,
+        )
+        fig.add_bar(
+            name=name,
+            legendgroup=name,
+            showlegend=False,
+            x=[k for k, _ in metrics],
+            y=[get(run) / 2**20 for _, get in metrics],
+            marker_color=color,
+            hovertemplate="%{x}<br>%{y:.3f} MiB<extra>" + name + "</extra>",
+            row=1,
+            col=2,
+        )
     # Upright labels would overlap over a dozen narrow pairs: written upwards from the taller bar instead.
     upright = len(mods) <= 5
     for m, key in zip(mods, keys):
         x, y = a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)
-        fig.add_annotation(x=key, y=max(x, y) / 2**10, text=_signed(y - x), showarrow=False,
-                           textangle=0 if upright else -90, yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["more" if y > x else "less"]),
-                           row=1, col=1)
+        fig.add_annotation(
+            x=key,
+            y=max(x, y) / 2**10,
+            text=_signed(y - x),
+            showarrow=False,
+            textangle=0 if upright else -90,
+            yshift=3,
+            yanchor="bottom",
+            font=dict(size=11, color=COMPARE_COLORS["more" if y > x else "less"]),
+            row=1,
+            col=1,
+        )
     for key, get in metrics:
         x, y = get(a), get(b)
-        fig.add_annotation(x=key, y=max(x, y) / 2**20, text=_signed(y - x) if x != y else "same", showarrow=False,
-                           yshift=3, yanchor="bottom", font=dict(size=11, color=COMPARE_COLORS["same" if x == y else
-                                                                       "more" if y > x else "less"]), row=1, col=2)
+        fig.add_annotation(
+            x=key,
+            y=max(x, y) / 2**20,
+            text=_signed(y - x) if x != y else "same",
+            showarrow=False,
+            yshift=3,
+            yanchor="bottom",
+            font=dict(size=11, color=COMPARE_COLORS["same" if x == y else "more" if y > x else "less"]),
+            row=1,
+            col=2,
+        )
     if not mods:
-        fig.add_annotation(text="no module saves a different amount", showarrow=False, xref="x domain",
-                           yref="y domain", x=0.5, y=0.5, row=1, col=1)
+        fig.add_annotation(
+            text="no module saves a different amount",
+            showarrow=False,
+            xref="x domain",
+            yref="y domain",
+            x=0.5,
+            y=0.5,
+            row=1,
+            col=1,
+        )
     fig.update_layout(barmode="group", height=440, title=f"{names[0]} vs {names[1]}", legend_title="run")
     # Head room above the tallest pair for its label (annotations do not widen an axis' range).
     top_kib = max([max(a.saved.by_module.get(m, 0), b.saved.by_module.get(m, 0)) / 2**10 for m in mods] or [1])
@@ -209,10 +295,22 @@ def tradeoff_figure(reports: Mapping[str, Report], memory: str = "saved"):
     labels = list(reports)
     get = {"saved": lambda r: r.saved.total_bytes, "peak": lambda r: r.memory.peak_bytes}[memory]
     recompute = [reports[k].recompute.ops + reports[k].recompute.in_compiled_backward for k in labels]
-    fig = go.Figure(go.Scatter(x=recompute, y=[get(reports[k]) / 2**20 for k in labels], mode="markers+text",
-                               text=labels, textposition="top center", marker=dict(size=11)))
-    fig.update_layout(title=f"{memory} memory vs recomputed forward ops", xaxis_title="forward ops recomputed in backward",
-                      yaxis_title=f"{memory} (MiB)", height=420)
+    fig = go.Figure(
+        go.Scatter(
+            x=recompute,
+            y=[get(reports[k]) / 2**20 for k in labels],
+            mode="markers+text",
+            text=labels,
+            textposition="top center",
+            marker=dict(size=11),
+        )
+    )
+    fig.update_layout(
+        title=f"{memory} memory vs recomputed forward ops",
+        xaxis_title="forward ops recomputed in backward",
+        yaxis_title=f"{memory} (MiB)",
+        height=420,
+    )
     return fig
 
 
@@ -253,8 +351,10 @@ def estimate_text(estimates: Mapping[str, Any], top_modules: int = 0) -> str:
     width = max([5] + [len(k) for k in estimates]) + 2
     lines = [f"{'run':<{width}}{'saved':>12}{'peak':>12}{'peak - grads':>14}"]
     for k, e in estimates.items():
-        lines.append(f"{k:<{width}}{fmt_bytes(e.saved_bytes):>12}{fmt_bytes(e.peak_bytes):>12}"
-                     f"{fmt_bytes(max(0, e.peak_bytes - e.params_bytes)):>14}")
+        lines.append(
+            f"{k:<{width}}{fmt_bytes(e.saved_bytes):>12}{fmt_bytes(e.peak_bytes):>12}"
+            f"{fmt_bytes(max(0, e.peak_bytes - e.params_bytes)):>14}"
+        )
         for mod, n in sorted(e.saved_by_module.items(), key=lambda kv: -kv[1])[:top_modules]:
             lines.append(f"    {mod or '(model)':<{width + 4}}{fmt_bytes(n):>10}")
     return "\n".join(lines)
@@ -266,9 +366,15 @@ def estimate_figure(estimates: Mapping[str, Any]):
 
     labels = list(estimates)
     fig = go.Figure()
-    for name, get in (("saved for backward", lambda e: e.saved_bytes),
-                      ("peak minus weight gradients", lambda e: max(0, e.peak_bytes - e.params_bytes))):
-        fig.add_bar(name=name, x=labels, y=[get(estimates[k]) / 2**30 for k in labels],
-                    hovertemplate="%{x}<br>%{y:.2f} GiB<extra>" + name + "</extra>")
+    for name, get in (
+        ("saved for backward", lambda e: e.saved_bytes),
+        ("peak minus weight gradients", lambda e: max(0, e.peak_bytes - e.params_bytes)),
+    ):
+        fig.add_bar(
+            name=name,
+            x=labels,
+            y=[get(estimates[k]) / 2**30 for k in labels],
+            hovertemplate="%{x}<br>%{y:.2f} GiB<extra>" + name + "</extra>",
+        )
     fig.update_layout(barmode="group", yaxis_title="GiB", title="full-size estimates (fake tensors)", height=380)
     return fig

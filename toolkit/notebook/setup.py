@@ -16,8 +16,9 @@ class MissingExtra(RuntimeError):
         return [f"{type(self).__name__}: {self}"]
 
 
-def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: bool | None = None,
-                   needs: tuple[str, ...] = ()) -> None:
+def setup_notebook(
+    *, seed: int = 0, threads: int | None = None, autoreload: bool | None = None, needs: tuple[str, ...] = ()
+) -> None:
     """Make a notebook's outputs stable and quiet; safe to call again (idempotent).
 
     `needs` names the optional packages the notebook uses (`("torch_remat",)`): when one is missing the cell stops
@@ -46,7 +47,9 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
         warnings.filterwarnings("ignore", category=category, module=r"torch(\..*)?")
     warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
     logging.getLogger("torch").setLevel(logging.ERROR)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "toolkit-inductor"))
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "toolkit-inductor")
+    )
     if autoreload is None:
         autoreload = not os.environ.get("CI")
     if autoreload and not _done:
@@ -54,8 +57,9 @@ def setup_notebook(*, seed: int = 0, threads: int | None = None, autoreload: boo
             from IPython import get_ipython
 
             ip = get_ipython()
-            ip.run_line_magic("load_ext", "autoreload")
-            ip.run_line_magic("autoreload", "2")
-        except Exception:  # not in IPython
+            if ip is not None:  # None outside IPython (a plain script): nothing to reload
+                ip.run_line_magic("load_ext", "autoreload")
+                ip.run_line_magic("autoreload", "2")
+        except ImportError:  # IPython is not installed
             pass
     _done = True

@@ -19,23 +19,36 @@ from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measure import Report, Scenario, check_structure, run
 from ..models import ModelConfig
-from ..transforms import ACConfig, CompileConfig
-from ..transforms.ac import MODE_DEFAULTS
 from ..stacks import torchtitan as titan
+from ..transforms import ACConfig, CompileConfig
+from ..transforms.ac import MODES, MemoryBudgetAC, PerSubmoduleAC, RematAC, SelectiveLayerAC
 from ..transforms.compile import BACKENDS, SCOPES
 from ..transforms.fsdp import FSDP_MODES
-from ..transforms.recipes import NEEDS, RECIPES
+from ..transforms.recipes import RECIPES
 from . import display
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
 # `order` and `recipe` carry these strings and `build_scenario` maps them back to None.
 AUTO_ORDER, NO_RECIPE = "auto", "none"
 # The model the Explorer builds: the toolkit's own, or one of torchtitan's (offered when torchtitan is installed).
-STACKS = {"toolkit": "the toolkit's model", "titan:qwen3_moe": "torchtitan Qwen3-MoE",
-          "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
+STACKS = {
+    "toolkit": "the toolkit's model",
+    "titan:qwen3_moe": "torchtitan Qwen3-MoE",
+    "titan:deepseek_v3": "torchtitan DeepSeek-V3",
+}
 # The controls torchtitan's own transforms have no use for (its model, its AC modes, its compile of whole blocks).
-TOOLKIT_ONLY = ("block", "dim", "experts_impl", "layer_every", "submodule_ac", "memory_budget", "order",
-                "capture_scalar_outputs", "capture_dynamic_output_shape_ops", "recipe")
+TOOLKIT_ONLY = (
+    "block",
+    "dim",
+    "experts_impl",
+    "layer_every",
+    "submodule_ac",
+    "memory_budget",
+    "order",
+    "capture_scalar_outputs",
+    "capture_dynamic_output_shape_ops",
+    "recipe",
+)
 
 
 class Explorer:
@@ -49,45 +62,99 @@ class Explorer:
         stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan.family}"
         self.controls: dict[str, W.ValueWidget] = {
             "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style),
-            "block": W.ToggleButtons(options=["moe", "dense"], value="moe" if m.has_moe else "dense", description="block"),
-            "n_layers": W.IntSlider(value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style),
-            "dim": W.Dropdown(options=[32, 64, 128, 256], value=m.dim if m.dim in (32, 64, 128, 256) else 64,
-                              description="dim", style=style),
-            "n_experts": W.IntSlider(value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style),
-            "top_k": W.IntSlider(value=m.top_k, min=1, max=8, description="top-k", continuous_update=False, style=style),
-            "experts_impl": W.Dropdown(options=list(literal_choices(ModelConfig, "experts_impl")), value=m.experts_impl,
-                                       description="experts impl", style=style),
+            "block": W.ToggleButtons(
+                options=["moe", "dense"], value="moe" if m.has_moe else "dense", description="block"
+            ),
+            "n_layers": W.IntSlider(
+                value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style
+            ),
+            "dim": W.Dropdown(
+                options=[32, 64, 128, 256],
+                value=m.dim if m.dim in (32, 64, 128, 256) else 64,
+                description="dim",
+                style=style,
+            ),
+            "n_experts": W.IntSlider(
+                value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style
+            ),
+            "top_k": W.IntSlider(
+                value=m.top_k, min=1, max=8, description="top-k", continuous_update=False, style=style
+            ),
+            "experts_impl": W.Dropdown(
+                options=list(literal_choices(ModelConfig, "experts_impl")),
+                value=m.experts_impl,
+                description="experts impl",
+                style=style,
+            ),
             # "custom" needs a policy function, which a dropdown cannot give.
             # "remat" only where torch_remat is installed.
-            "ac_mode": W.Dropdown(options=[mode for mode in literal_choices(ACConfig, "mode") if mode != "custom"
-                                           and (mode != "remat" or compat.available("torch_remat"))],
-                                  value=ac.mode if ac.mode != "custom" else "none", description="AC mode", style=style),
-            "remat_policy": W.Dropdown(options=[("full recompute", "full"), ("torchtitan main selective", "selective")],
-                                       value="selective" if ac.mode == "remat" and ac.save_regions else "full",
-                                       description="remat policy", style=style),
-            # Mode-specific options are None unless their mode is chosen; the controls show the mode's default.
-            "layer_every": W.IntSlider(value=ac.layer_every or MODE_DEFAULTS["layer_every"], min=1, max=4,
-                                       description="every N-th", style=style),
-            "submodule_ac": W.Dropdown(options=list(literal_choices(ACConfig, "submodule_ac")),
-                                       value=ac.submodule_ac or MODE_DEFAULTS["submodule_ac"],
-                                       description="submodule AC", style=style),
-            "memory_budget": W.FloatSlider(value=MODE_DEFAULTS["memory_budget"] if ac.memory_budget is None
-                                           else ac.memory_budget, min=0.0, max=1.0, step=0.05, description="budget",
-                                           continuous_update=False, style=style),
-            "scope": W.Dropdown(options=list(SCOPES), value=c.scope if isinstance(c.scope, str) else "none",
-                                description="compile scope", style=style),
-            "backend": W.Dropdown(options=list(BACKENDS), value=c.backend if isinstance(c.backend, str) else "aot_eager",
-                                  description="backend", style=style),
+            "ac_mode": W.Dropdown(
+                options=[
+                    mode for mode in MODES if mode != "custom" and (mode != "remat" or compat.available("torch_remat"))
+                ],
+                value=ac.mode if ac.mode != "custom" else "none",
+                description="AC mode",
+                style=style,
+            ),
+            "remat_policy": W.Dropdown(
+                options=[("full recompute", "full"), ("torchtitan main selective", "selective")],
+                value="selective" if isinstance(ac, RematAC) and ac.save_regions else "full",
+                description="remat policy",
+                style=style,
+            ),
+            # A mode's options exist on its own config only; the controls of the other modes show their defaults.
+            "layer_every": W.IntSlider(
+                value=_option(ac, SelectiveLayerAC, "layer_every"), min=1, max=4, description="every N-th", style=style
+            ),
+            "submodule_ac": W.Dropdown(
+                options=list(literal_choices(PerSubmoduleAC, "submodule_ac")),
+                value=_option(ac, PerSubmoduleAC, "submodule_ac"),
+                description="submodule AC",
+                style=style,
+            ),
+            "memory_budget": W.FloatSlider(
+                value=_option(ac, MemoryBudgetAC, "memory_budget"),
+                min=0.0,
+                max=1.0,
+                step=0.05,
+                description="budget",
+                continuous_update=False,
+                style=style,
+            ),
+            "scope": W.Dropdown(
+                options=list(SCOPES),
+                value=c.scope if isinstance(c.scope, str) else "none",
+                description="compile scope",
+                style=style,
+            ),
+            "backend": W.Dropdown(
+                options=list(BACKENDS),
+                value=c.backend if isinstance(c.backend, str) else "aot_eager",
+                description="backend",
+                style=style,
+            ),
             "fullgraph": W.Checkbox(value=c.fullgraph, description="fullgraph"),
-            "order": W.Dropdown(options=[("as the scope implies", AUTO_ORDER), ("compile(AC(x))", "compile_outside"),
-                                         ("AC(compile(x))", "ac_outside")], value=c.order or AUTO_ORDER,
-                                description="order", style=style),
+            "order": W.Dropdown(
+                options=[
+                    ("as the scope implies", AUTO_ORDER),
+                    ("compile(AC(x))", "compile_outside"),
+                    ("AC(compile(x))", "ac_outside"),
+                ],
+                value=c.order or AUTO_ORDER,
+                description="order",
+                style=style,
+            ),
             "capture_scalar_outputs": W.Checkbox(value=c.capture_scalar_outputs, description="capture scalars"),
-            "capture_dynamic_output_shape_ops": W.Checkbox(value=c.capture_dynamic_output_shape_ops,
-                                                           description="capture dynamic shapes"),
-            "recipe": W.Dropdown(options=[("(none: use the controls)", NO_RECIPE)] +
-                                 [(k, k) for k in RECIPES if k not in NEEDS or compat.available(NEEDS[k])],
-                                 value=s.recipe or NO_RECIPE, description="recipe", style=style),
+            "capture_dynamic_output_shape_ops": W.Checkbox(
+                value=c.capture_dynamic_output_shape_ops, description="capture dynamic shapes"
+            ),
+            "recipe": W.Dropdown(
+                options=[("(none: use the controls)", NO_RECIPE)]
+                + [(k, k) for k, r in RECIPES.items() if r.missing() is None],
+                value=s.recipe or NO_RECIPE,
+                description="recipe",
+                style=style,
+            ),
             "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style),
         }
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
@@ -117,18 +184,33 @@ class Explorer:
         self.export_button.on_click(lambda _: self.export(self.export_path.value))
         self._validate()
         ctl = self.controls
-        self.widget = W.VBox([
-            W.HTML("<b>model</b>"), ctl["stack"], W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
-            W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
-            W.HTML("<b>activation checkpointing</b>"),
-            W.HBox([ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"], ctl["remat_policy"]]),
-            W.HTML("<b>compile</b>"), W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
-            W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
-            W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"), ctl["fsdp"],
-            ctl["recipe"], self.status, W.HBox([self.run_button, self.pin_button, self.compare_button]),
-            W.HBox([self.export_path, self.export_button]), self.stage, self.summary, self.breaks, self.figures,
-            self.comparison, self.comparison_figures,
-        ])
+        self.widget = W.VBox(
+            [
+                W.HTML("<b>model</b>"),
+                ctl["stack"],
+                W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
+                W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
+                W.HTML("<b>activation checkpointing</b>"),
+                W.HBox(
+                    [ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"], ctl["remat_policy"]]
+                ),
+                W.HTML("<b>compile</b>"),
+                W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
+                W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
+                W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"),
+                ctl["fsdp"],
+                ctl["recipe"],
+                self.status,
+                W.HBox([self.run_button, self.pin_button, self.compare_button]),
+                W.HBox([self.export_path, self.export_button]),
+                self.stage,
+                self.summary,
+                self.breaks,
+                self.figures,
+                self.comparison,
+                self.comparison_figures,
+            ]
+        )
 
     # --- state --------------------------------------------------------------------------------------------
 
@@ -138,42 +220,70 @@ class Explorer:
         if v["stack"] != "toolkit":
             # torchtitan's own model at the Explorer's size, with its own AC, compile (blocks whole) and FSDP2.
             base = titan.TorchtitanConfig.of_family(v["stack"].split(":", 1)[1])
-            cfg = dataclasses.replace(base, n_layers=max(v["n_layers"], base.n_dense_layers + 1),
-                                      n_experts=v["n_experts"], top_k=v["top_k"])
+            cfg = dataclasses.replace(
+                base, n_layers=max(v["n_layers"], base.n_dense_layers + 1), n_experts=v["n_experts"], top_k=v["top_k"]
+            )
             comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"])
-            return Scenario(stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp,
-                            fsdp=v["fsdp"])
+            return Scenario(
+                stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp, fsdp=v["fsdp"]
+            )
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
-        layout = "torchtitan_2025" if (recipe or "").startswith("torchtitan_2025") else "torchtitan_0_3_0"
-        model = ModelConfig(n_layers=v["n_layers"], dim=v["dim"], n_heads=4, moe_layers="all" if v["block"] == "moe" else "none",
-                            n_experts=v["n_experts"], top_k=v["top_k"], experts_impl=v["experts_impl"],
-                            moe_hidden=v["dim"], ffn_hidden=2 * v["dim"],
-                            # The 2025 recipes rebuild PR #2052's era and its layout, whose grouped_mm experts
-                            # compile only in bfloat16 on CPU (C14); the 0.3.0 layout casts inside the experts.
-                            layout=layout,
-                            dtype="bfloat16" if v["experts_impl"] == "grouped_mm" and layout == "torchtitan_2025"
-                            and (v["scope"] != "none" or recipe) else "float32",
-                            experts_graph_break=recipe == "torchtitan_2025_09")
+        model = ModelConfig(
+            n_layers=v["n_layers"],
+            dim=v["dim"],
+            n_heads=4,
+            moe_layers="all" if v["block"] == "moe" else "none",
+            n_experts=v["n_experts"],
+            top_k=v["top_k"],
+            experts_impl=v["experts_impl"],
+            moe_hidden=v["dim"],
+            ffn_hidden=2 * v["dim"],
+        )
         if recipe:
-            return Scenario(model=model, recipe=recipe, recipe_backend=v["backend"], fsdp=v["fsdp"])
+            # The recipe's own rules for its model (its era's layout, dtype, stand-in FSDP hook), as the matrix uses.
+            return Scenario(
+                model=RECIPES[recipe].model_config(model, fsdp=v["fsdp"]),
+                recipe=recipe,
+                recipe_backend=v["backend"],
+                fsdp=v["fsdp"],
+            )
         mode = v["ac_mode"]
         # Only the options the chosen mode reads: ACConfig refuses the others.
-        options = {"selective_layer": {"layer_every": v["layer_every"]}, "per_submodule": {"submodule_ac": v["submodule_ac"]},
-                   "memory_budget": {"memory_budget": v["memory_budget"]}}.get(mode, {})
-        ac = ACConfig.remat_selective() if mode == "remat" and v["remat_policy"] == "selective" else \
-            ACConfig(mode=mode, **options)
-        comp = CompileConfig(scope=v["scope"], backend=v["backend"], fullgraph=v["fullgraph"],
-                             order=None if v["order"] == AUTO_ORDER else v["order"],
-                             capture_scalar_outputs=v["capture_scalar_outputs"],
-                             capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"])
+        options = {
+            "selective_layer": {"layer_every": v["layer_every"]},
+            "per_submodule": {"submodule_ac": v["submodule_ac"]},
+            "memory_budget": {"memory_budget": v["memory_budget"]},
+        }.get(mode, {})
+        ac = (
+            ACConfig.remat_selective()
+            if mode == "remat" and v["remat_policy"] == "selective"
+            else ACConfig(mode=mode, **options)
+        )
+        comp = CompileConfig(
+            scope=v["scope"],
+            backend=v["backend"],
+            fullgraph=v["fullgraph"],
+            order=None if v["order"] == AUTO_ORDER else v["order"],
+            capture_scalar_outputs=v["capture_scalar_outputs"],
+            capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"],
+        )
         return Scenario(model=model, ac=ac, compile=comp, fsdp=v["fsdp"])
 
     def _validate(self, *_: Any) -> None:
         ctl = self.controls
         recipe = ctl["recipe"].value != NO_RECIPE
-        for name in ("ac_mode", "layer_every", "submodule_ac", "memory_budget", "remat_policy", "scope", "fullgraph",
-                     "order",
-                     "capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
+        for name in (
+            "ac_mode",
+            "layer_every",
+            "submodule_ac",
+            "memory_budget",
+            "remat_policy",
+            "scope",
+            "fullgraph",
+            "order",
+            "capture_scalar_outputs",
+            "capture_dynamic_output_shape_ops",
+        ):
             ctl[name].disabled = recipe
         mode = ctl["ac_mode"].value
         ctl["layer_every"].disabled = recipe or mode != "selective_layer"
@@ -206,18 +316,29 @@ class Explorer:
         self._validate()
         if self.scenario is None:
             return None
-        isolate = self.scenario.recipe_backend == "inductor" if self.scenario.recipe else self.scenario.compile.backend == "inductor"
+        isolate = (
+            self.scenario.recipe_backend == "inductor"
+            if self.scenario.recipe
+            else self.scenario.compile.backend == "inductor"
+        )
         self.run_button.disabled = True
         self.stage.value = "running…" + (" (isolated: inductor)" if isolate else "")
         try:
-            report = run(self.scenario, isolate=isolate, timeout_s=900 if isolate else None,
-                         on_stage=None if isolate else self._on_stage)
+            report = run(
+                self.scenario,
+                isolate=isolate,
+                timeout_s=900 if isolate else None,
+                on_stage=None if isolate else self._on_stage,
+            )
         finally:
             self.run_button.disabled = False
         self.report = report
         self.history[_setup(self.scenario)] = report
-        refs = {key: self.history[_setup(ref)] for key, ref in reference_scenarios(self.scenario).items()
-                if _setup(ref) in self.history}
+        refs = {
+            key: self.history[_setup(ref)]
+            for key, ref in reference_scenarios(self.scenario).items()
+            if _setup(ref) in self.history
+        }
         self.classification = cl = classify(report, refs)
         color = "#1e8449" if cl.label == "works" else "#b30000"
         self.stage.value = f"<span style='color:{color}'><b>{_esc(headline(report, cl, title='done'))}</b></span>"
@@ -225,8 +346,11 @@ class Explorer:
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
         self.figures.outputs = ()
         if report.ok:
-            figs = [display.saved_figure(report, by="module"), display.saved_figure(report, by="op"),
-                    display.memory_figure({"this run": report})]
+            figs = [
+                display.saved_figure(report, by="module"),
+                display.saved_figure(report, by="op"),
+                display.memory_figure({"this run": report}),
+            ]
             if report.recompute.ops:
                 figs.append(display.recompute_figure(report))
             self.figures.outputs = tuple(_figure_output(fig) for fig in figs)
@@ -277,10 +401,22 @@ def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -
     return bundle.script, bundle.notebook
 
 
+def _option(ac: ACConfig, mode: type[ACConfig], name: str) -> Any:
+    """`ac`'s value of a mode option when `ac` is that mode's config, else the mode's default."""
+    return getattr(ac, name) if isinstance(ac, mode) else getattr(mode(), name)
+
+
 def _setup(scenario: Scenario) -> tuple:
     """What makes two scenarios the same measurement, whatever their names and extra steps."""
-    return (scenario.stack, scenario.torchtitan if scenario.stack == "torchtitan" else scenario.model_config,
-            scenario.ac, scenario.compile, scenario.recipe, scenario.recipe_backend, scenario.fsdp)
+    return (
+        scenario.stack,
+        scenario.torchtitan if scenario.stack == "torchtitan" else scenario.model_config,
+        scenario.ac,
+        scenario.compile,
+        scenario.recipe,
+        scenario.recipe_backend,
+        scenario.fsdp,
+    )
 
 
 def _figure_output(fig) -> dict:
@@ -292,9 +428,14 @@ def _figure_output(fig) -> dict:
     import plotly.io as pio
 
     title = fig.layout.title.text or "figure"
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"application/vnd.plotly.v1+json": json.loads(pio.to_json(fig, validate=False)),
-                     "text/plain": f"<plotly figure: {title}>"}}
+    return {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "application/vnd.plotly.v1+json": json.loads(pio.to_json(fig, validate=False)),
+            "text/plain": f"<plotly figure: {title}>",
+        },
+    }
 
 
 def _esc(text: str) -> str:

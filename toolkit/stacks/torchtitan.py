@@ -1,4 +1,7 @@
-"""torchtitan 0.3.0 in the loop: its own Qwen3-MoE / DeepSeek-V3 at tiny sizes, its loss, and its own AC, compile and FSDP applied in the order its `parallelize_*` uses.
+"""torchtitan 0.3.0 in the loop: its own models at tiny sizes, its loss, its AC, compile and FSDP.
+
+torchtitan 0.3.0 in the loop: its own Qwen3-MoE / DeepSeek-V3 at tiny sizes, its loss, and its own AC, compile and FSDP
+applied in the order its `parallelize_*` uses.
 
 Optional: `pip install -e ".[torchtitan]"` plus `pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3
 triton==3.9.0` (torchtitan's own dependencies would replace torch; these are all its model and parallelize code
@@ -26,8 +29,7 @@ from .._config import ConfigError, check_choice, check_int, from_dict, to_dict
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
-INSTALL = ('pip install -e ".[torchtitan]" && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 '
-           'triton==3.9.0')
+INSTALL = 'pip install -e ".[torchtitan]" && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 triton==3.9.0'
 
 
 def available() -> bool:
@@ -37,7 +39,8 @@ def available() -> bool:
 def version() -> str | None:
     if not available():
         return None
-    from importlib.metadata import PackageNotFoundError, version as pkg_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
 
     try:
         return pkg_version("torchtitan")
@@ -51,8 +54,9 @@ def require(owner: str = "Scenario", field: str = "stack") -> None:
         raise ConfigError(owner, field, "torchtitan is not installed.", f"install it: {INSTALL}")
     v = version()
     if v is not None and v != RELEASE:
-        raise ConfigError(owner, field, f"torchtitan {v} is installed; the toolkit drives {RELEASE}.",
-                          f"install {RELEASE}: {INSTALL}")
+        raise ConfigError(
+            owner, field, f"torchtitan {v} is installed; the toolkit drives {RELEASE}.", f"install {RELEASE}: {INSTALL}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,31 +98,55 @@ class TorchtitanConfig:
     def __post_init__(self) -> None:
         own = "TorchtitanConfig"
         check_choice(own, "family", self.family, ("qwen3_moe", "deepseek_v3"))
-        for name, minimum in (("n_layers", 1), ("dim", 8), ("n_heads", 1), ("n_experts", 1), ("top_k", 1),
-                              ("moe_hidden", 8), ("vocab_size", 2), ("seq_len", 1), ("batch", 1), ("seed", 0),
-                              ("n_dense_layers", 0)):
+        for name, minimum in (
+            ("n_layers", 1),
+            ("dim", 8),
+            ("n_heads", 1),
+            ("n_experts", 1),
+            ("top_k", 1),
+            ("moe_hidden", 8),
+            ("vocab_size", 2),
+            ("seq_len", 1),
+            ("batch", 1),
+            ("seed", 0),
+            ("n_dense_layers", 0),
+        ):
             check_int(own, name, getattr(self, name), minimum)
         check_choice(own, "dtype", self.dtype, ("float32", "bfloat16"))
         check_choice(own, "device", self.device, ("cpu", "cuda"))
         if not isinstance(self.shared_experts, bool):
             raise ConfigError(own, "shared_experts", f"{self.shared_experts!r} is not a bool.", "pass True or False.")
         if self.top_k > self.n_experts:
-            raise ConfigError(own, "top_k", f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
-                              f"use top_k <= {self.n_experts}.")
+            raise ConfigError(
+                own,
+                "top_k",
+                f"top_k={self.top_k} exceeds n_experts={self.n_experts}.",
+                f"use top_k <= {self.n_experts}.",
+            )
         if self.seq_len > 64:
-            raise ConfigError(own, "seq_len", f"{self.seq_len} exceeds the 64 positions RoPE is built for.",
-                              "use seq_len <= 64.")
+            raise ConfigError(
+                own, "seq_len", f"{self.seq_len} exceeds the 64 positions RoPE is built for.", "use seq_len <= 64."
+            )
         if self.family == "qwen3_moe" and self.n_dense_layers:
             raise ConfigError(own, "n_dense_layers", "Qwen3-MoE has no dense blocks.", "pass n_dense_layers=0.")
         if self.family == "deepseek_v3" and self.n_dense_layers >= self.n_layers:
-            raise ConfigError(own, "n_dense_layers", f"{self.n_dense_layers} dense of {self.n_layers} blocks leaves "
-                              "no MoE block.", f"use n_dense_layers < {self.n_layers}.")
+            raise ConfigError(
+                own,
+                "n_dense_layers",
+                f"{self.n_dense_layers} dense of {self.n_layers} blocks leaves no MoE block.",
+                f"use n_dense_layers < {self.n_layers}.",
+            )
         if self.dim % self.n_heads:
-            raise ConfigError(own, "dim", f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
-                              "pick dim as a multiple of n_heads.")
+            raise ConfigError(
+                own,
+                "dim",
+                f"dim={self.dim} is not divisible by n_heads={self.n_heads}.",
+                "pick dim as a multiple of n_heads.",
+            )
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(own, "device", "CUDA was asked for but torch.cuda.is_available() is False.",
-                              "use device='cpu'.")
+            raise ConfigError(
+                own, "device", "CUDA was asked for but torch.cuda.is_available() is False.", "use device='cpu'."
+            )
 
     @classmethod
     def qwen3(cls, **kw: Any) -> "TorchtitanConfig":
@@ -159,37 +187,67 @@ def _model_config(cfg: TorchtitanConfig):
         from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers
 
         layers = _build_qwen3_moe_layers(
-            n_layers=cfg.n_layers, dim=cfg.dim, n_heads=cfg.n_heads, n_kv_heads=max(1, cfg.n_heads // 2),
-            head_dim=head_dim, moe_hidden_dim=cfg.moe_hidden, num_experts=cfg.n_experts, top_k=cfg.top_k,
-            attn_backend="flex", moe_comm_backend="standard",
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=64, theta=1e6))
+            n_layers=cfg.n_layers,
+            dim=cfg.dim,
+            n_heads=cfg.n_heads,
+            n_kv_heads=max(1, cfg.n_heads // 2),
+            head_dim=head_dim,
+            moe_hidden_dim=cfg.moe_hidden,
+            num_experts=cfg.n_experts,
+            top_k=cfg.top_k,
+            attn_backend="flex",
+            moe_comm_backend="standard",
+            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=64, theta=1e6),
+        )
         if cfg.shared_experts:  # the builder has no shared-expert option; MoE.Config takes one
             for layer in layers:
-                layer.moe.shared_experts = make_ffn_config(dim=cfg.dim, hidden_dim=cfg.moe_hidden, w1_param_init=init,
-                                                           w2w3_param_init=init)
+                layer.moe.shared_experts = make_ffn_config(
+                    dim=cfg.dim, hidden_dim=cfg.moe_hidden, w1_param_init=init, w2w3_param_init=init
+                )
         model_cls = Qwen3Model
         embed_std = 0.02
     else:
         from torchtitan.models.deepseek_v3 import DeepSeekV3Model, _build_dsv3_layers
 
         layers = _build_dsv3_layers(
-            n_layers=cfg.n_layers, n_dense_layers=cfg.n_dense_layers, dim=cfg.dim, n_heads=cfg.n_heads,
-            q_lora_rank=0, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, mscale=0.70,
-            dense_hidden_dim=2 * cfg.dim, moe_hidden_dim=cfg.moe_hidden, num_experts=cfg.n_experts,
-            num_shared_experts=1 if cfg.shared_experts else 0, router_top_k=cfg.top_k, router_score_func="softmax",
-            attn_backend="flex", moe_comm_backend="standard", non_blocking_capacity_factor=None,
-            rope=ComplexRoPE.Config(dim=8, max_seq_len=64, theta=10000.0))
+            n_layers=cfg.n_layers,
+            n_dense_layers=cfg.n_dense_layers,
+            dim=cfg.dim,
+            n_heads=cfg.n_heads,
+            q_lora_rank=0,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            mscale=0.70,
+            dense_hidden_dim=2 * cfg.dim,
+            moe_hidden_dim=cfg.moe_hidden,
+            num_experts=cfg.n_experts,
+            num_shared_experts=1 if cfg.shared_experts else 0,
+            router_top_k=cfg.top_k,
+            router_score_func="softmax",
+            attn_backend="flex",
+            moe_comm_backend="standard",
+            non_blocking_capacity_factor=None,
+            rope=ComplexRoPE.Config(dim=8, max_seq_len=64, theta=10000.0),
+        )
         model_cls = DeepSeekV3Model
         embed_std = 1.0
     if cfg.device == "cpu":  # FlexAttention has no backward on CPU
         for layer in layers:
             layer.attention.inner_attention = ScaledDotProductAttention.Config()
     return model_cls.Config(
-        vocab_size=cfg.vocab_size, dim=cfg.dim, layers=layers,
-        tok_embeddings=Embedding.Config(num_embeddings=cfg.vocab_size, embedding_dim=cfg.dim,
-                                        param_init={"weight": partial(nn.init.normal_, std=embed_std)}),
+        vocab_size=cfg.vocab_size,
+        dim=cfg.dim,
+        layers=layers,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=cfg.vocab_size,
+            embedding_dim=cfg.dim,
+            param_init={"weight": partial(nn.init.normal_, std=embed_std)},
+        ),
         norm=RMSNorm.Config(normalized_shape=cfg.dim, eps=1e-6, param_init={"weight": nn.init.ones_}),
-        lm_head=Linear.Config(in_features=cfg.dim, out_features=cfg.vocab_size, param_init=init))
+        lm_head=Linear.Config(in_features=cfg.dim, out_features=cfg.vocab_size, param_init=init),
+    )
 
 
 def build(cfg: TorchtitanConfig, *, ep: int = 1) -> nn.Module:
@@ -233,6 +291,7 @@ def loss_fn(cfg: TorchtitanConfig) -> Callable[[torch.Tensor, torch.Tensor], tor
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return ce(logits, labels, global_valid_tokens=tokens)[0]
+
     return loss
 
 
@@ -254,8 +313,9 @@ def apply_compile(model: nn.Module, backend: Any) -> None:
     from torchtitan.distributed.compile import apply_compile as titan_compile
 
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
-    titan_compile(model, compile_config=CompileConfig(enable=True, components=["model"], backend=backend),
-                  parallel_dims=dims)
+    titan_compile(
+        model, compile_config=CompileConfig(enable=True, components=["model"], backend=backend), parallel_dims=dims
+    )
 
 
 def apply_fsdp(model: nn.Module) -> None:
@@ -299,7 +359,9 @@ def parallel_state() -> Iterator[None]:
         tdu.set_spmd_backend(backend)
 
 
-def parallelize_ep(model: nn.Module, family: Family, *, ep: int, ac: str = "none", compile_backend: Any = None) -> nn.Module:
+def parallelize_ep(
+    model: nn.Module, family: Family, *, ep: int, ac: str = "none", compile_backend: Any = None
+) -> nn.Module:
     """torchtitan's own `parallelize_qwen3` / `parallelize_deepseekv3` with expert parallel over `ep` ranks of
     the default process group (the rest of the world data-parallel): EP by `Module.parallelize` from the
     sharding config (`build(cfg, ep=ep)`), then its AC, compile and FSDP2, in its order. Call it inside
@@ -318,16 +380,23 @@ def parallelize_ep(model: nn.Module, family: Family, *, ep: int, ac: str = "none
     else:
         from torchtitan.models.deepseek_v3 import parallelize_deepseekv3 as parallelize_family
     world = dist.get_world_size()
-    dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=ep, world_size=world,
-                        spmd_backend=SPMD_BACKEND)
+    dims = ParallelDims(
+        dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=ep, world_size=world, spmd_backend=SPMD_BACKEND
+    )
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[next(model.parameters()).dtype]
     ac_config = {"none": None, "full": FullAC.Config(), "selective_op": SelectiveAC.Config()}[ac]
     with tempfile.TemporaryDirectory(prefix="toolkit-titan-") as dump:
-        parallelize_family(model, parallel_dims=dims, training=TrainingConfig(mixed_precision_param=dtype),
-                           parallelism=ParallelismConfig(expert_parallel_degree=ep, spmd_backend=SPMD_BACKEND),
-                           compile_config=CompileConfig(enable=compile_backend is not None, components=["model"],
-                                                        backend=compile_backend or "aot_eager"),
-                           ac_config=ac_config, dump_folder=dump)
+        parallelize_family(
+            model,
+            parallel_dims=dims,
+            training=TrainingConfig(mixed_precision_param=dtype),
+            parallelism=ParallelismConfig(expert_parallel_degree=ep, spmd_backend=SPMD_BACKEND),
+            compile_config=CompileConfig(
+                enable=compile_backend is not None, components=["model"], backend=compile_backend or "aot_eager"
+            ),
+            ac_config=ac_config,
+            dump_folder=dump,
+        )
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_force_sum_reduction_for_comms(True)
@@ -344,5 +413,18 @@ def parallelize(model: nn.Module, *, ac: str = "none", compile_backend: Any = No
     return model
 
 
-__all__ = ["RELEASE", "TorchtitanConfig", "available", "require", "build", "make_batch", "loss_fn", "apply_ac",
-           "apply_compile", "apply_fsdp", "parallelize", "parallel_state", "parallelize_ep"]
+__all__ = [
+    "RELEASE",
+    "TorchtitanConfig",
+    "available",
+    "require",
+    "build",
+    "make_batch",
+    "loss_fn",
+    "apply_ac",
+    "apply_compile",
+    "apply_fsdp",
+    "parallelize",
+    "parallel_state",
+    "parallelize_ep",
+]

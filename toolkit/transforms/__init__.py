@@ -1,4 +1,8 @@
-"""Transforms applied from outside the model: AC (`apply_ac`, SAC policies), compile (`apply_compile`), recipes, and the global torch settings they need."""
+"""Transforms applied from outside the model: AC, compile, recipes, and the torch settings they need.
+
+Transforms applied from outside the model: AC (`apply_ac`, SAC policies), compile (`apply_compile`), recipes, and the
+global torch settings they need.
+"""
 
 from .ac import ACConfig, apply_ac, blocks, remove_ac
 from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
@@ -7,7 +11,33 @@ from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_
 from .recipes import RECIPES, Recipe, apply_recipe, prepare, reset
 from .settings import Applied, applied, global_state, torch_settings, train_step
 
-__all__ = ["ACConfig", "apply_ac", "blocks", "remove_ac", "BACKENDS", "SCOPES", "CompileConfig", "apply_compile",
-           "remove_compile", "canonical_name", "get_module", "named_modules", "unwrap", "PolicyDecision",
-           "SaveOpsPolicy", "SelectiveOpPolicy", "default_save_ops", "record_policy_decisions", "RECIPES", "Recipe",
-           "apply_recipe", "prepare", "reset", "Applied", "applied", "global_state", "torch_settings", "train_step"]
+__all__ = [
+    "ACConfig",
+    "apply_ac",
+    "blocks",
+    "remove_ac",
+    "BACKENDS",
+    "SCOPES",
+    "CompileConfig",
+    "apply_compile",
+    "remove_compile",
+    "canonical_name",
+    "get_module",
+    "named_modules",
+    "unwrap",
+    "PolicyDecision",
+    "SaveOpsPolicy",
+    "SelectiveOpPolicy",
+    "default_save_ops",
+    "record_policy_decisions",
+    "RECIPES",
+    "Recipe",
+    "apply_recipe",
+    "prepare",
+    "reset",
+    "Applied",
+    "applied",
+    "global_state",
+    "torch_settings",
+    "train_step",
+]

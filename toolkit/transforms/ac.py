@@ -1,44 +1,30 @@
-"""`apply_ac(model, ACConfig)`: activation checkpointing applied to `model.layers` the way torchtitan does it (0.3.0's wrappers and per-op SAC policy, or main's torch_remat)."""
+"""`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied the way torchtitan does it.
+
+`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied to `model.layers` the way torchtitan does it;
+one config class per mode, which owns its options and applies itself.
+
+`ACConfig(mode="selective_op", ...)` is the one entry point: it builds that mode's own config (`MODES`), a frozen
+dataclass holding only the options the mode reads. An option another mode reads is a ConfigError naming that mode.
+torchtitan does the same with one `Config` per policy (`FullAC.Config`, `SelectiveAC.Config`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .. import compat
-from .._config import ConfigError, check_bool, check_choice, check_int, check_object, from_dict, literal_choices, to_dict
-from .naming import get_slot, has_checkpoint, is_checkpoint_wrapper, unwrap
-from .policies import sac_context_fn
-from .settings import applied, forget, record
+from .._config import ConfigError, check_bool, check_choice, check_int, check_object, from_dict, to_dict
+from .naming import get_module, get_slot, has_checkpoint, unwrap
+from .policies import custom_context, per_op_context, save_ops_context
+from .settings import Applied, applied, forget, record
 
 ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom", "remat"]
-
-aten = torch.ops.aten
-
-
-def _has_wrapped_regions_option() -> bool:
-    return hasattr(compat.compiler_configs()[2], "wrap_inductor_compiled_regions")
-
-
-# Modes that put blocks (or submodules) into a CheckpointWrapper; the wrapper's options mean nothing elsewhere.
-WRAPPING_MODES = ("full", "selective_op", "selective_layer", "per_submodule", "custom")
-
-# What each mode-specific option takes when its mode is chosen and it is left unset (None). Also what every
-# `to_dict` wrote before options became mode-specific, which `from_dict` therefore accepts for any mode.
-MODE_DEFAULTS: dict[str, Any] = {
-    "preserve_rng_state": True, "early_stop": False, "determinism_check": "default", "debug": False,
-    "layer_every": 2, "submodule_ac": "selective", "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
-    "memory_budget": 0.5,
-}
-# mode="remat" reads three of the options too, with torchtitan main's `ActivationRematConfig` defaults
-# (distributed/activation_checkpoint.py at 03d9819f3416: determinism_check "default", preserve_rng_state False).
-REMAT_DEFAULTS: dict[str, Any] = {"preserve_rng_state": False, "determinism_check": "default",
-                                  "save_regions": (), "recompute_regions": ()}
 
 # torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
 # routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
@@ -48,24 +34,20 @@ REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions
 
 # main's reasons, word for word, for the two options its remat configs refuse.
 REMAT_REFUSED = {
-    "preserve_rng_state": ("torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
-                           "a torch_remat RecomputeStateHook for random state used in retained regions."),
+    "preserve_rng_state": (
+        "torch_remat activation checkpointing does not support preserve_rng_state=True. Register "
+        "a torch_remat RecomputeStateHook for random state used in retained regions."
+    ),
     "debug": "torch_remat activation checkpointing does not support the debug option.",
 }
 
 
-def mode_default(name: str, mode: str) -> Any:
-    """What option `name` takes when `mode` reads it and it is left unset."""
-    return REMAT_DEFAULTS[name] if mode == "remat" else MODE_DEFAULTS[name]
-
-
 @dataclass(frozen=True, kw_only=True)
 class ACConfig:
-    """How to checkpoint activations. Applied per block of `model.layers`, like torchtitan's `apply_ac`.
+    """How to checkpoint activations, per block of `model.layers` like torchtitan's `apply_ac`.
 
-    Options that only one mode reads default to None ("not set") and take their default when that mode is
-    chosen; setting one for a mode that would ignore it is a ConfigError (`ACConfig(mode="full", layer_every=3)`
-    would otherwise wrap every block and say nothing)."""
+    `ACConfig(mode=..., **options)` builds the mode's own config (`FullAC`, `SelectiveOpAC`, … in `MODES`); the
+    classes can be used directly too. Each holds only its mode's options, with their defaults."""
 
     mode: ACMode = "none"
     """"none"; "full" (each block in a non-reentrant `checkpoint_wrapper`); "selective_op" (each block with
@@ -73,261 +55,555 @@ class ACConfig:
     "per_submodule" (attention and moe/feed_forward wrapped separately, as torchtitan's 2025 FlexAttention
     workaround did); "memory_budget" (no wrapping: the compile partitioner's activation budget); "custom"
     (each block with `policy` or `save_ops`); "remat" (torchtitan main's torch_remat: each block's `forward`
-    replaced by `torch_remat.checkpoint`, the regions its model code declares kept or recomputed by
-    `save_regions` / `recompute_regions`; `pip install torch-remat`)."""
-    preserve_rng_state: bool | None = None
-    """Modes that wrap: stash and restore the RNG state around recompute (default True, torchtitan's since
-    PR #2380). "remat": default False, as in torchtitan main, whose configs (and `remat_selective()` /
-    `remat_full()`) refuse True; here True installs the toolkit's own `RecomputeStateHook`, which snapshots torch's
-    RNG state at region entry and after every kept region and restores it in recompute (such hooks do not work
-    under compile)."""
-    early_stop: bool | None = None
-    """Modes that wrap: stop the recompute once every needed tensor exists (default False, as torchtitan
-    hard-codes: leak C19)."""
-    determinism_check: Literal["default", "none"] | None = None
-    """Modes that wrap and "remat": "default" compares shape/dtype/device of recomputed tensors with the
-    forward's; "none" skips it (default "default", also for remat: torchtitan main's `ActivationRematConfig`
-    passes "default" to `torch_remat.checkpoint`, whose own default is "none")."""
-    debug: bool | None = None
-    """Modes that wrap: torch.utils.checkpoint's debug traces (default False); torch refuses it together with a
-    SAC policy (C24)."""
-    layer_every: int | None = None
-    """"selective_layer" only: block i is fully checkpointed when (i + 1) % layer_every == 0 (default 2; 1 = every
-    block)."""
-    submodule_ac: Literal["selective", "full"] | None = None
-    """"per_submodule" only: the AC each of attention and moe/feed_forward gets (default "selective")."""
-    force_recompute_mm_shapes_by_fqns: tuple[str, ...] | None = None
-    """The per-op policy only ("selective_op", or "per_submodule" with submodule_ac="selective"): name substrings
-    of `nn.Linear` modules whose weight shape is forced to recompute — any matmul with that shape, whichever
-    module it belongs to (torchtitan's rule). Default ("moe.router.gate",)."""
-    extra_save_ops: tuple[Any, ...] = ()
-    """The per-op policy only: ops added to its save set, e.g. `torch.ops.aten._grouped_mm.default` (C15), or
-    their names ("aten._grouped_mm.default")."""
-    memory_budget: float | None = None
-    """"memory_budget" only: `activation_memory_budget` between 0 (recompute all) and 1 (runtime optimal);
-    default 0.5."""
-    policy: Callable[..., CheckpointPolicy] | None = None
-    """"custom" only: a SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
-    save_ops: tuple[Any, ...] | None = None
-    """"custom" only: ops to save (MUST_SAVE); every other op is recomputed."""
-    save_regions: tuple[str, ...] | None = None
-    """"remat" only: shell-style patterns (fnmatch) of region names, relative to a block, to keep — a kept region
-    saves its activations and is skipped in recompute. The regions are those the model's code declares, as
-    torchtitan main declares them: `<fqn>.linear` per Linear (`attention.wq.linear`, main's
-    `attention.qkv_linear.wqkv.linear`, `moe.router.gate.linear`, `moe.shared_experts.w2.linear` …),
-    `<fqn>.grouped_mm` per grouped matmul (`moe.routed_experts.w13.grouped_mm`, `…w2.grouped_mm`),
-    `attention.inner_attention`, and `routing_decision`, `ffn_residual`, `moe.shared_add`, which are always kept.
-    Default () keeps nothing else: `remat_full()`. `("*",)` keeps every region. A literal name that matches no
-    region is refused; a wildcard that matches none is ignored, as in main."""
-    recompute_regions: tuple[str, ...] | None = None
-    """"remat" only: patterns of regions to recompute even when `save_regions` matches them (they win). torchtitan
-    main's selective policy is `ACConfig.remat_selective()`."""
-    wrap_inductor_compiled_regions: bool = False
-    """Modes that wrap: make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see
-    (C7); only for torch versions that have the option and only with the inductor backend."""
+    replaced by `torch_remat.checkpoint`, its regions kept or recomputed by `save_regions` /
+    `recompute_regions`; `pip install torch-remat`)."""
+
+    uses_sac: ClassVar[bool] = False
+    """A selective policy decides op by op (a `context_fn`)."""
+    wraps: ClassVar[bool] = False
+    """The mode puts modules into CheckpointWrappers."""
+
+    def __new__(cls, **options: Any):
+        if cls is not ACConfig:
+            return object.__new__(cls)
+        mode = options.get("mode", "none")
+        check_choice("ACConfig", "mode", mode, tuple(MODES))
+        own = MODES[mode]
+        for name, value in options.items():
+            if name != "mode" and name not in own.options():
+                _refuse_option(name, own, value)
+        return object.__new__(own)
 
     def __post_init__(self) -> None:
-        own = "ACConfig"
-        check_choice(own, "mode", self.mode, literal_choices(ACConfig, "mode"))
-        self._check_types()
-        # Only now, with every value well-formed: is it meaningful for this mode? Then fill the mode's defaults.
-        if self.mode == "remat" and self.debug:
-            raise ConfigError(own, "debug", REMAT_REFUSED["debug"], "drop debug (torchtitan main refuses it too).")
-        if self.mode == "remat" and self.debug is False:
-            object.__setattr__(self, "debug", None)  # main's default, which its remat configs accept
-        for name, modes in _option_modes(self.submodule_ac).items():
-            if self.mode not in modes and self._is_set(name):
-                if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
-                    users, fix = ("the per-op policy (mode='selective_op', or 'per_submodule' with "
-                                  "submodule_ac='selective')", "or use mode='selective_op'")
-                elif len(modes) == 1:
-                    users, fix = f"mode={modes[0]!r}", f"or set mode={modes[0]!r}"
-                else:
-                    users, fix = f"the modes that wrap ({', '.join(modes)})", "or pick a mode that wraps"
-                setting = f"mode={self.mode!r}"
-                if self.mode == "per_submodule":
-                    setting += f" with submodule_ac={self.submodule_ac!r}"
-                raise ConfigError(own, name, f"is only used by {users}, not {setting}, which would ignore it "
-                                  f"({_IGNORED.get(self.mode, 'it never reads it')}).", f"drop {name}, {fix}.")
-        if self.mode != "custom" and (self.policy is not None or self.save_ops is not None):
-            raise ConfigError(own, "mode", f"policy/save_ops are only used by mode='custom', not {self.mode!r}.",
-                              "set mode='custom' or drop policy/save_ops.")
-        for name, modes in _option_modes(self.submodule_ac).items():
-            if self.mode in modes and getattr(self, name) is None:
-                object.__setattr__(self, name, mode_default(name, self.mode))
-        if self.mode == "remat" and not compat.available("torch_remat"):
-            raise ConfigError(own, "mode", "'remat' needs the torch_remat package, which is not installed.",
-                              "pip install torch-remat==0.2.2 (or the toolkit's [remat] extra), or pick another mode.")
-        if self.mode == "custom":
-            if (self.policy is None) == (self.save_ops is None):
-                raise ConfigError(own, "policy", "mode='custom' needs exactly one of policy and save_ops.",
-                                  "pass policy=callable or save_ops=(torch.ops.aten.mm.default, ...).")
-            if self.policy is not None and not callable(self.policy):
-                raise ConfigError(own, "policy", f"{self.policy!r} is not callable.",
-                                  "pass a function (ctx, func, *args, **kwargs) -> CheckpointPolicy.")
-        if self.debug and self.uses_sac:
-            raise ConfigError(own, "debug", "torch.utils.checkpoint rejects debug=True together with a selective "
-                              "policy ('debug=True is incompatible with non-default context_fn', C24).",
-                              "use debug=False, or mode='full'.")
-        if self.wrap_inductor_compiled_regions and not _has_wrapped_regions_option():
-            raise ConfigError(own, "wrap_inductor_compiled_regions",
-                              f"torch {torch.__version__} has no inductor option wrap_inductor_compiled_regions.",
-                              "upgrade torch (the option arrived with pytorch#167844) or leave it False.")
+        own = type(self).own_mode()
+        if self.mode != own:
+            raise ConfigError(
+                "ACConfig",
+                "mode",
+                f"{type(self).__name__} is mode {own!r}, not {self.mode!r}.",
+                f"use ACConfig(mode={self.mode!r}, ...) instead.",
+            )
 
-    def _check_types(self) -> None:
-        """Each value that is set has the right type and range (whatever the mode)."""
+    @classmethod
+    def own_mode(cls) -> str:
+        """The mode this class configures (its `mode` field's only value)."""
+        return cls.__dataclass_fields__["mode"].default
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """The names of the options this mode reads."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "mode")
+
+    # --- applying ----------------------------------------------------------------------------------------
+
+    def _apply(
+        self, model: nn.Module, layer_items: list[tuple[str, nn.Module]], rec: Applied, undo: list[tuple[str, str]]
+    ) -> list[str]:
+        """Transform `model.layers` in place; each change goes into `undo` as it is made (so a failure half-way
+        is rolled back); returns the canonical names of the modules that now checkpoint."""
+        return []
+
+    # --- plain data --------------------------------------------------------------------------------------
+
+    def replace(self, **changes: Any) -> "ACConfig":
+        """A copy with `changes`. Changing the mode builds the new mode's config and carries over the options
+        set to something other than their default (`FullAC(preserve_rng_state=False).replace(mode="selective_op")`
+        keeps it); one the new mode does not read is refused as usual."""
+        mode = changes.get("mode", self.mode)
+        if mode == self.mode:
+            return dataclasses.replace(self, **changes)
+        default = type(self)()
+        carried = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "mode" and getattr(self, f.name) != getattr(default, f.name)
+        }
+        return ACConfig(**{**carried, **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record, the same for every mode: each option the mode does not read at its "unset" value
+        (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written before the
+        modes had classes of their own, so files and matrix cache keys stay valid."""
+        own = to_dict(self)
+        return {name: own.get(name, unset) for name, unset in JSON_FIELDS.items()} | {"mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ACConfig":
+        """Rebuild from `to_dict` output (or any object of the mode's options). The record carries every option;
+        the ones the mode does not read must hold their unset value, or the default they had before options
+        became mode-specific — anything else is an error naming the field."""
+        check_object("ACConfig", data, '{"mode": "selective_op"}')
+        data = dict(data)
+        mode = data.get("mode", "none")
+        check_choice("ACConfig", "mode", mode, tuple(MODES))
+        own = MODES[mode]
+        for name in list(data):
+            value = tuple(data[name]) if isinstance(data[name], list) else data[name]
+            if name in own.options() and value is None:
+                data.pop(name)  # unset: the mode's default
+            elif name not in own.options() and name != "mode" and name in JSON_FIELDS:
+                if value is None or value == () or (name in LEGACY_DEFAULTS and value == LEGACY_DEFAULTS[name]):
+                    data.pop(name)
+                else:
+                    _refuse_option(name, own, value)
+        return from_dict(own, data)
+
+    @classmethod
+    def remat_selective(cls, **options: Any) -> "RematAC":
+        """torchtitan main's `SelectiveActivationRematConfig`, unchanged: save `("*",)`, recompute
+        `("*routed_experts.w13.*",)` (the routed experts' w13 grouped matmul; w2 and everything else declared is
+        kept), determinism check "default", `preserve_rng_state=False`. A fixed policy, as in main."""
+        return _fixed_remat("SelectiveActivationRematConfig", REMAT_SELECTIVE, options)
+
+    @classmethod
+    def remat_full(cls, **options: Any) -> "RematAC":
+        """torchtitan main's `FullActivationRematConfig`: save `()` — every block recomputed but the regions the
+        model code always keeps (`routing_decision`, `ffn_residual`, `moe.shared_add`)."""
+        return _fixed_remat("FullActivationRematConfig", REMAT_FULL, options)
+
+
+def _fixed_remat(owner: str, policy: dict[str, tuple[str, ...]], options: dict[str, Any]) -> "RematAC":
+    """One of main's fixed remat policies: main refuses preserve_rng_state / debug, and its patterns are its own."""
+    for name, why in REMAT_REFUSED.items():
+        if options.get(name):
+            raise ConfigError(owner, name, why, f"drop {name} (torchtitan main refuses it too).")
+    for name in policy:
+        if name in options and tuple(options[name]) != policy[name]:
+            raise ConfigError(
+                owner,
+                name,
+                f"{owner} is a fixed policy (torchtitan main's).",
+                "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
+                "it, as main's ActivationRematConfig.",
+            )
+    return RematAC(**{**policy, **options})
+
+
+def _refuse_option(name: str, own: type[ACConfig], value: Any) -> None:
+    """`ACConfig(mode=..., name=value)` where that mode does not read `name`. A value of the wrong type is named as
+    such first (whichever mode reads it would refuse it too); a good value is refused naming the modes that read it."""
+    if name in ("policy", "save_ops"):
+        raise ConfigError(
+            "ACConfig",
+            "mode",
+            f"policy/save_ops are only used by mode='custom', not {own.own_mode()!r}.",
+            "set mode='custom' or drop policy/save_ops.",
+        )
+    readers = [m for m, c in MODES.items() if name in c.options()]
+    if not readers:
+        raise ConfigError(
+            "ACConfig",
+            name,
+            "is not an option of any AC mode.",
+            f"use the options of mode={own.own_mode()!r}: {', '.join(own.options()) or 'none'}.",
+        )
+    try:  # the reading mode's own check of the value
+        MODES[readers[0]](**{name: value})
+    except ConfigError as e:
+        if e.field == name:
+            raise
+    if name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
+        users, fix = (
+            "the per-op policy (mode='selective_op', or 'per_submodule' with submodule_ac='selective')",
+            "or use mode='selective_op'",
+        )
+    elif len(readers) == 1:
+        users, fix = f"mode={readers[0]!r}", f"or set mode={readers[0]!r}"
+    else:
+        users, fix = f"the modes that wrap ({', '.join(readers)})", "or pick a mode that wraps"
+    raise ConfigError(
+        "ACConfig",
+        name,
+        f"is only used by {users}, not mode={own.own_mode()!r}, which would ignore it ({own.IGNORES}).",
+        f"drop {name}, {fix}.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoAC(ACConfig):
+    """Nothing is checkpointed."""
+
+    mode: Literal["none"] = "none"
+    IGNORES: ClassVar[str] = "nothing is checkpointed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpointing(ACConfig):
+    """The modes that wrap modules in a non-reentrant `checkpoint_wrapper`, and the options they all read."""
+
+    wraps: ClassVar[bool] = True
+    preserve_rng_state: bool = True
+    """Stash and restore the RNG state around recompute (torchtitan's default since PR #2380)."""
+    early_stop: bool = False
+    """Stop the recompute once every needed tensor exists (torchtitan hard-codes False: leak C19)."""
+    determinism_check: Literal["default", "none"] = "default"
+    """"default" compares shape/dtype/device of recomputed tensors with the forward's; "none" skips it."""
+    debug: bool = False
+    """torch.utils.checkpoint's debug traces; torch refuses it together with a SAC policy (C24)."""
+    wrap_inductor_compiled_regions: bool = False
+    """Make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see (C7); only for
+    torch versions that have the option and only with the inductor backend."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         own = "ACConfig"
-        for name in ("preserve_rng_state", "early_stop", "debug"):
-            if getattr(self, name) is not None:
-                check_bool(own, name, getattr(self, name))
-        check_bool(own, "wrap_inductor_compiled_regions", self.wrap_inductor_compiled_regions)
-        if self.determinism_check is not None:
-            check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
-        if self.submodule_ac is not None:
-            check_choice(own, "submodule_ac", self.submodule_ac, literal_choices(ACConfig, "submodule_ac"))
-        if self.layer_every is not None:
-            check_int(own, "layer_every", self.layer_every, 1)
+        for name in ("preserve_rng_state", "early_stop", "debug", "wrap_inductor_compiled_regions"):
+            check_bool(own, name, getattr(self, name))
+        check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
+        if self.debug and self.uses_sac:
+            raise ConfigError(
+                own,
+                "debug",
+                "torch.utils.checkpoint rejects debug=True together with a selective "
+                "policy ('debug=True is incompatible with non-default context_fn', C24).",
+                "use debug=False, or mode='full'.",
+            )
+        if self.wrap_inductor_compiled_regions and not hasattr(
+            compat.compiler_configs().inductor, "wrap_inductor_compiled_regions"
+        ):
+            raise ConfigError(
+                own,
+                "wrap_inductor_compiled_regions",
+                f"torch {torch.__version__} has no inductor option wrap_inductor_compiled_regions.",
+                "upgrade torch (the option arrived with pytorch#167844) or leave it False.",
+            )
+
+    def context_fn(self, module: nn.Module, fqn: str) -> Callable[[], Any] | None:
+        """The SAC `context_fn` for `module` (named `fqn`), or None for a plain checkpoint."""
+        return None
+
+    def wrap(self, module: nn.Module, fqn: str, *, selective: bool | None = None) -> nn.Module:
+        """A non-reentrant CheckpointWrapper around `module` (named `fqn`), with this mode's SAC policy when it has
+        one (`selective=False` wraps it plainly)."""
+        kwargs: dict[str, Any] = dict(
+            preserve_rng_state=self.preserve_rng_state,
+            determinism_check=self.determinism_check,
+            early_stop=self.early_stop,
+            debug=self.debug,
+        )
+        context = self.context_fn(module, fqn) if selective is not False else None
+        if context is not None:
+            kwargs["context_fn"] = context
+        return compat.checkpoint_wrapper(module, **kwargs)
+
+    def _wrap_blocks(
+        self, layers: nn.Module, items: list[tuple[str, nn.Module]], undo: list[tuple[str, str]]
+    ) -> list[str]:
+        for key, block in items:
+            layers.register_module(key, self.wrap(block, f"layers.{key}"))
+            undo.append(("wrapped", f"layers.{key}"))
+        return [f"layers.{key}" for key, _ in items]
+
+    def _apply(self, model, layer_items, rec, undo):
+        return self._wrap_blocks(unwrap(model).layers, layer_items, undo)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullAC(Checkpointing):
+    """Each block in a non-reentrant `checkpoint_wrapper` (torchtitan's `FullAC`)."""
+
+    mode: Literal["full"] = "full"
+    IGNORES: ClassVar[str] = "every block is wrapped whole"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerOpPolicy(Checkpointing):
+    """The options of torchtitan's per-op SAC policy (its save list, every other matmul, force-recompute shapes)."""
+
+    uses_sac: ClassVar[bool] = True
+    force_recompute_mm_shapes_by_fqns: tuple[str, ...] | None = ("moe.router.gate",)
+    """Name substrings of `nn.Linear` modules whose weight shape is forced to recompute — any matmul with that
+    shape, whichever module it belongs to (torchtitan's rule)."""
+    extra_save_ops: tuple[Any, ...] = ()
+    """Ops added to the save set, e.g. `torch.ops.aten._grouped_mm.default` (C15), or their names
+    ("aten._grouped_mm.default")."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         fqns = self.force_recompute_mm_shapes_by_fqns
         if isinstance(fqns, str):
-            raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", "is a single string, not a tuple.",
-                              f"pass ({fqns!r},).")
-        if fqns is not None:
-            if not isinstance(fqns, (tuple, list)) or not all(isinstance(f, str) for f in fqns):
-                raise ConfigError(own, "force_recompute_mm_shapes_by_fqns", f"{fqns!r} is not a tuple of strings.",
-                                  "pass e.g. ('moe.router.gate',), or () to force nothing.")
-            object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
+            raise ConfigError(
+                "ACConfig",
+                "force_recompute_mm_shapes_by_fqns",
+                "is a single string, not a tuple.",
+                f"pass ({fqns!r},).",
+            )
+        if not isinstance(fqns, (tuple, list)) or not all(isinstance(f, str) for f in fqns):
+            raise ConfigError(
+                "ACConfig",
+                "force_recompute_mm_shapes_by_fqns",
+                f"{fqns!r} is not a tuple of strings.",
+                "pass e.g. ('moe.router.gate',), or () to force nothing.",
+            )
+        object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
+        object.__setattr__(self, "extra_save_ops", ops_of("extra_save_ops", self.extra_save_ops))
+
+    def context_fn(self, module, fqn):
+        return per_op_context(self.extra_save_ops, self.force_recompute_mm_shapes_by_fqns, module, fqn)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectiveOpAC(PerOpPolicy):
+    """Each block with torchtitan's per-op SAC policy (torchtitan 0.3.0's `SelectiveAC`)."""
+
+    mode: Literal["selective_op"] = "selective_op"
+    IGNORES: ClassVar[str] = "its blocks get the per-op policy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectiveLayerAC(Checkpointing):
+    """Every `layer_every`-th block fully checkpointed."""
+
+    mode: Literal["selective_layer"] = "selective_layer"
+    IGNORES: ClassVar[str] = "whole blocks are wrapped"
+    layer_every: int = 2
+    """Block i is checkpointed when (i + 1) % layer_every == 0 (1 = every block)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("ACConfig", "layer_every", self.layer_every, 1)
+
+    def _apply(self, model, layer_items, rec, undo):
+        chosen = [(k, b) for i, (k, b) in enumerate(layer_items) if (i + 1) % self.layer_every == 0]
+        return self._wrap_blocks(unwrap(model).layers, chosen, undo)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerSubmoduleAC(PerOpPolicy):
+    """attention and moe / feed_forward wrapped separately, as torchtitan's 2025 FlexAttention workaround did."""
+
+    mode: Literal["per_submodule"] = "per_submodule"
+    IGNORES: ClassVar[str] = "its submodules are wrapped"
+    submodule_ac: Literal["selective", "full"] = "selective"
+    """The AC each of attention and moe/feed_forward gets: the per-op policy ("selective") or full."""
+
+    def __post_init__(self) -> None:
+        check_choice("ACConfig", "submodule_ac", self.submodule_ac, ("selective", "full"))
+        if self.submodule_ac == "full":
+            for name in ("force_recompute_mm_shapes_by_fqns", "extra_save_ops"):
+                if getattr(self, name) not in (PerSubmoduleAC.__dataclass_fields__[name].default, None):
+                    raise ConfigError(
+                        "ACConfig",
+                        name,
+                        "is only used by the per-op policy, not mode='per_submodule' "
+                        "with submodule_ac='full', which wraps each submodule whole, with no policy.",
+                        f"drop {name}, or use submodule_ac='selective'.",
+                    )
+            object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", ())
+        super().__post_init__()
+        if self.submodule_ac == "full":
+            object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", None)  # read by no policy: unset
+
+    @property
+    def uses_sac(self) -> bool:  # type: ignore[override]
+        return self.submodule_ac == "selective"
+
+    def context_fn(self, module, fqn):
+        return super().context_fn(module, fqn) if self.uses_sac else None
+
+    def _apply(self, model, layer_items, rec, undo):
+        wrapped = []
+        for key, block in layer_items:
+            for child in ("attention", "moe", "feed_forward"):
+                if isinstance(getattr(block, child, None), nn.Module):
+                    block.register_module(child, self.wrap(getattr(block, child), f"layers.{key}.{child}"))
+                    undo.append(("wrapped", f"layers.{key}.{child}"))
+                    wrapped.append(f"layers.{key}.{child}")
+        return wrapped
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomAC(Checkpointing):
+    """Each block with a SAC policy of your own (`policy`), or saving exactly `save_ops`."""
+
+    mode: Literal["custom"] = "custom"
+    IGNORES: ClassVar[str] = "its policy decides"
+    uses_sac: ClassVar[bool] = True
+    policy: Callable[..., CheckpointPolicy] | None = None
+    """A SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
+    save_ops: tuple[Any, ...] | None = None
+    """Ops to save (MUST_SAVE); every other op is recomputed."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.policy is None) == (self.save_ops is None):
+            raise ConfigError(
+                "ACConfig",
+                "policy",
+                "mode='custom' needs exactly one of policy and save_ops.",
+                "pass policy=callable or save_ops=(torch.ops.aten.mm.default, ...).",
+            )
+        if self.policy is not None and not callable(self.policy):
+            raise ConfigError(
+                "ACConfig",
+                "policy",
+                f"{self.policy!r} is not callable.",
+                "pass a function (ctx, func, *args, **kwargs) -> CheckpointPolicy.",
+            )
+        if self.save_ops is not None:
+            object.__setattr__(self, "save_ops", ops_of("save_ops", self.save_ops))
+
+    def context_fn(self, module, fqn):
+        return custom_context(self.policy) if self.policy is not None else save_ops_context(self.save_ops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBudgetAC(ACConfig):
+    """No wrapping: the compile partitioner's `activation_memory_budget` (compiled graphs only, C16)."""
+
+    mode: Literal["memory_budget"] = "memory_budget"
+    IGNORES: ClassVar[str] = "nothing is wrapped: only the partitioner's budget applies"
+    memory_budget: float = 0.5
+    """Between 0 (recompute all) and 1 (runtime optimal)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        m = self.memory_budget
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
+            raise ConfigError(
+                "ACConfig",
+                "memory_budget",
+                f"{m!r} is not between 0 and 1.",
+                "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).",
+            )
+
+    def _apply(self, model, layer_items, rec, undo):
+        rec.functorch_config["activation_memory_budget"] = float(self.memory_budget)
+        undo.append(("budget", ""))
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class RematAC(ACConfig):
+    """torchtitan main's torch_remat: each block's `forward` becomes `torch_remat.checkpoint`, choosing among the
+    regions the model's code declares by name (`toolkit.transforms.remat`)."""
+
+    mode: Literal["remat"] = "remat"
+    IGNORES: ClassVar[str] = "torch_remat has no such option"
+    save_regions: tuple[str, ...] = ()
+    """Shell-style patterns (fnmatch) of region names, relative to a block, to keep — a kept region saves its
+    activations and is skipped in recompute. The regions are those the model's code declares, as torchtitan main
+    declares them: `<fqn>.linear` per Linear (`attention.wq.linear`, main's `attention.qkv_linear.wqkv.linear`,
+    `moe.router.gate.linear`, `moe.shared_experts.w2.linear` …), `<fqn>.grouped_mm` per grouped matmul
+    (`moe.routed_experts.w13.grouped_mm`, `…w2.grouped_mm`), `attention.inner_attention`, and `routing_decision`,
+    `ffn_residual`, `moe.shared_add`, which are always kept. () keeps nothing else: `remat_full()`. `("*",)` keeps
+    every region. A literal name that matches no region is refused; a wildcard that matches none is ignored, as
+    in main."""
+    recompute_regions: tuple[str, ...] = ()
+    """Patterns of regions to recompute even when `save_regions` matches them (they win). torchtitan main's
+    selective policy is `ACConfig.remat_selective()`."""
+    preserve_rng_state: bool = False
+    """Default False, as in torchtitan main, whose configs (and `remat_selective()` / `remat_full()`) refuse True;
+    here True installs the toolkit's own `RecomputeStateHook`, which snapshots torch's RNG state at region entry
+    and after every kept region and restores it in recompute (such hooks do not work under compile)."""
+    determinism_check: Literal["default", "none"] = "default"
+    """torch_remat's check of recomputed tensors against the forward's: "default" (torchtitan main's
+    `ActivationRematConfig` passes it; torch_remat's own default is "none") or "none"."""
+    debug: bool = False
+    """main's `ActivationRematConfig.debug`: only False (True is refused with main's reason)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        own = "ACConfig"
+        check_bool(own, "preserve_rng_state", self.preserve_rng_state)
+        check_bool(own, "debug", self.debug)
+        if self.debug:
+            raise ConfigError(own, "debug", REMAT_REFUSED["debug"], "drop debug (torchtitan main refuses it too).")
+        check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
         for name in ("save_regions", "recompute_regions"):
             patterns = getattr(self, name)
             if isinstance(patterns, str):
                 raise ConfigError(own, name, "is a single string, not a tuple of patterns.", f"pass ({patterns!r},).")
-            if patterns is not None:
-                if not isinstance(patterns, (tuple, list)) or not all(isinstance(p, str) and p for p in patterns):
-                    raise ConfigError(own, name, f"{patterns!r} is not a tuple of non-empty strings.",
-                                      "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().")
-                object.__setattr__(self, name, tuple(patterns))
-        object.__setattr__(self, "extra_save_ops", _ops(own, "extra_save_ops", self.extra_save_ops))
-        if self.save_ops is not None:
-            object.__setattr__(self, "save_ops", _ops(own, "save_ops", self.save_ops))
-        if self.memory_budget is not None:
-            m = self.memory_budget
-            if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
-                raise ConfigError(own, "memory_budget", f"{m!r} is not between 0 and 1.",
-                                  "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).")
+            if not isinstance(patterns, (tuple, list)) or not all(isinstance(p, str) and p for p in patterns):
+                raise ConfigError(
+                    own,
+                    name,
+                    f"{patterns!r} is not a tuple of non-empty strings.",
+                    "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().",
+                )
+            object.__setattr__(self, name, tuple(patterns))
+        if not compat.available("torch_remat"):
+            from .._extras import reason
 
-    @classmethod
-    def remat_selective(cls, **options: Any) -> "ACConfig":
-        """torchtitan main's `SelectiveActivationRematConfig`, unchanged: save `("*",)`, recompute
-        `("*routed_experts.w13.*",)` (the routed experts' w13 grouped matmul; w2 and everything else declared is
-        kept), determinism check "default", `preserve_rng_state=False`. A fixed policy, as in main."""
-        return cls._fixed("SelectiveActivationRematConfig", REMAT_SELECTIVE, options)
+            raise ConfigError(own, "mode", f"'remat' {reason('torch_remat')}", "install it, or pick another mode.")
 
-    @classmethod
-    def remat_full(cls, **options: Any) -> "ACConfig":
-        """torchtitan main's `FullActivationRematConfig`: save `()` — every block recomputed but the regions the
-        model code always keeps (`routing_decision`, `ffn_residual`, `moe.shared_add`)."""
-        return cls._fixed("FullActivationRematConfig", REMAT_FULL, options)
+    def _apply(self, model, layer_items, rec, undo):
+        from .remat import apply_remat, check_patterns, region_names
 
-    @classmethod
-    def _fixed(cls, owner: str, policy: dict[str, tuple[str, ...]], options: dict[str, Any]) -> "ACConfig":
-        for name, why in REMAT_REFUSED.items():
-            if options.get(name):
-                raise ConfigError(owner, name, why, f"drop {name} (torchtitan main refuses it too).")
-        options.pop("debug", None)  # debug=False is main's default: nothing to set
-        for name in policy:
-            if name in options and tuple(options[name]) != policy[name]:
-                raise ConfigError(owner, name, f"{owner} is a fixed policy (torchtitan main's).",
-                                  "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
-                                  "it, as main's ActivationRematConfig.")
-        return cls(mode="remat", **{**policy, **options})
-
-    def _is_set(self, name: str) -> bool:
-        value = getattr(self, name)
-        if name == "wrap_inductor_compiled_regions":
-            return value is True
-        if name == "extra_save_ops":
-            return bool(value)
-        return value is not None
-
-    @property
-    def uses_sac(self) -> bool:
-        return self.mode in ("selective_op", "custom") or (self.mode == "per_submodule" and self.submodule_ac == "selective")
-
-    @property
-    def wraps(self) -> bool:
-        return self.mode in WRAPPING_MODES
-
-    def replace(self, **changes) -> "ACConfig":
-        """A copy with `changes`. Changing the mode drops the options the old mode filled in at their defaults when
-        the new mode ignores them or defaults them differently (`ACConfig(mode="full").replace(mode="none") ==
-        ACConfig()`, `ACConfig(mode="remat").replace(mode="full") == ACConfig(mode="full")`); a value set on purpose
-        stays, and is refused as usual when the new mode would ignore it."""
-        if "mode" in changes or "submodule_ac" in changes:
-            mode = changes.get("mode", self.mode)
-            old = _option_modes(self.submodule_ac)
-            for name, modes in _option_modes(changes.get("submodule_ac", self.submodule_ac)).items():
-                if name in changes or (name not in MODE_DEFAULTS and name not in REMAT_DEFAULTS):
-                    continue
-                if self.mode not in old[name] or getattr(self, name) != mode_default(name, self.mode):
-                    continue  # not filled in by the old mode: unset, or set on purpose
-                if mode in modes and mode_default(name, mode) == mode_default(name, self.mode):
-                    continue  # the new mode would fill in the same
-                changes[name] = None
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ACConfig":
-        """Rebuild from `to_dict` output. Files written before options became mode-specific carry every option at
-        its default whatever the mode; such a default is dropped for a mode that ignores it, any other value is
-        still an error."""
-        check_object("ACConfig", data, '{"mode": "selective_op"}')
-        data = dict(data)
-        mode = data.get("mode", "none")
-        for name, modes in _option_modes(data.get("submodule_ac")).items():
-            legacy = MODE_DEFAULTS.get(name, False if name == "wrap_inductor_compiled_regions" else ())
-            value = data.get(name)
-            if mode not in modes and isinstance(value, list):
-                value = tuple(value)
-            if name in data and mode not in modes and value == legacy:
-                data.pop(name)
-        return from_dict(cls, data)
+        check_patterns(self, {name for _, block in layer_items for name in region_names(block)})
+        for key, block in layer_items:
+            apply_remat(block, f"layers.{key}", self, undo)  # records each forward it replaces, as it goes
+        rec.ac_patched = [name for what, name in undo if what == "patched"]
+        return [f"layers.{key}" for key, _ in layer_items]
 
 
-def _option_modes(submodule_ac: str | None) -> dict[str, tuple[str, ...]]:
-    """Each mode-specific option → the modes that read it (the per-op policy's two depend on submodule_ac)."""
-    per_op = ("selective_op",) + (("per_submodule",) if submodule_ac in (None, "selective") else ())
-    checkpointing = WRAPPING_MODES + ("remat",)
-    return {"preserve_rng_state": checkpointing, "early_stop": WRAPPING_MODES, "determinism_check": checkpointing,
-            "debug": WRAPPING_MODES, "wrap_inductor_compiled_regions": WRAPPING_MODES,
-            "save_regions": ("remat",), "recompute_regions": ("remat",),
-            "layer_every": ("selective_layer",), "submodule_ac": ("per_submodule",),
-            "force_recompute_mm_shapes_by_fqns": per_op, "extra_save_ops": per_op, "memory_budget": ("memory_budget",)}
+MODES: dict[str, type[ACConfig]] = {
+    c.own_mode(): c
+    for c in (NoAC, FullAC, SelectiveOpAC, SelectiveLayerAC, PerSubmoduleAC, MemoryBudgetAC, CustomAC, RematAC)
+}
+
+# Every option of every mode, with the value the JSON record gives one that a mode does not read.
+JSON_FIELDS: dict[str, Any] = {
+    "mode": "none",
+    "preserve_rng_state": None,
+    "early_stop": None,
+    "determinism_check": None,
+    "debug": None,
+    "layer_every": None,
+    "submodule_ac": None,
+    "force_recompute_mm_shapes_by_fqns": None,
+    "extra_save_ops": [],
+    "memory_budget": None,
+    "policy": None,
+    "save_ops": None,
+    "save_regions": None,
+    "recompute_regions": None,
+    "wrap_inductor_compiled_regions": False,
+}
+# What files written before options became mode-specific hold for an option whatever the mode: accepted (and
+# dropped) for a mode that does not read it.
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "preserve_rng_state": True,
+    "early_stop": False,
+    "determinism_check": "default",
+    "debug": False,
+    "layer_every": 2,
+    "submodule_ac": "selective",
+    "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
+    "memory_budget": 0.5,
+    "extra_save_ops": (),
+    "wrap_inductor_compiled_regions": False,
+}
 
 
-_IGNORED = {"none": "nothing is checkpointed", "full": "every block is wrapped whole",
-            "remat": "torch_remat has no such option",
-            "memory_budget": "nothing is wrapped: only the partitioner's budget applies",
-            "per_submodule": "submodule_ac='full' wraps each submodule whole, with no policy"}
-
-
-def _ops(owner: str, field: str, ops: Any) -> tuple[Any, ...]:
+def ops_of(field: str, ops: Any) -> tuple[Any, ...]:
     """A tuple of ops a SAC policy can match (`func is op`): names are looked up, anything else is refused."""
     if isinstance(ops, str) or not isinstance(ops, (tuple, list, set, frozenset)):
-        raise ConfigError(owner, field, f"{ops!r} is not a tuple of ops.",
-                          "pass e.g. (torch.ops.aten.mm.default,) or ('aten.mm.default',).")
+        raise ConfigError(
+            "ACConfig",
+            field,
+            f"{ops!r} is not a tuple of ops.",
+            "pass e.g. (torch.ops.aten.mm.default,) or ('aten.mm.default',).",
+        )
     out = []
     for op in ops:
         if isinstance(op, str):
-            op = op_from_name(op, owner=owner, field=field)
+            op = op_from_name(op, field=field)
         kind = compat.op_kind(op)
         if kind == "packet":
-            raise ConfigError(owner, field, f"torch.ops.{op} is an overload packet, which a policy's func never equals.",
-                              f"name the overload, e.g. torch.ops.{op}.default.")
+            raise ConfigError(
+                "ACConfig",
+                field,
+                f"torch.ops.{op} is an overload packet, which a policy's func never equals.",
+                f"name the overload, e.g. torch.ops.{op}.default.",
+            )
         if kind is None:
-            raise ConfigError(owner, field, f"{op!r} is not a torch op.",
-                              "pass ops like torch.ops.aten.mm.default or names like 'aten.mm.default'.")
+            raise ConfigError(
+                "ACConfig",
+                field,
+                f"{op!r} is not a torch op.",
+                "pass ops like torch.ops.aten.mm.default or names like 'aten.mm.default'.",
+            )
         out.append(op)
     return tuple(out)
 
@@ -342,20 +618,12 @@ def op_from_name(name: Any, *, owner: str = "ACConfig", field: str = "save_ops")
         packet = getattr(getattr(torch.ops, ns), packet_name)
         return getattr(packet, overload or "default")
     except (AttributeError, RuntimeError, ValueError):
-        raise ConfigError(owner, field, f"{name!r} is not a torch op.",
-                          "use names like 'aten.mm.default' (namespace.op.overload).") from None
+        raise ConfigError(
+            owner, field, f"{name!r} is not a torch op.", "use names like 'aten.mm.default' (namespace.op.overload)."
+        ) from None
 
 
 # --- applying and removing -------------------------------------------------------------------------------
-
-
-def _wrap(module: nn.Module, cfg: ACConfig, selective: bool, fqn: str) -> nn.Module:
-    """A non-reentrant CheckpointWrapper around `module` (named `fqn`), with the SAC policy if `selective`."""
-    kwargs: dict[str, Any] = dict(preserve_rng_state=cfg.preserve_rng_state, determinism_check=cfg.determinism_check,
-                                  early_stop=cfg.early_stop, debug=cfg.debug)
-    if selective:
-        kwargs["context_fn"] = sac_context_fn(cfg, module, fqn)
-    return compat.checkpoint_wrapper(module, **kwargs)
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -363,58 +631,41 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     root = unwrap(model)
     layers = getattr(root, "layers", None)
     if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-        raise ConfigError("model", "layers", f"{type(root).__name__} has no `layers` ModuleDict/ModuleList of blocks.",
-                          "build the model with toolkit.build_model, or keep the blocks in `model.layers`.")
+        raise ConfigError(
+            "model",
+            "layers",
+            f"{type(root).__name__} has no `layers` ModuleDict/ModuleList of blocks.",
+            "build the model with toolkit.build_model, or keep the blocks in `model.layers`.",
+        )
     return [(k, unwrap(b)) for k, b in layers.named_children()]
 
 
 def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
-    """Wrap `model.layers` per `cfg` in place; FQNs stay canonical. Refuses to wrap twice."""
+    """Checkpoint `model.layers` per `cfg` in place; FQNs stay canonical. Refuses to wrap twice; a failure half-way
+    leaves the model as it was."""
     if not isinstance(cfg, ACConfig):
         raise TypeError(f"apply_ac needs an ACConfig, got {type(cfg).__name__}")
     rec = applied(model)
     if rec.ac is not None or has_checkpoint(model):
-        raise RuntimeError("activation checkpointing is already applied to this model "
-                           f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
-                           "call toolkit.remove_ac(model) first.")
+        raise RuntimeError(
+            "activation checkpointing is already applied to this model "
+            f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
+            "call toolkit.remove_ac(model) first."
+        )
     if rec.compile is not None:
-        raise RuntimeError("apply_ac must run before apply_compile (torchtitan's order). For AC(compile(x)) keep "
-                           "that order and pass CompileConfig(order='ac_outside'); remove_compile(model) to start over.")
+        raise RuntimeError(
+            "apply_ac must run before apply_compile (torchtitan's order). For AC(compile(x)) keep "
+            "that order and pass CompileConfig(order='ac_outside'); remove_compile(model) to start over."
+        )
     layer_items = blocks(model)
-    layers = unwrap(model).layers
     rec = record(model)
-    wrapped: list[str] = []
-    if cfg.mode in ("full", "selective_op", "custom"):
-        for key, block in layer_items:
-            layers.register_module(key, _wrap(block, cfg, cfg.mode != "full", f"layers.{key}"))
-            wrapped.append(f"layers.{key}")
-    elif cfg.mode == "selective_layer":
-        for i, (key, block) in enumerate(layer_items):
-            if (i + 1) % cfg.layer_every == 0:
-                layers.register_module(key, _wrap(block, cfg, False, f"layers.{key}"))
-                wrapped.append(f"layers.{key}")
-    elif cfg.mode == "per_submodule":
-        for key, block in layer_items:
-            for child in ("attention", "moe", "feed_forward"):
-                if isinstance(getattr(block, child, None), nn.Module):
-                    block.register_module(child, _wrap(getattr(block, child), cfg, cfg.submodule_ac == "selective",
-                                                       f"layers.{key}.{child}"))
-                    wrapped.append(f"layers.{key}.{child}")
-    elif cfg.mode == "remat":
-        from .remat import apply_remat, check_patterns, region_names
-
-        check_patterns(cfg, {name for _, block in layer_items for name in region_names(block)})
-        try:
-            for key, block in layer_items:
-                rec.ac_patched.extend(apply_remat(block, f"layers.{key}", cfg))
-                wrapped.append(f"layers.{key}")
-        except Exception:
-            _unpatch(model, rec.ac_patched)
-            rec.ac_patched = []
-            forget(model)
-            raise
-    elif cfg.mode == "memory_budget":
-        rec.functorch_config["activation_memory_budget"] = float(cfg.memory_budget)
+    undo: list[tuple[str, str]] = []
+    try:
+        wrapped = cfg._apply(model, layer_items, rec, undo)
+    except BaseException:
+        _undo(model, rec, undo)
+        forget(model)
+        raise
     if cfg.mode != "none":
         rec.disable_lru_cache = True  # torchtitan disables the LRU cache whenever AC is on (PR #2204, C8).
     rec.ac, rec.ac_wrapped = cfg, wrapped
@@ -427,26 +678,32 @@ def remove_ac(model: nn.Module) -> nn.Module:
     if rec.empty:
         return model
     if rec.compile is not None:
-        raise RuntimeError("call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers.")
+        raise RuntimeError(
+            "call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers."
+        )
     if rec.ac_patched:
-        _unpatch(model, rec.ac_patched)
-        rec.ac_patched = []
+        _undo(model, rec, [("patched", name) for name in rec.ac_patched])
     else:
-        for name in rec.ac_wrapped:
-            parent, attr, occupant = get_slot(model, name)
-            parent.register_module(attr, unwrap(occupant))
+        _undo(model, rec, [("wrapped", name) for name in rec.ac_wrapped])
     rec.functorch_config.pop("activation_memory_budget", None)
-    rec.ac, rec.ac_wrapped, rec.disable_lru_cache = None, [], False
+    rec.ac, rec.ac_wrapped, rec.ac_patched, rec.disable_lru_cache = None, [], [], False
     forget(model)
     return model
 
 
-def _unpatch(model: nn.Module, names: list[str]) -> None:
-    from .naming import get_module
+def _undo(model: nn.Module, rec: Applied, undo: list[tuple[str, str]]) -> None:
+    """Reverse the changes `_apply` recorded, last first."""
     from .remat import remove_remat
 
-    for name in names:
-        remove_remat(get_module(model, name))
+    for what, name in reversed(undo):
+        if what == "wrapped":
+            parent, attr, occupant = get_slot(model, name)
+            parent.register_module(attr, unwrap(occupant))
+        elif what == "patched":
+            remove_remat(get_module(model, name))
+        elif what == "budget":
+            rec.functorch_config.pop("activation_memory_budget", None)
+    rec.ac_patched = []
 
 
 def ac_region_of(model: nn.Module, name: str) -> str | None:
@@ -457,13 +714,23 @@ def ac_region_of(model: nn.Module, name: str) -> str | None:
     return None
 
 
-def checkpointed(model: nn.Module, name: str) -> bool:
-    """True when the module called `name` is itself wrapped in a CheckpointWrapper."""
-    try:
-        _, _, occupant = get_slot(model, name)
-    except KeyError:
-        return False
-    return is_checkpoint_wrapper(occupant)
-
-
-__all__ = ["ACConfig", "apply_ac", "remove_ac", "blocks", "op_from_name"]
+__all__ = [
+    "ACConfig",
+    "ACMode",
+    "MODES",
+    "NoAC",
+    "Checkpointing",
+    "FullAC",
+    "PerOpPolicy",
+    "SelectiveOpAC",
+    "SelectiveLayerAC",
+    "PerSubmoduleAC",
+    "CustomAC",
+    "MemoryBudgetAC",
+    "RematAC",
+    "apply_ac",
+    "remove_ac",
+    "blocks",
+    "op_from_name",
+    "ops_of",
+]

@@ -1,4 +1,4 @@
-"""`apply_compile(model, CompileConfig)`: torch.compile on a chosen scope, with the order relative to AC made explicit."""
+"""`apply_compile(model, CompileConfig)`: torch.compile on a chosen scope, its order relative to AC made explicit."""
 
 from __future__ import annotations
 
@@ -75,21 +75,38 @@ class CompileConfig:
             check_choice(own, "scope", self.scope, SCOPES)
         elif isinstance(self.scope, (tuple, list)):
             if not self.scope or not all(isinstance(s, str) for s in self.scope):
-                raise ConfigError(own, "scope", f"{self.scope!r} is not a non-empty tuple of module names.",
-                                  "pass e.g. ('layers.0.moe.routed_experts',) or a named scope like 'blocks'.")
+                raise ConfigError(
+                    own,
+                    "scope",
+                    f"{self.scope!r} is not a non-empty tuple of module names.",
+                    "pass e.g. ('layers.0.moe.routed_experts',) or a named scope like 'blocks'.",
+                )
             object.__setattr__(self, "scope", tuple(self.scope))
         else:
-            raise ConfigError(own, "scope", f"{self.scope!r} has the wrong type.",
-                              f"pass one of {', '.join(SCOPES)} or a tuple of module names.")
+            raise ConfigError(
+                own,
+                "scope",
+                f"{self.scope!r} has the wrong type.",
+                f"pass one of {', '.join(SCOPES)} or a tuple of module names.",
+            )
         if isinstance(self.backend, str):
             check_choice(own, "backend", self.backend, BACKENDS)
         elif not callable(self.backend):
-            raise ConfigError(own, "backend", f"{self.backend!r} is neither a backend name nor callable.",
-                              f"pass one of {', '.join(BACKENDS)}.")
+            raise ConfigError(
+                own,
+                "backend",
+                f"{self.backend!r} is neither a backend name nor callable.",
+                f"pass one of {', '.join(BACKENDS)}.",
+            )
         if self.dynamic not in (None, True, False):
             raise ConfigError(own, "dynamic", f"{self.dynamic!r} is not None/True/False.", "pass None, True or False.")
-        for name in ("fullgraph", "capture_scalar_outputs", "capture_dynamic_output_shape_ops",
-                     "skip_fwd_side_effects_in_bwd_under_checkpoint", "name_regions"):
+        for name in (
+            "fullgraph",
+            "capture_scalar_outputs",
+            "capture_dynamic_output_shape_ops",
+            "skip_fwd_side_effects_in_bwd_under_checkpoint",
+            "name_regions",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(own, name, f"{getattr(self, name)!r} is not a bool.", "pass True or False.")
         check_choice(own, "order", self.order, (None, "compile_outside", "ac_outside"))
@@ -100,23 +117,39 @@ class CompileConfig:
         object.__setattr__(self, "inductor_options", tuple(tuple(kv) for kv in opts))
         self._check_functions()
         if self.inductor_options and self.backend != "inductor":
-            raise ConfigError(own, "inductor_options", f"options only apply to the inductor backend, not {self.backend!r}.",
-                              "use backend='inductor' or drop inductor_options.")
+            raise ConfigError(
+                own,
+                "inductor_options",
+                f"options only apply to the inductor backend, not {self.backend!r}.",
+                "use backend='inductor' or drop inductor_options.",
+            )
 
     def _check_functions(self) -> None:
         from ..models import local_compile
 
         own, fns = "CompileConfig", self.functions
         if isinstance(fns, str) or not isinstance(fns, (tuple, list)) or not all(isinstance(f, str) for f in fns):
-            raise ConfigError(own, "functions", f"{fns!r} is not a tuple of function names.",
-                              f"pass e.g. ('swiglu', 'cos_sin_rope', 'loss') from {', '.join(local_compile.names())}.")
+            raise ConfigError(
+                own,
+                "functions",
+                f"{fns!r} is not a tuple of function names.",
+                f"pass e.g. ('swiglu', 'cos_sin_rope', 'loss') from {', '.join(local_compile.names())}.",
+            )
         unknown = [f for f in fns if f not in local_compile.names()]
         if unknown:
-            raise ConfigError(own, "functions", f"{unknown} name no local compile function of the toolkit's models.",
-                              f"use names from {', '.join(local_compile.names())}.")
+            raise ConfigError(
+                own,
+                "functions",
+                f"{unknown} name no local compile function of the toolkit's models.",
+                f"use names from {', '.join(local_compile.names())}.",
+            )
         if fns and not self.fullgraph:
-            raise ConfigError(own, "fullgraph", "local compile functions are compiled whole: torchtitan main's "
-                              "local_compile refuses fullgraph=False.", "pass fullgraph=True.")
+            raise ConfigError(
+                own,
+                "fullgraph",
+                "local compile functions are compiled whole: torchtitan main's local_compile refuses fullgraph=False.",
+                "pass fullgraph=True.",
+            )
         object.__setattr__(self, "functions", tuple(fns))
 
     @classmethod
@@ -153,8 +186,12 @@ class CompileConfig:
         if isinstance(data.get("inductor_options"), dict):
             data["inductor_options"] = tuple(sorted(data["inductor_options"].items()))
         if isinstance(data.get("backend"), str) and data["backend"].startswith("<callable "):
-            raise ConfigError("CompileConfig", "backend", "holds a callable, which JSON cannot carry.",
-                              "set the backend again in Python after loading.")
+            raise ConfigError(
+                "CompileConfig",
+                "backend",
+                "holds a callable, which JSON cannot carry.",
+                "set the backend again in Python after loading.",
+            )
         return cls(**data)
 
 
@@ -165,21 +202,34 @@ def check_ac_compile(ac, cfg: CompileConfig) -> None:
     check_memory_budget(ac, cfg.enabled)
     if ac.mode == "remat" and cfg.enabled:
         # The scopes that compile a whole block or more (`layers.N`, `layers`, the model), not a part of one.
-        outside = cfg.scope in ("model", "blocks") or (isinstance(cfg.scope, tuple) and any(
-            re.fullmatch(r"|layers|layers\.[^.]+", s) for s in cfg.scope))
+        outside = cfg.scope in ("model", "blocks") or (
+            isinstance(cfg.scope, tuple) and any(re.fullmatch(r"|layers|layers\.[^.]+", s) for s in cfg.scope)
+        )
         if outside and ac.preserve_rng_state:
-            raise ConfigError("ACConfig", "preserve_rng_state", "under compile, torch_remat refuses "
-                              "recompute_state_hooks ('not supported under torch.compile'), and scope "
-                              f"{cfg.scope!r} compiles the remat checkpoints themselves.",
-                              "use preserve_rng_state=False, or compile inside the blocks (e.g. scope='attention').")
+            raise ConfigError(
+                "ACConfig",
+                "preserve_rng_state",
+                "under compile, torch_remat refuses "
+                "recompute_state_hooks ('not supported under torch.compile'), and scope "
+                f"{cfg.scope!r} compiles the remat checkpoints themselves.",
+                "use preserve_rng_state=False, or compile inside the blocks (e.g. scope='attention').",
+            )
         if outside and cfg.order == "ac_outside":
-            raise ConfigError("CompileConfig", "order", "torch_remat replaces the block's forward instead of wrapping "
-                              "it, so a compiled block always compiles its remat checkpoint: compile(AC(x)) only.",
-                              "pass order=None or 'compile_outside', or compile inside the blocks (scope='attention', "
-                              "'moe', …), torchtitan main's way.")
-    if ac.wrap_inductor_compiled_regions and cfg.enabled and cfg.backend != "inductor":
-        raise ConfigError("ACConfig", "wrap_inductor_compiled_regions", f"only inductor makes compiled regions, "
-                          f"not backend={cfg.backend_name!r}.", "use CompileConfig(backend='inductor') or leave it False.")
+            raise ConfigError(
+                "CompileConfig",
+                "order",
+                "torch_remat replaces the block's forward instead of wrapping "
+                "it, so a compiled block always compiles its remat checkpoint: compile(AC(x)) only.",
+                "pass order=None or 'compile_outside', or compile inside the blocks (scope='attention', "
+                "'moe', …), torchtitan main's way.",
+            )
+    if getattr(ac, "wrap_inductor_compiled_regions", False) and cfg.enabled and cfg.backend != "inductor":
+        raise ConfigError(
+            "ACConfig",
+            "wrap_inductor_compiled_regions",
+            f"only inductor makes compiled regions, not backend={cfg.backend_name!r}.",
+            "use CompileConfig(backend='inductor') or leave it False.",
+        )
 
 
 def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]:
@@ -193,8 +243,12 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
         for name in scope:
             if name not in known:
                 close = sorted(k for k in known if k and (name.split(".")[-1] in k))[:5]
-                raise ConfigError("CompileConfig", "scope", f"no module named {name!r} in the model.",
-                                  f"use canonical names such as {', '.join(close) or 'layers.0.attention'}.")
+                raise ConfigError(
+                    "CompileConfig",
+                    "scope",
+                    f"no module named {name!r} in the model.",
+                    f"use canonical names such as {', '.join(close) or 'layers.0.attention'}.",
+                )
         return list(scope)
     names = []
     for key, block in blocks(model):
@@ -207,14 +261,23 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
         else:  # experts, router, shared_experts live under moe
             moe = getattr(block, "moe", None)
             # "experts" are torchtitan 0.3.0's `routed_experts` (dispatch + inner experts), or 2025's `experts`.
-            child = next((c for c in ((scope,) if scope != "experts" else ("routed_experts", "experts"))
-                          if isinstance(moe, nn.Module) and isinstance(getattr(unwrap(moe), c, None), nn.Module)), None)
+            child = next(
+                (
+                    c
+                    for c in ((scope,) if scope != "experts" else ("routed_experts", "experts"))
+                    if isinstance(moe, nn.Module) and isinstance(getattr(unwrap(moe), c, None), nn.Module)
+                ),
+                None,
+            )
             if child is not None:
                 names.append(f"{base}.moe.{child}")
     if not names:
-        raise ConfigError("CompileConfig", "scope", f"scope {scope!r} matches no module of this model.",
-                          "pick a scope the model has (dense models have no 'moe'/'experts'; all-MoE models no "
-                          "'feed_forward').")
+        raise ConfigError(
+            "CompileConfig",
+            "scope",
+            f"scope {scope!r} matches no module of this model.",
+            "pick a scope the model has (dense models have no 'moe'/'experts'; all-MoE models no 'feed_forward').",
+        )
     return names
 
 
@@ -228,18 +291,27 @@ def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
     from ..models import ModelConfig
 
     cfg = getattr(unwrap(model), "config", None)
-    if not isinstance(cfg, ModelConfig) or cfg.layout != "torchtitan_2025" or cfg.experts_impl != "grouped_mm" \
-            or cfg.dtype != "float32" or not cfg.has_moe or cfg.device_type not in ("cpu", "meta"):
+    if (
+        not isinstance(cfg, ModelConfig)
+        or cfg.layout != "torchtitan_2025"
+        or cfg.experts_impl != "grouped_mm"
+        or cfg.dtype != "float32"
+        or not cfg.has_moe
+        or cfg.device_type not in ("cpu", "meta")
+    ):
         return
     for i in cfg.moe_layer_ids:
         experts = f"layers.{i}.moe.experts"
         hit = next((t for t in targets if _covers(t, experts)), None)
         if hit is not None:
-            raise ConfigError("CompileConfig", "scope",
-                              f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel "
-                              "accepts only bfloat16 on CPU ('Expected inputs of BF16 type', C14).",
-                              "use ModelConfig(dtype='bfloat16'), layout='torchtitan_0_3_0' (bfloat16 experts), "
-                              "another experts_impl, or a scope that leaves the experts eager.")
+            raise ConfigError(
+                "CompileConfig",
+                "scope",
+                f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel "
+                "accepts only bfloat16 on CPU ('Expected inputs of BF16 type', C14).",
+                "use ModelConfig(dtype='bfloat16'), layout='torchtitan_0_3_0' (bfloat16 experts), "
+                "another experts_impl, or a scope that leaves the experts eager.",
+            )
 
 
 def _check_order(model: nn.Module, cfg: CompileConfig, targets: list[str]) -> dict[str, str]:
@@ -252,18 +324,25 @@ def _check_order(model: nn.Module, cfg: CompileConfig, targets: list[str]) -> di
         own_wrapper = t in rec.ac_wrapped
         if region is not None:
             if cfg.order == "compile_outside":
-                raise ConfigError("CompileConfig", "order", f"{t!r} lies inside the checkpointed {region!r}, so it can "
-                                  "only be AC(compile(x)).", "pass order='ac_outside' (or None), or compile "
-                                  f"{region!r} itself (e.g. scope='blocks').")
+                raise ConfigError(
+                    "CompileConfig",
+                    "order",
+                    f"{t!r} lies inside the checkpointed {region!r}, so it can only be AC(compile(x)).",
+                    f"pass order='ac_outside' (or None), or compile {region!r} itself (e.g. scope='blocks').",
+                )
             orders[t] = AC_OUTSIDE
         elif own_wrapper:
             orders[t] = AC_OUTSIDE if cfg.order == "ac_outside" else COMPILE_OUTSIDE
         elif inner_wrappers:
             if cfg.order == "ac_outside":
-                raise ConfigError("CompileConfig", "order", f"{t or 'the model'!r} contains checkpointed modules "
-                                  f"({', '.join(inner_wrappers[:3])}), so it can only be compile(AC(x)).",
-                                  "pass order='compile_outside' (or None), or compile the checkpointed modules "
-                                  "themselves with order='ac_outside'.")
+                raise ConfigError(
+                    "CompileConfig",
+                    "order",
+                    f"{t or 'the model'!r} contains checkpointed modules "
+                    f"({', '.join(inner_wrappers[:3])}), so it can only be compile(AC(x)).",
+                    "pass order='compile_outside' (or None), or compile the checkpointed modules "
+                    "themselves with order='ac_outside'.",
+                )
             orders[t] = COMPILE_OUTSIDE
     return orders
 
@@ -272,7 +351,7 @@ def _compile_kwargs(cfg: CompileConfig, model: nn.Module, name: str) -> dict[str
     kwargs: dict[str, Any] = dict(backend=cfg.backend, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
     options = dict(cfg.inductor_options)
     ac = applied(model).ac
-    if cfg.backend == "inductor" and ac is not None and ac.wrap_inductor_compiled_regions:
+    if cfg.backend == "inductor" and getattr(ac, "wrap_inductor_compiled_regions", False):
         options.setdefault("wrap_inductor_compiled_regions", True)
     if options:
         kwargs["options"] = options
@@ -293,8 +372,12 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     _check_grouped_mm(model, targets)
     orders = _check_order(model, cfg, targets)
     if "" in targets and cfg.method != "module_compile":
-        raise ConfigError("CompileConfig", "method", f"scope='model' with {cfg.method!r} would not compile the model "
-                          "in place.", "use method='module_compile' for the whole model.")
+        raise ConfigError(
+            "CompileConfig",
+            "method",
+            f"scope='model' with {cfg.method!r} would not compile the model in place.",
+            "use method='module_compile' for the whole model.",
+        )
     _warn_inert_regions(model, targets, orders)
     undo = []
     if cfg.functions:
@@ -324,8 +407,12 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
             undo.append(("wrapper", (parent, attr, obj)))
     rec = record(model)
     record_dynamo_settings(rec, cfg)
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, targets + [f"{f}()" for f in cfg.functions], \
-        orders, undo
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = (
+        cfg,
+        targets + [f"{f}()" for f in cfg.functions],
+        orders,
+        undo,
+    )
     return model
 
 
@@ -343,27 +430,34 @@ def _warn_inert_regions(model: nn.Module, targets: list[str], orders: dict[str, 
         block = ac_region_of(model, t) if t else None
         if block is None or orders.get(t) != AC_OUTSIDE:
             continue
-        sub = t[len(block) + 1:]
+        sub = t[len(block) + 1 :]
         module = get_slot(model, t)[2]
         for fqn, m in unwrap(module).named_modules():
             own = getattr(m, "remat_regions", None)
             rel = f"{sub}.{fqn}" if fqn else sub
-            for name in (own(rel) if callable(own) else []):
+            for name in own(rel) if callable(own) else []:
                 if kept(name, rec.ac.save_regions, rec.ac.recompute_regions):
                     inert.append(f"{block}.{name}")
     if inert:
-        warnings.warn(f"compiling inside torch_remat checkpoints makes the kept regions {', '.join(inert[:6])}"
-                      f"{' …' if len(inert) > 6 else ''} plain calls: under compile torch_remat honours "
-                      "recompute=False only inside a compiled checkpoint, so they are recomputed (compile a module "
-                      "without kept regions, or the whole block)", stacklevel=3)
+        warnings.warn(
+            f"compiling inside torch_remat checkpoints makes the kept regions {', '.join(inert[:6])}"
+            f"{' …' if len(inert) > 6 else ''} plain calls: under compile torch_remat honours "
+            "recompute=False only inside a compiled checkpoint, so they are recomputed (compile a module "
+            "without kept regions, or the whole block)",
+            stacklevel=3,
+        )
 
 
 def record_dynamo_settings(rec, cfg: CompileConfig) -> None:
     """Note the Dynamo flags `cfg` asks for; `torch_settings` applies them while a step runs."""
-    rec.dynamo_config.update(capture_scalar_outputs=cfg.capture_scalar_outputs,
-                             capture_dynamic_output_shape_ops=cfg.capture_dynamic_output_shape_ops)
+    rec.dynamo_config.update(
+        capture_scalar_outputs=cfg.capture_scalar_outputs,
+        capture_dynamic_output_shape_ops=cfg.capture_dynamic_output_shape_ops,
+    )
     if compat.dynamo_has_config("skip_fwd_side_effects_in_bwd_under_checkpoint"):
-        rec.dynamo_config["skip_fwd_side_effects_in_bwd_under_checkpoint"] = cfg.skip_fwd_side_effects_in_bwd_under_checkpoint
+        rec.dynamo_config["skip_fwd_side_effects_in_bwd_under_checkpoint"] = (
+            cfg.skip_fwd_side_effects_in_bwd_under_checkpoint
+        )
 
 
 def remove_compile(model: nn.Module) -> nn.Module:
@@ -387,8 +481,11 @@ def remove_compile(model: nn.Module) -> nn.Module:
         else:
             parent, attr, obj = item
             parent.register_module(attr, obj)
-    for key in ("capture_scalar_outputs", "capture_dynamic_output_shape_ops",
-                "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+    for key in (
+        "capture_scalar_outputs",
+        "capture_dynamic_output_shape_ops",
+        "skip_fwd_side_effects_in_bwd_under_checkpoint",
+    ):
         rec.dynamo_config.pop(key, None)
     rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = None, [], {}, []
     forget(model)

@@ -1,10 +1,15 @@
-"""`apply_fsdp(model, mode)`: real FSDP2 (`fully_shard`) laid out as torchtitan 0.3.0 shards a decoder, and a 1-rank gloo process group on 127.0.0.1 when none exists."""
+"""`apply_fsdp(model, mode)`: real FSDP2 laid out as torchtitan 0.3.0 shards, on a local gloo group.
+
+`apply_fsdp(model, mode)`: real FSDP2 (`fully_shard`) laid out as torchtitan 0.3.0 shards a decoder, and a 1-rank gloo
+process group on 127.0.0.1 when none exists.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+import typing
 from typing import Iterator, Literal
 
 import torch
@@ -16,7 +21,8 @@ from .naming import unwrap
 from .settings import record
 
 FSDPMode = Literal["none", "blocks", "blocks+experts"]
-FSDP_MODES: tuple[str, ...] = ("none", "blocks", "blocks+experts")
+FsdpMode = Literal["none", "blocks", "blocks+experts"]
+FSDP_MODES: tuple[str, ...] = typing.get_args(FsdpMode)
 
 
 def _free_port() -> int:
@@ -66,29 +72,38 @@ def apply_fsdp(model: nn.Module, mode: FSDPMode = "blocks") -> nn.Module:
     if mode == "none":
         return model
     if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError("apply_fsdp", "mode", "FSDP2 needs a process group and none is initialized.",
-                          "use `with toolkit.transforms.fsdp.process_group():` (1 rank, gloo on 127.0.0.1) or run "
-                          "under torchrun.")
+        raise ConfigError(
+            "apply_fsdp",
+            "mode",
+            "FSDP2 needs a process group and none is initialized.",
+            "use `with toolkit.transforms.fsdp.process_group():` (1 rank, gloo on 127.0.0.1) or run under torchrun.",
+        )
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("this model is already sharded with FSDP2 (fully_shard); build a new one.")
     device = "cuda" if next(model.parameters()).is_cuda else "cpu"
     mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     dtype = next(model.parameters()).dtype
-    config = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
-                                                            cast_forward_inputs=False))
+    config = dict(
+        mesh=mesh,
+        mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False),
+    )
     root = unwrap(model)
     if isinstance(getattr(root, "tok_embeddings", None), nn.Module):
         fully_shard(root.tok_embeddings, **config, reshard_after_forward=True)
-    head = next((getattr(root, n) for n in ("lm_head", "output") if isinstance(getattr(root, n, None), nn.Module)),
-                None)
+    head = next(
+        (getattr(root, n) for n in ("lm_head", "output") if isinstance(getattr(root, n, None), nn.Module)), None
+    )
     if isinstance(getattr(root, "norm", None), nn.Module) and head is not None:
         fully_shard([root.norm, head], **config, reshard_after_forward=False)
     layers = root.layers
     for key, block in blocks(model):
         if mode == "blocks+experts" and getattr(block, "moe_enabled", False):
             moe = unwrap(block.moe)
-            experts = moe.routed_experts_module() if hasattr(moe, "routed_experts_module") else \
-                unwrap(getattr(moe, "routed_experts", getattr(moe, "experts", None)))
+            experts = (
+                moe.routed_experts_module()
+                if hasattr(moe, "routed_experts_module")
+                else unwrap(getattr(moe, "routed_experts", getattr(moe, "experts", None)))
+            )
             if isinstance(experts, nn.Module):
                 fully_shard(experts, **config, reshard_after_forward=True)
         fully_shard(layers[key], **config, reshard_after_forward=True)

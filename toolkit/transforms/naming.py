@@ -1,4 +1,8 @@
-"""Stable module names and the one home of wrapper checks: see through `CheckpointWrapper` and `OptimizedModule` so `layers.0.moe.router.gate` never changes."""
+"""Stable module names: see through CheckpointWrapper and OptimizedModule, the wrapper checks' home.
+
+Stable module names and the one home of wrapper checks: see through `CheckpointWrapper` and `OptimizedModule` so
+`layers.0.moe.router.gate` never changes.
+"""
 
 from __future__ import annotations
 
@@ -92,8 +96,9 @@ def get_module(model: nn.Module, name: str) -> nn.Module:
     for part in name.split("."):
         child = m._modules.get(part)
         if child is None:
-            raise KeyError(f"no module named {name!r} (stopped at {part!r}); known children: "
-                           f"{', '.join(k for k in m._modules)}")
+            raise KeyError(
+                f"no module named {name!r} (stopped at {part!r}); known children: {', '.join(k for k in m._modules)}"
+            )
         m = unwrap(child)
     return m
 
@@ -109,8 +114,9 @@ def get_slot(model: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
     *head, last = name.split(".")
     parent = get_module(model, ".".join(head))
     if last not in parent._modules:
-        raise KeyError(f"no module named {name!r}; {'.'.join(head) or 'the model'} has children "
-                       f"{', '.join(parent._modules)}")
+        raise KeyError(
+            f"no module named {name!r}; {'.'.join(head) or 'the model'} has children {', '.join(parent._modules)}"
+        )
     return parent, last, parent._modules[last]
 
 

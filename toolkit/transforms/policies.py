@@ -1,4 +1,8 @@
-"""SAC policies: torchtitan's per-op policy (save list, every-other-matmul rule, force-recompute shapes), save-exactly-these-ops, and a recorder of their decisions."""
+"""SAC policies: torchtitan's per-op policy, save-exactly-these-ops, and a recorder of decisions.
+
+SAC policies: torchtitan's per-op policy (save list, every-other-matmul rule, force-recompute shapes), save-exactly-
+these-ops, and a recorder of their decisions.
+"""
 
 from __future__ import annotations
 
@@ -35,19 +39,23 @@ def default_save_ops() -> frozenset[Any]:
     `_grouped_mm` and CPU's `_scaled_dot_product_flash_attention_for_cpu` are not in it, so both are recomputed
     (C15; on CPU SDPA's output is recomputed)."""
     ops = {packet.default for packet in compat.default_compute_intensive_ops()}
-    for root, path in ((torch.ops, "aten._scaled_dot_product_cudnn_attention.default"),
-                       (torch.ops, "aten._scaled_dot_product_attention_math.default"),
-                       (torch.ops, "aten._scaled_dot_product_fused_attention_overrideable.default"),
-                       (torch.ops, "aten.max.default"),
-                       (torch.ops, "higher_order.flex_attention"),
-                       (torch.ops, "aten.linear.default"),
-                       (torch.ops, "aten.topk.default"),
-                       (torch.ops, "higher_order.inductor_compiled_code"),
-                       (torch.ops, "torch_attn._varlen_attn.default"),
-                       (torch.ops, "_c10d_functional.reduce_scatter_tensor.default"),
-                       (torch.ops, "_c10d_functional.all_to_all_single.default"),
-                       (torch.ops, "deepep.dispatch.default"), (torch.ops, "deepep.combine.default"),
-                       (torch.ops, "hybridep.dispatch.default"), (torch.ops, "hybridep.combine.default")):
+    for root, path in (
+        (torch.ops, "aten._scaled_dot_product_cudnn_attention.default"),
+        (torch.ops, "aten._scaled_dot_product_attention_math.default"),
+        (torch.ops, "aten._scaled_dot_product_fused_attention_overrideable.default"),
+        (torch.ops, "aten.max.default"),
+        (torch.ops, "higher_order.flex_attention"),
+        (torch.ops, "aten.linear.default"),
+        (torch.ops, "aten.topk.default"),
+        (torch.ops, "higher_order.inductor_compiled_code"),
+        (torch.ops, "torch_attn._varlen_attn.default"),
+        (torch.ops, "_c10d_functional.reduce_scatter_tensor.default"),
+        (torch.ops, "_c10d_functional.all_to_all_single.default"),
+        (torch.ops, "deepep.dispatch.default"),
+        (torch.ops, "deepep.combine.default"),
+        (torch.ops, "hybridep.dispatch.default"),
+        (torch.ops, "hybridep.combine.default"),
+    ):
         op = _resolve(root, path)
         if op is not None:
             ops.add(op)
@@ -76,7 +84,7 @@ def _out_bytes(ctx) -> int | None:
         if isinstance(t, torch.Tensor):
             try:
                 st = t.untyped_storage()
-            except Exception:  # fake tensors at trace time
+            except (RuntimeError, NotImplementedError):  # fake and functional tensors at trace time have none
                 return None
             if st._cdata not in seen:
                 seen.add(st._cdata)
@@ -124,8 +132,12 @@ class SelectiveOpPolicy:
         return decision
 
     def _decide(self, ctx, func, *args, **kwargs):
-        if func == aten._to_copy.default and args and getattr(args[0], "is_cuda", False) \
-                and str(kwargs.get("device", "")) == "cpu":
+        if (
+            func == aten._to_copy.default
+            and args
+            and getattr(args[0], "is_cuda", False)
+            and str(kwargs.get("device", "")) == "cpu"
+        ):
             return CheckpointPolicy.MUST_SAVE, None, "device-to-host copy"
         rhs = None
         if func in _MM_OPS:
@@ -155,13 +167,17 @@ class SaveOpsPolicy:
         decision = CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
         if _recorders:
             for log in _recorders:
-                log.append(PolicyDecision(str(func), None, decision.name, "in save_ops" if keep else "not in save_ops",
-                                          _out_bytes(ctx)))
+                log.append(
+                    PolicyDecision(
+                        str(func), None, decision.name, "in save_ops" if keep else "not in save_ops", _out_bytes(ctx)
+                    )
+                )
         return decision
 
 
-def force_recompute_shapes(module: nn.Module, fqn_substrings: tuple[str, ...],
-                           base_fqn: str = "") -> frozenset[tuple[int, ...]]:
+def force_recompute_shapes(
+    module: nn.Module, fqn_substrings: tuple[str, ...], base_fqn: str = ""
+) -> frozenset[tuple[int, ...]]:
     """The matmul RHS shapes `(in, out)` of the `nn.Linear` modules under `module` (a block, named `base_fqn`,
     e.g. "layers.3") whose canonical names contain a substring — collected per block, as torchtitan does, so a
     dense block forces nothing even when an MoE block's router gate shares a shape with its matmuls."""
@@ -170,22 +186,33 @@ def force_recompute_shapes(module: nn.Module, fqn_substrings: tuple[str, ...],
         fqn = f"{base_fqn}.{name}" if base_fqn and name else (base_fqn or name)
         if any(s in fqn for s in fqn_substrings):
             if not isinstance(m, nn.Linear):
-                raise ConfigError("ACConfig", "force_recompute_mm_shapes_by_fqns",
-                                  f"{fqn!r} matches but is a {type(m).__name__}, not nn.Linear.",
-                                  "list substrings that only match nn.Linear modules (e.g. 'moe.router.gate').")
+                raise ConfigError(
+                    "ACConfig",
+                    "force_recompute_mm_shapes_by_fqns",
+                    f"{fqn!r} matches but is a {type(m).__name__}, not nn.Linear.",
+                    "list substrings that only match nn.Linear modules (e.g. 'moe.router.gate').",
+                )
             shapes.add((m.weight.shape[1], m.weight.shape[0]))
     return frozenset(shapes)
 
 
-def sac_context_fn(cfg: Any, module: nn.Module, base_fqn: str = "") -> Callable[[], Any]:
-    """A `context_fn` for `torch.utils.checkpoint` that builds a fresh policy per checkpoint call (its matmul
-    counters start at 0 in every block and every recompute, as torchtitan's do)."""
-    if cfg.mode == "custom" and cfg.policy is not None:
-        policy = cfg.policy
-        return lambda: create_selective_checkpoint_contexts(policy)
-    if cfg.mode == "custom":
-        ops = frozenset(cfg.save_ops)
-        return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
-    save = default_save_ops() | frozenset(cfg.extra_save_ops)
-    shapes = force_recompute_shapes(module, cfg.force_recompute_mm_shapes_by_fqns, base_fqn)
+def per_op_context(
+    extra_save_ops: tuple[Any, ...], fqn_substrings: tuple[str, ...], module: nn.Module, base_fqn: str = ""
+) -> Callable[[], Any]:
+    """A `context_fn` for `torch.utils.checkpoint` with torchtitan's per-op policy for `module` (named `base_fqn`):
+    a fresh policy per checkpoint call, so its matmul counters start at 0 in every block and every recompute, as
+    torchtitan's do."""
+    save = default_save_ops() | frozenset(extra_save_ops)
+    shapes = force_recompute_shapes(module, fqn_substrings, base_fqn)
     return lambda: create_selective_checkpoint_contexts(SelectiveOpPolicy(save, shapes))
+
+
+def save_ops_context(save_ops: tuple[Any, ...]) -> Callable[[], Any]:
+    """A `context_fn` saving exactly `save_ops`."""
+    ops = frozenset(save_ops)
+    return lambda: create_selective_checkpoint_contexts(SaveOpsPolicy(ops))
+
+
+def custom_context(policy: Callable[..., CheckpointPolicy]) -> Callable[[], Any]:
+    """A `context_fn` with a user's own policy, used as given."""
+    return lambda: create_selective_checkpoint_contexts(policy)

@@ -1,4 +1,8 @@
-"""`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time (our code, from its documented behaviour)."""
+"""`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time.
+
+`prepare`/`reset`, and recipes: AC + compile applied the way torchtitan did at a point in time (our code, from its
+documented behaviour).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import torch
 from torch import nn
 
 from .._config import ConfigError
-from .ac import ACConfig, _wrap, apply_ac, blocks, remove_ac
+from .._extras import missing
+from ..models import ModelConfig
+from .ac import ACConfig, apply_ac, blocks, remove_ac
 from .compile import CompileConfig, apply_compile, check_ac_compile, record_dynamo_settings, remove_compile
 from .naming import has_checkpoint, has_compiled, is_checkpoint_wrapper, unwrap
 from .settings import applied, record, reset_compiler
@@ -43,7 +49,8 @@ def reset(model: nn.Module, *, dynamo: bool = True) -> nn.Module:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A named way of applying AC and compile together, as a project did it at some point."""
+    """A named way of applying AC and compile together, as a project did it at some point — and what it needs of
+    the model and the environment, said once here for the matrix, the Explorer and `run`."""
 
     name: str
     summary: str
@@ -51,12 +58,32 @@ class Recipe:
     release: str | None = None
     """The torchtitan release the recipe claims to be; its real code is then the fidelity test's reference.
     None for historical recipes rebuilt from PRs, with no release to compare with."""
+    layout: str = "torchtitan_0_3_0"
+    """The model layout of the recipe's era (`ModelConfig.layout`)."""
+    needs: tuple[str, ...] = ()
+    """Optional packages the recipe uses (`toolkit._extras`)."""
+    stand_in_fsdp_hook: bool = False
+    """The recipe's failure needs FSDP's hook on the experts (PR #2052): without real FSDP2 the model gets the
+    FSDP-like graph-breaking hook in its place (`ModelConfig.experts_graph_break`)."""
 
     def __call__(self, model: nn.Module, *, backend: str = "aot_eager") -> nn.Module:
         return self.apply(model, backend=backend)
 
     def __repr__(self) -> str:
         return f"Recipe({self.name!r}: {self.summary})"
+
+    def model_config(self, model: ModelConfig, *, fsdp: str = "none") -> ModelConfig:
+        """The model this recipe runs on, made from `model`: its era's layout; in the 2025 layout `grouped_mm`
+        experts in bfloat16, the only dtype that layout's grouped GEMM compiles in on CPU (C14; 0.3.0's experts cast
+        themselves); the stand-in FSDP hook unless real FSDP2 (`fsdp`) puts its own hook there."""
+        changes: dict = {"layout": self.layout, "experts_graph_break": self.stand_in_fsdp_hook and fsdp == "none"}
+        if model.has_moe and model.experts_impl == "grouped_mm" and self.layout == "torchtitan_2025":
+            changes["dtype"] = "bfloat16"
+        return model.replace(**changes)
+
+    def missing(self) -> str | None:
+        """Why the recipe cannot run here (an optional package missing, with its install line), or None."""
+        return missing(self.needs)
 
 
 def _sac(mode: str = "selective_op") -> ACConfig:
@@ -79,7 +106,11 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
         block = unwrap(transformer_block)
         if getattr(block, "moe_enabled", False):
             # #1895 unwraps a block-level CheckpointWrapper but not submodule-level ones.
-            inner = transformer_block._checkpoint_wrapped_module if is_checkpoint_wrapper(transformer_block) else transformer_block
+            inner = (
+                transformer_block._checkpoint_wrapped_module
+                if is_checkpoint_wrapper(transformer_block)
+                else transformer_block
+            )
             for attr, child in list(inner.named_children()):
                 moe = unwrap(child) if see_through else child
                 if _is_moe(moe):
@@ -106,11 +137,24 @@ def _is_moe(m: nn.Module) -> bool:
     return any(cls.__name__ == "MoE" for cls in type(m).__mro__)
 
 
-def _record(model, name, ac_cfg, wrapped, compile_cfg, targets, undo, orders, lru_off):
+def _record(
+    model: nn.Module,
+    *,
+    name: str,
+    ac: ACConfig,
+    wrapped: list[str],
+    compile: CompileConfig,
+    targets: list[str],
+    undo: list,
+    orders: dict[str, str],
+    lru_off: bool,
+) -> None:
+    """What a recipe that wraps and compiles by hand did, written into the model's record as apply_ac /
+    apply_compile would."""
     rec = record(model)
-    rec.ac, rec.ac_wrapped = ac_cfg, wrapped
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = compile_cfg, targets, orders, undo
-    record_dynamo_settings(rec, compile_cfg)
+    rec.ac, rec.ac_wrapped = ac, wrapped
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = compile, targets, orders, undo
+    record_dynamo_settings(rec, compile)
     rec.disable_lru_cache = lru_off
     rec.recipe = name
 
@@ -142,18 +186,36 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     for key, block in blocks(model):
         if getattr(block, "moe_enabled", False):
             for child in ("moe", "attention"):
-                block.register_module(child, _wrap(getattr(block, child), ac_cfg, True, f"layers.{key}.{child}"))
+                block.register_module(child, ac_cfg.wrap(getattr(block, child), f"layers.{key}.{child}"))
                 wrapped.append(f"layers.{key}.{child}")
         else:
-            layers.register_module(key, _wrap(block, ac_cfg, True, f"layers.{key}"))
+            layers.register_module(key, ac_cfg.wrap(block, f"layers.{key}"))
             wrapped.append(f"layers.{key}")
     targets, undo = _compile_children_1895(model, backend, see_through)
-    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                        method="torch_compile")
-    orders = {t: ("compile(AC(x))" if t in wrapped else "AC(compile(x))" if any(t.startswith(w + ".") for w in wrapped) else "")
-              for t in targets}
-    _record(model, name, ac_cfg, wrapped, cfg, targets, undo,
-            {k: v for k, v in orders.items() if v}, lru_off=False)
+    cfg = CompileConfig(
+        scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
+    )
+    orders = {
+        t: (
+            "compile(AC(x))"
+            if t in wrapped
+            else "AC(compile(x))"
+            if any(t.startswith(w + ".") for w in wrapped)
+            else ""
+        )
+        for t in targets
+    }
+    _record(
+        model,
+        name=name,
+        ac=ac_cfg,
+        wrapped=wrapped,
+        compile=cfg,
+        targets=targets,
+        undo=undo,
+        orders={k: v for k, v in orders.items() if v},
+        lru_off=False,
+    )
     return model
 
 
@@ -175,10 +237,21 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     wrapped = list(rec.ac_wrapped)
     rec.ac, rec.ac_wrapped = None, []
     targets, undo = _compile_children_1895(model, backend)
-    cfg = CompileConfig(scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                        method="torch_compile")
+    cfg = CompileConfig(
+        scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
+    )
     orders = {t: "AC(compile(x))" for t in targets if any(t.startswith(w + ".") for w in wrapped)}
-    _record(model, "torchtitan_2025_12", ac_cfg, wrapped, cfg, targets, undo, orders, lru_off=True)
+    _record(
+        model,
+        name="torchtitan_2025_12",
+        ac=ac_cfg,
+        wrapped=wrapped,
+        compile=cfg,
+        targets=targets,
+        undo=undo,
+        orders=orders,
+        lru_off=True,
+    )
     return model
 
 
@@ -196,9 +269,18 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
     """
     name = "torchtitan_0_3_0" if ac == "selective_op" else "torchtitan_0_3_0_full_ac"
     _start(model, name)
-    prepare(model, ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
-            compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True, capture_scalar_outputs=True,
-                                  skip_fwd_side_effects_in_bwd_under_checkpoint=True, order="compile_outside"))
+    prepare(
+        model,
+        ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
+        compile=CompileConfig(
+            scope="blocks",
+            backend=backend,
+            fullgraph=True,
+            capture_scalar_outputs=True,
+            skip_fwd_side_effects_in_bwd_under_checkpoint=True,
+            order="compile_outside",
+        ),
+    )
     record(model).recipe = name
     return model
 
@@ -244,28 +326,55 @@ def torchtitan_main(model: nn.Module, *, backend: str = "aot_eager") -> nn.Modul
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("torchtitan_2025_09", "per-submodule SAC (flex workaround) + #1895 MoE-aware compile: PR #2052's failure",
-               torchtitan_2025_09),
-        Recipe("torchtitan_2025_09_see_through", "the 2025-09 recipe with the isinstance test fixed to look under "
-               "the wrapper", lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True)),
-        Recipe("torchtitan_2025_12", "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
-               torchtitan_2025_12),
-        Recipe("torchtitan_0_3_0", "torchtitan 0.3.0: per-block SelectiveAC, each block compiled whole with "
-               "fullgraph=True: compile(SAC(block))", torchtitan_0_3_0, release="0.3.0"),
-        Recipe("torchtitan_0_3_0_full_ac", "torchtitan 0.3.0 with FullAC: compile(AC(block))",
-               lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"), release="0.3.0"),
-        Recipe("torchtitan_main", "torchtitan main (files at 03d9819f3416 / 00a4c147699f / 2350f753348e): torch_remat "
-               "per block choosing among the model's regions (save *, recompute *routed_experts.w13.*), SwiGLU, RoPE "
-               "and the loss compiled as local functions with fullgraph=True", torchtitan_main),
+        Recipe(
+            "torchtitan_2025_09",
+            "per-submodule SAC (flex workaround) + #1895 MoE-aware compile: PR #2052's failure",
+            torchtitan_2025_09,
+            layout="torchtitan_2025",
+            stand_in_fsdp_hook=True,
+        ),
+        Recipe(
+            "torchtitan_2025_09_see_through",
+            "the 2025-09 recipe with the isinstance test fixed to look under the wrapper",
+            lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True),
+            layout="torchtitan_2025",
+        ),
+        Recipe(
+            "torchtitan_2025_12",
+            "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
+            torchtitan_2025_12,
+            layout="torchtitan_2025",
+        ),
+        Recipe(
+            "torchtitan_0_3_0",
+            "torchtitan 0.3.0: per-block SelectiveAC, each block compiled whole with "
+            "fullgraph=True: compile(SAC(block))",
+            torchtitan_0_3_0,
+            release="0.3.0",
+        ),
+        Recipe(
+            "torchtitan_0_3_0_full_ac",
+            "torchtitan 0.3.0 with FullAC: compile(AC(block))",
+            lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"),
+            release="0.3.0",
+        ),
+        Recipe(
+            "torchtitan_main",
+            "torchtitan main (files at 03d9819f3416 / 00a4c147699f / 2350f753348e): torch_remat "
+            "per block choosing among the model's regions (save *, recompute *routed_experts.w13.*), SwiGLU, RoPE "
+            "and the loss compiled as local functions with fullgraph=True",
+            torchtitan_main,
+            needs=("torch_remat",),
+        ),
     )
 }
-
-# Recipes that need an optional package (torch-remat), and which.
-NEEDS: dict[str, str] = {"torchtitan_main": "torch_remat"}
 
 
 def apply_recipe(model: nn.Module, name: str, *, backend: str = "aot_eager") -> nn.Module:
     """Apply the recipe called `name` (see `RECIPES`)."""
     if name not in RECIPES:
         raise ConfigError("recipe", "name", f"{name!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
+    why = RECIPES[name].missing()
+    if why:
+        raise ConfigError("recipe", "name", f"{name!r} {why}", "install it, or pick another recipe.")
     return RECIPES[name](model, backend=backend)

@@ -1,4 +1,7 @@
-"""torchtitan main's activation checkpointing: each block's `forward` replaced by `torch_remat.checkpoint`, choosing among the remat regions the model's code declares.
+"""torchtitan main's AC: each block's `forward` a `torch_remat.checkpoint` over its declared regions.
+
+torchtitan main's activation checkpointing: each block's `forward` replaced by `torch_remat.checkpoint`, choosing among
+the remat regions the model's code declares.
 
 As main's `apply_activation_remat` (distributed/activation_checkpoint.py at 03d9819f3416) does: every module of a
 block is told its name relative to the block and the save / recompute patterns (`configure_remat_regions`), then
@@ -43,9 +46,12 @@ def check_patterns(cfg: Any, names: set[str]) -> None:
     for field in ("save_regions", "recompute_regions"):
         for p in getattr(cfg, field):
             if not any(ch in p for ch in "*?[") and p not in names:
-                raise ConfigError("ACConfig", field, f"{p!r} names no region of this model's blocks.",
-                                  f"use one of {', '.join(sorted(names)) or '(none)'} or a pattern such as "
-                                  "'attention.*'.")
+                raise ConfigError(
+                    "ACConfig",
+                    field,
+                    f"{p!r} names no region of this model's blocks.",
+                    f"use one of {', '.join(sorted(names)) or '(none)'} or a pattern such as 'attention.*'.",
+                )
 
 
 class TorchRNGState:
@@ -63,23 +69,27 @@ class TorchRNGState:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def apply_remat(block: nn.Module, block_name: str, cfg: Any) -> list[str]:
+def apply_remat(block: nn.Module, block_name: str, cfg: Any, undo: list[tuple[str, str]]) -> None:
     """Configure `block`'s declared regions with `cfg`'s patterns and replace `block.forward` by a torch_remat
-    checkpoint named `block_name`; returns the canonical names of the modules whose `forward` was replaced."""
+    checkpoint named `block_name`. `("patched", block_name)` goes into `undo` as soon as the regions are
+    configured, so that a failure after it (torch_remat refusing the checkpoint) is rolled back too."""
     remat = compat.remat()
     if "forward" in block.__dict__:
-        raise RuntimeError(f"{block_name} already has its own `forward` (a remat applied by hand?); "
-                           "toolkit.apply_ac would replace it. Remove it first.")
+        raise RuntimeError(
+            f"{block_name} already has its own `forward` (a remat applied by hand?); "
+            "toolkit.apply_ac would replace it. Remove it first."
+        )
     regions.configure(block, cfg.save_regions, cfg.recompute_regions)
+    undo.append(("patched", block_name))
     hooks = (TorchRNGState(),) if cfg.preserve_rng_state else ()
-    block.forward = remat.checkpoint(region_name=block_name, determinism_check=cfg.determinism_check,
-                                     recompute_state_hooks=hooks)(block.forward)
+    block.forward = remat.checkpoint(
+        region_name=block_name, determinism_check=cfg.determinism_check, recompute_state_hooks=hooks
+    )(block.forward)
     setattr(block, RECOMPUTES_FORWARD, True)
     compat.remat_placeholders_acquire()
     # Released by `remove_remat`, or when the block is garbage: a model dropped with remat applied must not keep
     # the stand-in on for the rest of the process.
     block.__dict__[_RELEASE] = weakref.finalize(block, compat.remat_placeholders_release)
-    return [block_name]
 
 
 def remove_remat(module: nn.Module) -> None:

@@ -1,4 +1,8 @@
-"""Global torch state: the record of what the transforms did to a model, the settings a step needs (applied and restored by `torch_settings`), and a snapshot for tests."""
+"""Global torch state: what the transforms did to a model, the settings a step needs, a snapshot.
+
+Global torch state: the record of what the transforms did to a model, the settings a step needs (applied and restored by
+`torch_settings`), and a snapshot for tests.
+"""
 
 from __future__ import annotations
 
@@ -46,11 +50,17 @@ class Applied:
     """How to undo each compile target: ("module", obj) for in-place compile, ("wrapper", (parent, attr, obj))."""
 
     def copy(self) -> "Applied":
-        return dataclasses.replace(self, ac_wrapped=list(self.ac_wrapped), ac_patched=list(self.ac_patched),
-                                   compiled=list(self.compiled),
-                                   compile_orders=dict(self.compile_orders), dynamo_config=dict(self.dynamo_config),
-                                   functorch_config=dict(self.functorch_config),
-                                   inductor_config=dict(self.inductor_config), compile_undo=list(self.compile_undo))
+        return dataclasses.replace(
+            self,
+            ac_wrapped=list(self.ac_wrapped),
+            ac_patched=list(self.ac_patched),
+            compiled=list(self.compiled),
+            compile_orders=dict(self.compile_orders),
+            dynamo_config=dict(self.dynamo_config),
+            functorch_config=dict(self.functorch_config),
+            inductor_config=dict(self.inductor_config),
+            compile_undo=list(self.compile_undo),
+        )
 
     @property
     def empty(self) -> bool:
@@ -81,8 +91,12 @@ def forget(model: nn.Module) -> None:
 def check_memory_budget(ac: Any, compile_enabled: bool) -> None:
     """The one home of the rule "a memory budget needs compile"."""
     if ac is not None and ac.mode == "memory_budget" and not compile_enabled:
-        raise ConfigError("ACConfig", "mode", "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
-                          "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.")
+        raise ConfigError(
+            "ACConfig",
+            "mode",
+            "'memory_budget' only shapes compiled graphs, and nothing is compiled.",
+            "pass a CompileConfig with a scope (e.g. scope='blocks'), or another AC mode.",
+        )
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ Run: python c05_flex_attention_sac.py   (CUDA; about 30 s on an H200, most of it
 
 Shape suffixes: B batch, S sequence, D model dim (= N * A), N heads, A head dim (q_BNSA is [B, N, S, A]).
 """
+
 import copy
 import functools
 import json
@@ -44,8 +45,10 @@ NEEDS = "cuda"
 B, N, S, A = 2, 4, 256, 64
 D = N * A
 
-CPU_REASON = ("FlexAttention has no backward on CPU in torch 2.13: flex_attention() raises NotImplementedError when a "
-              "CPU input requires grad")
+CPU_REASON = (
+    "FlexAttention has no backward on CPU in torch 2.13: flex_attention() raises NotImplementedError when a "
+    "CPU input requires grad"
+)
 
 _EAGER_FLEX_WARNING = "flex_attention_performance"
 
@@ -60,8 +63,12 @@ def _msg(e: BaseException) -> str:
 def _save_list():
     # torchtitan's save list, reduced to what this block can emit: matmuls, the flex HOP (seen when the policy runs
     # at trace time) and the wrapped Inductor region (seen when it runs around a compiled callable).
-    return {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.higher_order.flex_attention,
-            torch._higher_order_ops.wrap.inductor_compiled_code}
+    return {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.higher_order.flex_attention,
+        torch._higher_order_ops.wrap.inductor_compiled_code,
+    }
 
 
 def _context_fn(ops):
@@ -176,7 +183,8 @@ def _sac_around_compiled_flex(device, dtype, backend, wrap: bool) -> dict:
     # The option is read when Inductor compiles, i.e. at the first call.
     with torch._inductor.config.patch(wrap_inductor_compiled_regions=wrap):
         error, grads_match, warned = _fwd_bwd(
-            lambda: checkpoint(block, x_BSD, use_reentrant=False, context_fn=context_fn), block, x_BSD, ref)
+            lambda: checkpoint(block, x_BSD, use_reentrant=False, context_fn=context_fn), block, x_BSD, ref
+        )
     fwd_ops = list(ops)  # nothing is recorded in backward: 2.13 calls the policy in forward only
     return {
         "flex_compiled": counter.frame_count > 0 and not warned,
@@ -245,8 +253,10 @@ def variant_cpu() -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = {"eager": fwd_bwd(flex_attention),
-                  "aot_eager": fwd_bwd(torch.compile(flex_attention, backend="aot_eager"))}
+        result = {
+            "eager": fwd_bwd(flex_attention),
+            "aot_eager": fwd_bwd(torch.compile(flex_attention, backend="aot_eager")),
+        }
         check = flex_module._validate_device
         flex_module._validate_device = lambda *args: None
         try:
@@ -257,8 +267,9 @@ def variant_cpu() -> dict:
             result["unchecked_inductor"] = fwd_bwd(torch.compile(flex_attention, backend="inductor"))
             # The model-compile-on path on CPU (fp32, aot_eager): same code as fix(), minus Inductor.
             dry = _compile_sac_block("cpu", torch.float32, "aot_eager")
-            result["unchecked_compile_sac_block"] = {k: dry[k] for k in ("graphs", "policy_saw_flex",
-                                                                         "policy_saved", "error", "grads_match")}
+            result["unchecked_compile_sac_block"] = {
+                k: dry[k] for k in ("graphs", "policy_saw_flex", "policy_saved", "error", "grads_match")
+            }
         finally:
             flex_module._validate_device = check
     return result

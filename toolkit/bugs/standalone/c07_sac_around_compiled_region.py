@@ -15,6 +15,7 @@ Run: python c07_sac_around_compiled_region.py
 Shape suffixes: T tokens, D model dim, H hidden dim (x_TD is [T, D]).
 Byte counts are distinct storages cached by SAC (or saved for backward), excluding the parameters and the input.
 """
+
 import json
 import re
 
@@ -108,16 +109,27 @@ def _sac_step(fn, mlp, x_TD, decide) -> dict:
     _zero(mlp, x_TD)
     out_TD = checkpoint(fn, x_TD, use_reentrant=False, context_fn=context_fn)
     fwd_ops = list(ops)
-    cached = [leaf.val for st in storages for per_idx in st.values() for entry in per_idx.values()
-              for leaf in tree_leaves(entry) if isinstance(getattr(leaf, "val", None), torch.Tensor)]
+    cached = [
+        leaf.val
+        for st in storages
+        for per_idx in st.values()
+        for entry in per_idx.values()
+        for leaf in tree_leaves(entry)
+        if isinstance(getattr(leaf, "val", None), torch.Tensor)
+    ]
     cached_bytes = _distinct_bytes(cached, list(mlp.parameters()) + [x_TD])
     try:
         out_TD.sum().backward()
         error, grads = None, _grads(mlp, x_TD)
     except RuntimeError as e:
         error, grads = _msg(e), None
-    return {"ops": fwd_ops, "bwd_policy_calls": len(ops) - len(fwd_ops), "cached_bytes": cached_bytes,
-            "error": error, "grads": grads}
+    return {
+        "ops": fwd_ops,
+        "bwd_policy_calls": len(ops) - len(fwd_ops),
+        "cached_bytes": cached_bytes,
+        "error": error,
+        "grads": grads,
+    }
 
 
 def _saved_bytes_no_ac(fn, mlp, x_TD) -> int:
@@ -141,11 +153,11 @@ def bug() -> dict:
     ref = _eager_grads(mlp, x_TD)
     with torch._inductor.config.patch(wrap_inductor_compiled_regions=False):
         compiled = torch.compile(mlp, backend="inductor")
-        mm_default = _sac_step(compiled, mlp, x_TD,
-                               lambda op: MUST_SAVE if op == torch.ops.aten.mm.default else RECOMPUTE)
+        mm_default = _sac_step(
+            compiled, mlp, x_TD, lambda op: MUST_SAVE if op == torch.ops.aten.mm.default else RECOMPUTE
+        )
         save_all = _sac_step(compiled, mlp, x_TD, lambda op: MUST_SAVE)
-        save_mm_out = _sac_step(compiled, mlp, x_TD,
-                                lambda op: MUST_SAVE if op == torch.ops.aten.mm.out else RECOMPUTE)
+        save_mm_out = _sac_step(compiled, mlp, x_TD, lambda op: MUST_SAVE if op == torch.ops.aten.mm.out else RECOMPUTE)
     return {
         "ops_seen": sorted(set(mm_default["ops"])),
         "policy_calls": len(mm_default["ops"]),

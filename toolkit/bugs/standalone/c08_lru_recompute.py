@@ -14,6 +14,7 @@ Run: python c08_lru_recompute.py
 
 Shape suffixes: T tokens (T1 = 48 in region 1, T2 = 40 in region 2), D model dim, H hidden dim (x_TD is [T, D]).
 """
+
 import functools
 import json
 import re
@@ -96,8 +97,7 @@ def _run(fn, *, sac: bool, backend: str = "inductor", lru: bool = True, mark_dyn
                 error = _msg(e)
     finally:
         torch._C._dynamo.eval_frame._set_lru_cache(True)
-    grads_match = None if error else all(
-        torch.allclose(t.grad, r, rtol=1e-4, atol=1e-5) for t, r in zip(leaves, ref))
+    grads_match = None if error else all(torch.allclose(t.grad, r, rtol=1e-4, atol=1e-5) for t, r in zip(leaves, ref))
     return {"error": error, "grads_match": grads_match, "graphs": graphs}
 
 

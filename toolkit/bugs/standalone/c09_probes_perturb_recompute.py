@@ -19,6 +19,7 @@ Run: python c09_probes_perturb_recompute.py
 
 Shape suffixes: T tokens, D model dim, H hidden dim (x_TD is [T, D]).
 """
+
 import collections
 import functools
 import json

@@ -12,6 +12,7 @@ Run: python c12_tokens_per_expert.py
 
 Shape suffixes: T tokens, D model dim, E routed experts, K top-k.
 """
+
 import json
 from functools import partial
 

@@ -13,6 +13,7 @@ Run: python c14_grouped_mm_gotchas.py
 Shape suffixes: T tokens routed to experts (rows, already grouped by expert), D model dim, H expert hidden dim,
 E experts (x_TD is [T, D], w_EDH is [E, D, H], offs_E is the int32 cumulative row count per expert).
 """
+
 import json
 import logging
 import re
@@ -151,11 +152,14 @@ def variant_alignment() -> dict:
     compiled (meta) check words the same limit differently."""
     torch._dynamo.reset()
     dims = [60, 62, 64, 68, 72]
-    ok = {dt: [d for d in dims if _try(lambda: grouped(*_inputs(dt, d=d))) is None]
-          for dt in (torch.float32, torch.bfloat16)}
+    ok = {
+        dt: [d for d in dims if _try(lambda: grouped(*_inputs(dt, d=d))) is None]
+        for dt in (torch.float32, torch.bfloat16)
+    }
     with _QuietFakeTensorLog():
-        compiled = _try(lambda: torch.compile(grouped, backend="aot_eager", fullgraph=True)(
-            *_inputs(torch.bfloat16, d=60)))
+        compiled = _try(
+            lambda: torch.compile(grouped, backend="aot_eager", fullgraph=True)(*_inputs(torch.bfloat16, d=60))
+        )
     return {
         "dims": dims,
         "fp32_ok": ok[torch.float32],

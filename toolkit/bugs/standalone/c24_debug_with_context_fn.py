@@ -10,6 +10,7 @@ Run: python c24_debug_with_context_fn.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import json
 from functools import partial
 
@@ -44,8 +45,10 @@ def bug() -> dict:
 
 def fix() -> dict:
     """Debug the region under full AC (default context_fn), or SAC without debug."""
-    return {"full_ac_debug_error": _step(debug=True),
-            "sac_no_debug_error": _step(context_fn=partial(create_selective_checkpoint_contexts, _policy))}
+    return {
+        "full_ac_debug_error": _step(debug=True),
+        "sac_no_debug_error": _step(context_fn=partial(create_selective_checkpoint_contexts, _policy)),
+    }
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ Environment: torch 2.13.0+cpu, Python 3.11.7, Linux x86-64, CPU only; backend "a
 [3, 3, 3, 3] with backend "inductor" (the policy is applied while AOTAutograd traces and partitions, before the
 backend runs).
 """
+
 import functools
 import json
 

@@ -11,6 +11,7 @@ Upstream: torchtitan `_apply_ac_to_transformer_block` (`_layer_sac_count`), remo
 
 Run: python c27_per_layer_sac_counter.py
 """
+
 import json
 
 import torch

@@ -18,6 +18,7 @@ Run: python c28_one_compiled_fn_two_shapes_in_sac.py
 
 Shape suffixes: T tokens, K top-k (the routed rows are T·K), D model dim, H expert hidden dim.
 """
+
 import functools
 import json
 import re
@@ -73,12 +74,22 @@ def _run(*, warm: bool, lru: bool = True) -> dict:
         torch._dynamo.utils.counters.clear()
         torch._C._dynamo.eval_frame._set_lru_cache(lru)
         try:
-            out = checkpoint(block, x_TD, w13_D2H, w2_HD, use_reentrant=False,
-                             context_fn=functools.partial(create_selective_checkpoint_contexts, _policy))
+            out = checkpoint(
+                block,
+                x_TD,
+                w13_D2H,
+                w2_HD,
+                use_reentrant=False,
+                context_fn=functools.partial(create_selective_checkpoint_contexts, _policy),
+            )
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             try:
                 grad_TD = torch.autograd.grad(out.sum(), x_TD)[0]
-                return {"error": None, "graphs": graphs, "grads_match": bool(torch.allclose(grad_TD, ref_TD, atol=1e-5))}
+                return {
+                    "error": None,
+                    "graphs": graphs,
+                    "grads_match": bool(torch.allclose(grad_TD, ref_TD, atol=1e-5)),
+                }
             except RuntimeError as e:
                 return {"error": _msg(e), "graphs": graphs, "grads_match": None}
         finally:

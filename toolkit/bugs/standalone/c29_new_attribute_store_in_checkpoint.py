@@ -15,6 +15,7 @@ Run: python c29_new_attribute_store_in_checkpoint.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import json
 import re
 
@@ -50,16 +51,20 @@ def _run(*, existing: bool, skip_flag: bool = False, fullgraph: bool = True) -> 
         state.mesh_stack = ["mesh"]  # a new attribute unless `existing`
         return torch.relu(lin(x_TD))
 
-    step = torch.compile(lambda x_TD: checkpoint(body, x_TD, use_reentrant=False), backend="aot_eager",
-                         fullgraph=fullgraph)
+    step = torch.compile(
+        lambda x_TD: checkpoint(body, x_TD, use_reentrant=False), backend="aot_eager", fullgraph=fullgraph
+    )
     torch._dynamo.utils.counters.clear()
     try:
         with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=skip_flag):
             step(torch.randn(T, D, requires_grad=True)).sum().backward()
     except Exception as e:  # noqa: BLE001 - the error text is the observation
         return {"error": _msg(e)}
-    return {"error": None, "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
-            "stored": getattr(state, "mesh_stack", None) == ["mesh"]}
+    return {
+        "error": None,
+        "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+        "stored": getattr(state, "mesh_stack", None) == ["mesh"],
+    }
 
 
 def bug() -> dict:

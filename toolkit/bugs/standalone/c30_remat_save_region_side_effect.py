@@ -16,6 +16,7 @@ Run: python c30_remat_save_region_side_effect.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import json
 import re
 
@@ -79,8 +80,10 @@ def _run(where: str, *, skip_flag: bool, compiled: bool = True) -> dict:
 
 def bug() -> dict:
     """The counter in a SAVE region, compiled: Unsupported without the flag and with it."""
-    return {"error": _run("save_region", skip_flag=False)["error"],
-            "with_flag_error": _run("save_region", skip_flag=True)["error"]}
+    return {
+        "error": _run("save_region", skip_flag=False)["error"],
+        "with_flag_error": _run("save_region", skip_flag=True)["error"],
+    }
 
 
 def fix() -> dict:
@@ -91,9 +94,12 @@ def fix() -> dict:
 def variant_where() -> dict:
     """The flag is enough outside SAVE regions: the bare body and a recompute=True region compile with it (and count
     once); eagerly a SAVE region counts once and the bare body twice (forward and recompute)."""
-    return {"body_with_flag": _run("body", skip_flag=True), "recompute_region_with_flag": _run(
-        "recompute_region", skip_flag=True), "eager_save_region": _run("save_region", skip_flag=False, compiled=False),
-        "eager_body": _run("body", skip_flag=False, compiled=False)}
+    return {
+        "body_with_flag": _run("body", skip_flag=True),
+        "recompute_region_with_flag": _run("recompute_region", skip_flag=True),
+        "eager_save_region": _run("save_region", skip_flag=False, compiled=False),
+        "eager_body": _run("body", skip_flag=False, compiled=False),
+    }
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Run: python c31_remat_placeholder_cpu_build.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import json
 import re
 

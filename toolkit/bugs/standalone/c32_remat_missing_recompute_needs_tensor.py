@@ -16,6 +16,7 @@ Run: python c32_remat_missing_recompute_needs_tensor.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import json
 import re
 

@@ -16,6 +16,7 @@ Run: python c33_remat_token_counter.py
 
 Shape suffixes: T tokens, D model dim, E routed experts, K top-k.
 """
+
 import json
 
 import torch
@@ -74,14 +75,18 @@ def bug() -> dict:
 
 def fix() -> dict:
     """Skip the count while remat recomputes: 128 everywhere."""
-    return {"eager": _count(compiled=False, guard="is_recomputing"),
-            "compiled": _count(compiled=True, guard="is_recomputing")}
+    return {
+        "eager": _count(compiled=False, guard="is_recomputing"),
+        "compiled": _count(compiled=True, guard="is_recomputing"),
+    }
 
 
 def variant_save_region() -> dict:
     """The counting call in a SAVE region, which recompute skips: 128 everywhere."""
-    return {"eager": _count(compiled=False, guard="save_region"),
-            "compiled": _count(compiled=True, guard="save_region")}
+    return {
+        "eager": _count(compiled=False, guard="save_region"),
+        "compiled": _count(compiled=True, guard="save_region"),
+    }
 
 
 if __name__ == "__main__":

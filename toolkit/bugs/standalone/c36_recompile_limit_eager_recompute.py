@@ -20,6 +20,7 @@ Run: python c36_recompile_limit_eager_recompute.py
 
 Shape suffixes: T tokens, K top-k (the routed rows are T·K), D model dim, H expert hidden dim.
 """
+
 import contextlib
 import json
 import logging
@@ -168,8 +169,11 @@ def _guard_flip(*, limit: int, back: bool = False, compile_outside: bool = False
 def variant_guard_flip() -> dict:
     """recompile_limit=1, no wrapper: compiled forward, eager recompute ("compiled_to_eager") and eager forward,
     compiled recompute ("eager_to_compiled"); with the default limit (8) the recompute compiles a second graph."""
-    return {"compiled_to_eager": _guard_flip(limit=1), "eager_to_compiled": _guard_flip(limit=1, back=True),
-            "default_limit": _guard_flip(limit=8)}
+    return {
+        "compiled_to_eager": _guard_flip(limit=1),
+        "eager_to_compiled": _guard_flip(limit=1, back=True),
+        "default_limit": _guard_flip(limit=8),
+    }
 
 
 def variant_compile_outside() -> dict:

@@ -16,6 +16,7 @@ Run: python c41_knapsack_solver_exceeds_cap.py
 Solver inputs: `memory` and `runtime` per candidate activation (memory normalized so that all candidates sum to 1),
 `max_memory` the budget; each solver returns (runtime of the saved set, saved indices, recomputed indices).
 """
+
 import inspect
 import json
 import random
@@ -39,8 +40,13 @@ def _units(memory, indices) -> int:
 
 def _solve(solver: str, memory, runtime, max_memory) -> dict:
     total_runtime, saved, _ = getattr(knapsack, solver)(memory, runtime, max_memory)
-    return {"saved": sorted(saved), "saved_units": _units(memory, saved), "cap_units": round(max_memory / UNIT),
-            "runtime": float(total_runtime), "over_cap": _units(memory, saved) > round(max_memory / UNIT)}
+    return {
+        "saved": sorted(saved),
+        "saved_units": _units(memory, saved),
+        "cap_units": round(max_memory / UNIT),
+        "runtime": float(total_runtime),
+        "over_cap": _units(memory, saved) > round(max_memory / UNIT),
+    }
 
 
 def bug() -> dict:
@@ -58,8 +64,13 @@ def _random_cases() -> list:
     cases = []
     for _ in range(1000):
         n = rng.randint(2, 6)
-        cases.append(([rng.randint(1, 5) * UNIT for _ in range(n)], [float(rng.randint(1, 10)) for _ in range(n)],
-                      rng.randint(1, 10) * UNIT))
+        cases.append(
+            (
+                [rng.randint(1, 5) * UNIT for _ in range(n)],
+                [float(rng.randint(1, 10)) for _ in range(n)],
+                rng.randint(1, 10) * UNIT,
+            )
+        )
     return cases
 
 
@@ -67,8 +78,10 @@ def variant_random() -> dict:
     """1000 random instances (2-6 items of 1-5 units, runtimes 1-10, caps of 1-10 units): how many plans exceed the
     cap, per solver (greedy too: it only adds an item that fits)."""
     cases = _random_cases()
-    return {solver: sum(_solve(solver, *c)["over_cap"] for c in cases)
-            for solver in ("dp_knapsack_sliding_hirschberg", "dp_knapsack", "greedy_knapsack")}
+    return {
+        solver: sum(_solve(solver, *c)["over_cap"] for c in cases)
+        for solver in ("dp_knapsack_sliding_hirschberg", "dp_knapsack", "greedy_knapsack")
+    }
 
 
 _SPLIT = "right_capacity = capacity - best_split"
@@ -87,9 +100,12 @@ def variant_one_line_patch() -> dict:
     patched = namespace["dp_knapsack_sliding_hirschberg"]
     cases = _random_cases()
     plans = [patched(*c) for c in cases]
-    return {"split_line_found": True, "minimal_saved": sorted(patched([UNIT] * 3, [1.0] * 3, UNIT)[1]),
-            "random_over_cap": sum(_units(c[0], p[1]) > round(c[2] / UNIT) for c, p in zip(cases, plans)),
-            "random_below_dp_optimum": sum(p[0] < knapsack.dp_knapsack(*c)[0] - 1e-9 for c, p in zip(cases, plans))}
+    return {
+        "split_line_found": True,
+        "minimal_saved": sorted(patched([UNIT] * 3, [1.0] * 3, UNIT)[1]),
+        "random_over_cap": sum(_units(c[0], p[1]) > round(c[2] / UNIT) for c, p in zip(cases, plans)),
+        "random_below_dp_optimum": sum(p[0] < knapsack.dp_knapsack(*c)[0] - 1e-9 for c, p in zip(cases, plans)),
+    }
 
 
 class _Block(nn.Module):
@@ -123,8 +139,9 @@ def variant_partitioner() -> dict:
                 torch.manual_seed(0)
                 model = nn.Sequential(*[_Block() for _ in range(4)])
                 x_TD = torch.randn(64, D, requires_grad=True)
-                with torch._functorch.config.patch(activation_memory_budget=budget,
-                                                   activation_memory_budget_solver=solver):
+                with torch._functorch.config.patch(
+                    activation_memory_budget=budget, activation_memory_budget_solver=solver
+                ):
                     torch.compile(model, backend="aot_eager")(x_TD).sum().backward()
             out[solver] = {"knapsacks": len(calls), "max_over_cap_units": max(calls)}
     finally:

@@ -1,4 +1,6 @@
-"""torch 2.14 warns when a user's saved_tensors_hooks surround a selective-checkpoint region (respect_saved_tensors_hooks).
+"""torch 2.14 warns when saved_tensors_hooks surround a selective-checkpoint region.
+
+torch 2.14 warns when a user's saved_tensors_hooks surround a selective-checkpoint region (respect_saved_tensors_hooks).
 
 Symptom: on torch 2.14.1, a `torch.autograd.graph.saved_tensors_hooks` context (offloading, a memory probe, any
 measuring tool) around `checkpoint(..., context_fn=<SAC policy>)` raises a FutureWarning: SAC-saved tensors bypass
@@ -12,6 +14,7 @@ Run: python c42_respect_saved_tensors_hooks_warning.py
 
 Shape suffixes: T tokens, D model dim.
 """
+
 import inspect
 import json
 import warnings
@@ -43,8 +46,13 @@ def _run(**checkpoint_kwargs) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out_TD = checkpoint(lambda x: torch.relu(x @ w_DD), x_TD, use_reentrant=False,
-                                context_fn=partial(create_selective_checkpoint_contexts, _policy), **checkpoint_kwargs)
+            out_TD = checkpoint(
+                lambda x: torch.relu(x @ w_DD),
+                x_TD,
+                use_reentrant=False,
+                context_fn=partial(create_selective_checkpoint_contexts, _policy),
+                **checkpoint_kwargs,
+            )
         out_TD.sum().backward()
     future = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, FutureWarning)]
     return {"future_warning": future[0][:200] if future else None, "hooks_saw": len(packed)}

@@ -19,6 +19,7 @@ Run: python c45_compile_inside_remat_drops_save_regions.py
 
 Shape suffixes: T tokens, D model dim, F hidden dim.
 """
+
 import json
 
 import torch
@@ -62,8 +63,11 @@ class _Kept:
         self.keys = {}
 
     def pack(self, t):
-        if remat.current_saved_tensor_info().kind != remat.SavedTensorKind.CHECKPOINT_INPUT and not isinstance(
-                t, nn.Parameter) and not torch.compiler.is_compiling():
+        if (
+            remat.current_saved_tensor_info().kind != remat.SavedTensorKind.CHECKPOINT_INPUT
+            and not isinstance(t, nn.Parameter)
+            and not torch.compiler.is_compiling()
+        ):
             st = t.untyped_storage()
             self.keys[st._cdata] = st.nbytes()
         return t

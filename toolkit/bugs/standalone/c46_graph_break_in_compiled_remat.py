@@ -21,6 +21,7 @@ Run: python c46_graph_break_in_compiled_remat.py
 
 Shape suffixes: T tokens, D model dim, F hidden dim.
 """
+
 import json
 
 import torch
@@ -87,8 +88,7 @@ def bug() -> dict:
 
 def fix() -> dict:
     """fullgraph=True says so (an error); without the break the compiled block keeps the region again."""
-    return {"fullgraph": _run(compiled=True, fullgraph=True),
-            "no_break": _run(compiled=True, graph_break=False)}
+    return {"fullgraph": _run(compiled=True, fullgraph=True), "no_break": _run(compiled=True, graph_break=False)}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without turning compile off.
+"""Probes that see what a step holds for backward through AC, SAC and compiled graphs.
+
+Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without
+turning compile off.
 
 How each thing is seen (methods measured in ../shared/research/feasibility.md §2):
 - eager ops (`tracker.py`): a TorchDispatchMode that declares `ignore_compile_internals` (a plain mode silently
@@ -28,7 +31,7 @@ from ... import compat
 from ...transforms.naming import has_checkpoint
 from ..report import GraphBreak
 from . import census as _census
-from .base import StepState, dtype_name, is_real
+from .base import Held, StepState, dtype_name, is_real
 from .checkpoints import Checkpoints
 from .compiled import CompiledGraphs
 from .modules import Modules
@@ -58,7 +61,8 @@ class ProbeRecord:
     unknown_age_graphs: int
     """Of those, graphs that may have been compiled before the step or in it (the partition was not watched)."""
     blind_spots: tuple[str, ...]
-    """Names of the `toolkit.compat` features this step needed and torch lacked."""
+    """Names of the `toolkit.compat` features this step needed and torch lacked, then sentences saying what a probe
+    failed to see in this step."""
     collectives: dict[str, int]
     """"phase: op" → calls of collective ops dispatched eagerly during the step."""
 
@@ -92,8 +96,9 @@ class Probes:
             if key not in self.packed_keys:
                 self.packed_keys.add(key)
                 if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
-                    self.packed[key] = (StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t),
-                                        st.nbytes())
+                    self.packed[key] = Held(
+                        StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+                    )
         return t
 
     @contextlib.contextmanager
@@ -106,7 +111,7 @@ class Probes:
             stack.enter_context(self.modules.hooks())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
             # A warm AOTAutograd cache skips the partition we read; the graphs themselves are unchanged.
-            stack.enter_context(compat.compiler_configs()[1].patch(enable_autograd_cache=False))
+            stack.enter_context(compat.compiler_configs().functorch.patch(enable_autograd_cache=False))
             yield
 
     @contextlib.contextmanager
@@ -114,8 +119,12 @@ class Probes:
         """Run the forward or the backward under the probes. The tracker watches the backward only where
         something can be recomputed (a checkpoint region): elsewhere it would only cost time."""
         # FSDP's reduce-scatters happen in backward: watch it for collectives too.
-        track = phase == "forward" or self.checkpoints.saw_checkpoint or has_checkpoint(self.model) or \
-            any(compat.is_fsdp_module(m) for m in self.model.modules())
+        track = (
+            phase == "forward"
+            or self.checkpoints.saw_checkpoint
+            or has_checkpoint(self.model)
+            or any(compat.is_fsdp_module(m) for m in self.model.modules())
+        )
         self.state.phase = phase
         try:
             if track:
@@ -133,9 +142,18 @@ class Probes:
         graph break, say) is not held for backward, and whether the collector had run yet would otherwise decide
         whether it is counted (C13's for-loop run flipped between two totals)."""
         gc.collect()
-        return _census.take(self.model, [self.inputs], output, self.tracker.produced, self.compiled.saves,
-                            self.packed, self.packed_keys, self.state.held_inputs, self.checkpoints.sac_cached_keys(),
-                            self.remat_kinds)
+        return _census.take(
+            self.model,
+            inputs=[self.inputs],
+            output=output,
+            produced=self.tracker.produced,
+            compiled=self.compiled.saves,
+            packed=self.packed,
+            packed_keys=self.packed_keys,
+            held_inputs=self.state.held_inputs,
+            sac_keys=self.checkpoints.sac_cached_keys(),
+            remat_kinds=self.remat_kinds,
+        )
 
     def collect(self) -> ProbeRecord:
         self.compiled.finish()
@@ -157,7 +175,7 @@ class Probes:
             graphs_run=len(self.compiled.graphs_run),
             warm_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is True),
             unknown_age_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is None),
-            blind_spots=tuple(sorted(blind)),
+            blind_spots=tuple(sorted(blind)) + tuple(dict.fromkeys(self.compiled.failures)),
             collectives=dict(sorted(self.tracker.collectives.items())),
         )
 

@@ -1,16 +1,18 @@
-"""What the probes share: the step's phase, the module stack (who is running), and the helpers that key tensors by storage."""
+"""What the probes share: the step's phase, the module stack, helpers that key tensors by storage.
+
+What the probes share: the step's phase, the module stack (who is running), and the helpers that key tensors by storage.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from ...compat import tree_leaves
 
 from ... import compat
-
+from ...compat import tree_leaves
 
 _NOT_REAL: tuple[type, ...] | None = None
 
@@ -31,6 +33,19 @@ def tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, (tuple, list)) and all(isinstance(x, torch.Tensor) or x is None for x in out):
         return [x for x in out if x is not None]
     return [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+
+
+class Held(NamedTuple):
+    """A storage held for backward that no probe saw being made (a step input, a tensor from before the step, a
+    checkpoint's input): what the census needs of it."""
+
+    ref: StorageWeakRef
+    module: str
+    """The module running when it was packed (canonical name)."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    """Its storage's size when it was packed."""
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -64,7 +79,7 @@ class StepState:
         """Compiled regions entered and not yet left, innermost last."""
         self.recomputing = 0
         """Depth of checkpointed functions re-running in backward."""
-        self.held_inputs: dict[int, tuple[StorageWeakRef, str, tuple[int, ...], str, int]] = {}
+        self.held_inputs: dict[int, Held] = {}
         """Storages a checkpoint region holds to re-run its function (its inputs, the RNG state it stashed)."""
 
     def hold(self, t: torch.Tensor) -> None:
@@ -73,7 +88,9 @@ class StepState:
             return
         st = t.untyped_storage()
         if st._cdata not in self.held_inputs:
-            self.held_inputs[st._cdata] = (StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes())
+            self.held_inputs[st._cdata] = Held(
+                StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+            )
 
     def module(self) -> str:
         return self.stack[-1] if self.stack else ""

@@ -1,4 +1,8 @@
-"""The census at the end of the forward: every storage held for backward, once, at its size now, with who made it and why it is held."""
+"""The census at the end of the forward: every storage held for backward, once, with who and why.
+
+The census at the end of the forward: every storage held for backward, once, at its size now, with who made it and why
+it is held.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from torch import nn
-from ...compat import tree_leaves
 
 from ... import compat
+from ...compat import tree_leaves
 from ..report import SavedTensor
-from .base import Produced, is_real, storage_key
+from .base import Held, Produced, is_real, storage_key
 from .compiled import CompiledSave
 
 
@@ -22,13 +26,22 @@ class Census:
     output_saved: bool
     """The step's output is itself saved for backward (then it is not subtracted from held-after-forward)."""
     blind: tuple[str, ...] = ()
-    """`toolkit.compat` features the census needed and torch lacked."""
+    """`toolkit.compat` features the census needed and torch lacked, or sentences saying what it could not see."""
 
 
-def parameter_storages(model: nn.Module) -> dict[int, int]:
-    """`storage key → bytes` of parameters and buffers (a DTensor's local shard; FSDP2's unsharded parameters)."""
+def parameter_storages(model: nn.Module, blind: list[str] | None = None) -> dict[int, int]:
+    """`storage key → bytes` of parameters and buffers (a DTensor's local shard; FSDP2's unsharded parameters).
+    FSDP2 units whose state could not be read are named in `blind`: their all-gathered parameters would count as
+    activations."""
     out: dict[int, int] = {}
-    for t in [*model.parameters(), *model.buffers(), *compat.fsdp_unsharded_parameters(model)]:
+    unsharded, unreadable = compat.fsdp_unsharded_parameters(model)
+    if unreadable and blind is not None:
+        blind.append(
+            f"FSDP2's all-gathered parameters of {', '.join(unreadable[:3])}"
+            f"{' …' if len(unreadable) > 3 else ''}: their state could not be read, so they may be counted "
+            "as saved activations"
+        )
+    for t in [*model.parameters(), *model.buffers(), *unsharded]:
         t = compat.local_tensor(t)
         if is_real(t):
             st = t.untyped_storage()
@@ -42,11 +55,25 @@ def _now(ref: Any, nbytes: int) -> int:
     return nbytes if size is None else size
 
 
-def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[int, Produced],
-         compiled: dict[int, CompiledSave], packed: dict[int, tuple], packed_keys: set[int],
-         held_inputs: dict[int, tuple], sac_keys: set[int], remat_kinds: dict[int, str] | None = None) -> Census:
+def take(
+    model: nn.Module,
+    *,
+    inputs: Iterable[Any],
+    output: Any,
+    produced: dict[int, Produced],
+    compiled: dict[int, CompiledSave],
+    packed: dict[int, Held],
+    packed_keys: set[int],
+    held_inputs: dict[int, Held],
+    sac_keys: set[int],
+    remat_kinds: dict[int, str] | None = None,
+) -> Census:
+    """Every storage held for backward at the end of the forward, once: what the probes recorded of each
+    (`produced` by an op, `compiled` graph saves, `packed` by autograd without a producer, `held_inputs` of
+    checkpoints, `sac_keys` cached by SAC, `remat_kinds` of torch_remat), parameters excluded."""
     remat_kinds = remat_kinds or {}
-    params = parameter_storages(model)
+    blind: list[str] = []
+    params = parameter_storages(model, blind)
     input_keys = {storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
     output_keys = {storage_key(t) for t in tree_leaves(output) if is_real(t)}
     held_params = {k for k in params if k in packed_keys or k in compiled or k in sac_keys}
@@ -54,8 +81,15 @@ def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[in
 
     def add(key: int, module: str, op: str, shape, dtype: str, nbytes: int, kind: str) -> None:
         if nbytes > 0:
-            rows[key] = SavedTensor(module=module, op=op, shape=tuple(shape), dtype=dtype, bytes=int(nbytes), kind=kind,
-                                    is_input=key in input_keys)
+            rows[key] = SavedTensor(
+                module=module,
+                op=op,
+                shape=tuple(shape),
+                dtype=dtype,
+                bytes=int(nbytes),
+                kind=kind,
+                is_input=key in input_keys,
+            )
 
     for key, s in compiled.items():
         if s.ref.expired() or key in params:
@@ -74,8 +108,15 @@ def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[in
             continue
         if key in output_keys and key not in sac_keys and key not in packed_keys:
             continue  # the step's own output, held by the caller rather than for backward
-        kind = ("sac_cache" if key in sac_keys else "checkpoint_input" if key in held_inputs
-                else remat_kinds.get(key, "autograd") if key in packed_keys else "other")
+        kind = (
+            "sac_cache"
+            if key in sac_keys
+            else "checkpoint_input"
+            if key in held_inputs
+            else remat_kinds.get(key, "autograd")
+            if key in packed_keys
+            else "other"
+        )
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
     for key, (ref, module, shape, dtype, nbytes) in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
@@ -87,11 +128,19 @@ def take(model: nn.Module, inputs: Iterable[Any], output: Any, produced: dict[in
         # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
         if key in rows or key in params or ref.expired() or key in produced:
             continue
-        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes),
-            "checkpoint_input")
+        add(
+            key,
+            module,
+            "input" if key in input_keys else "unknown",
+            shape,
+            dtype,
+            _now(ref, nbytes),
+            "checkpoint_input",
+        )
     tensors = tuple(sorted(rows.values(), key=lambda t: (t.module, t.op, -t.bytes, t.shape)))
     output_saved = any(k in output_keys for k in rows)
-    blind = [] if compat.available("storage_weak_ptr") else ["storage_weak_ptr"]
+    if not compat.available("storage_weak_ptr"):
+        blind.append("storage_weak_ptr")
     if not compat.available("fsdp_state") and any(type(m).__name__.startswith("FSDP") for m in model.modules()):
         blind.append("fsdp_state")
     return Census(tensors, sum(params[k] for k in held_params), output_saved, tuple(blind))

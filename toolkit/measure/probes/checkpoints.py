@@ -1,4 +1,8 @@
-"""Checkpoint regions: the inputs each holds to re-run its function, when that re-run happens, the RNG states it stashes, and what SAC policies cache."""
+"""Checkpoint regions: the inputs each holds, when it re-runs, its RNG states, what SAC caches.
+
+Checkpoint regions: the inputs each holds to re-run its function, when that re-run happens, the RNG states it stashes,
+and what SAC policies cache.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from ...compat import tree_leaves
 
 from ... import compat
+from ...compat import tree_leaves
 from .base import Produced, StepState, dtype_name, is_real, storage_key
 
 
@@ -20,8 +24,9 @@ class Checkpoints:
     original unchanged, except that a SAC region under the toolkit's own saved-tensor hooks is told explicitly to
     keep its legacy behaviour, which is what it does by default, so torch >= 2.14 does not warn about our hooks)."""
 
-    def __init__(self, state: StepState, names: dict[int, str], record: Callable[[int, Produced], None],
-                 own_pack: Callable):
+    def __init__(
+        self, state: StepState, names: dict[int, str], record: Callable[[int, Produced], None], own_pack: Callable
+    ):
         self.state = state
         self.names = names
         self.record = record
@@ -62,6 +67,7 @@ class Checkpoints:
             # The generator calls `fn` only to recompute: a call of the wrapper means backward is re-running it.
             call.fn = probes._recompute_wrapper(call.fn)
             return (yield from call.call(original))
+
         return generator
 
     def _recompute_wrapper(self, fn):
@@ -76,6 +82,7 @@ class Checkpoints:
             original(mode, *args, **kwargs)
             if probes.state.phase == "forward":
                 probes.sac_storages.append(mode.storage)
+
         return sac_init
 
     def _get_rng_state(self, original):
@@ -87,10 +94,20 @@ class Checkpoints:
             if probes.state.phase == "forward":
                 st = out.untyped_storage()
                 key = st._cdata
-                probes.record(key, Produced(StorageWeakRef(st), probes.state.module(), "torch.get_rng_state",
-                                            tuple(out.shape), dtype_name(out), st.nbytes()))
+                probes.record(
+                    key,
+                    Produced(
+                        StorageWeakRef(st),
+                        probes.state.module(),
+                        "torch.get_rng_state",
+                        tuple(out.shape),
+                        dtype_name(out),
+                        st.nbytes(),
+                    ),
+                )
                 probes.state.hold(out)
             return out
+
         return get_rng_state
 
     def sac_cached_keys(self) -> set[int]:

@@ -1,4 +1,8 @@
-"""Compiled graphs: what AOTAutograd's partition decided each graph saves (module, op) and recomputes, and the real tensors each run saves."""
+"""Compiled graphs: what each partition saves (module, op) and recomputes, and what each run saves.
+
+Compiled graphs: what AOTAutograd's partition decided each graph saves (module, op) and recomputes, and the real tensors
+each run saves.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +21,29 @@ from ... import compat
 from ...transforms.naming import canonical_name
 from .base import StepState, dtype_name, is_real
 
-_VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "slice", "select", "unsqueeze",
-             "squeeze", "alias", "reshape", "as_strided", "detach", "_reshape_alias", "unflatten", "split",
-             "split_with_sizes", "chunk", "unbind", "narrow"}
+_VIEW_OPS = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "slice",
+    "select",
+    "unsqueeze",
+    "squeeze",
+    "alias",
+    "reshape",
+    "as_strided",
+    "detach",
+    "_reshape_alias",
+    "unflatten",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "unbind",
+    "narrow",
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,8 @@ class CompiledGraphs:
     unattributed: int = 0
     """Graphs with neither a seen partition nor a kept forward graph (warm inductor): saves attributed to the region."""
     blind: set[str] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+    """What this step's probes could not read, one sentence each (a Report's blind spots: never a silent zero)."""
 
     @contextlib.contextmanager
     def patches(self) -> Iterator[None]:
@@ -95,9 +121,13 @@ class CompiledGraphs:
             try:
                 meta = sig.bind(*args, **kwargs).arguments["fw_metadata"]
                 graphs.records[id(meta)] = _graph_record(graphs.state.region(), fw, bw, n)
-            except Exception:  # attribution is best effort; never break the compile we observe
-                pass
+            except (KeyError, TypeError, AttributeError, IndexError) as e:  # never break the compile we observe
+                graphs.failures.append(
+                    f"which module and op each tensor a compiled graph saves comes from, and which forward ops its "
+                    f"backward recomputes (its partition could not be read: {type(e).__name__}: {e})"
+                )
             return fw, bw, n
+
         return partition
 
     def _save_wrapper(self, original):
@@ -106,9 +136,13 @@ class CompiledGraphs:
         def save_from_forward(saved_state, ctx, fw_outs):
             try:
                 graphs.on_save(saved_state, ctx, fw_outs)
-            except Exception:
-                pass
+            except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:  # never break the step
+                graphs.failures.append(
+                    f"the tensors a compiled graph saved in this step (reading them failed: "
+                    f"{type(e).__name__}: {e}); saved bytes may be too low"
+                )
             return original(saved_state, ctx, fw_outs)
+
         return save_from_forward
 
     def on_save(self, saved_state: Any, ctx: Any, fw_outs: Any) -> None:
@@ -133,8 +167,9 @@ class CompiledGraphs:
             module = self.resolve(region, gs.module) if gs is not None else region
             op = gs.op if gs is not None else "compiled"
             if key not in self.saves:
-                self.saves[key] = CompiledSave(StorageWeakRef(st), module, op, dtype_name(t), tuple(t.shape), region,
-                                               st.nbytes())
+                self.saves[key] = CompiledSave(
+                    StorageWeakRef(st), module, op, dtype_name(t), tuple(t.shape), region, st.nbytes()
+                )
 
     def _kept_graph_record(self, region: str, ctx: Any, meta: Any) -> GraphRecord:
         """A graph whose partition was not seen — compiled before the step (a warm model), or on a torch without the
@@ -148,8 +183,14 @@ class CompiledGraphs:
             return GraphRecord(region, [], Counter(), recompute_known=False, warm=warm)
         outs = list(fw.graph.output_node().args[0])
         saved_nodes = [node for sl in compat.saved_slices(meta) for node in outs[sl]]
-        return GraphRecord(region, [_saved_entry(node) for node in saved_nodes], Counter(), recompute_known=False,
-                           warm=warm, function_cls=compat.compiled_function_of(ctx))
+        return GraphRecord(
+            region,
+            [_saved_entry(node) for node in saved_nodes],
+            Counter(),
+            recompute_known=False,
+            warm=warm,
+            function_cls=compat.compiled_function_of(ctx),
+        )
 
     def finish(self) -> None:
         """After the backward: read the kept backward graphs of the graphs whose partition was not seen."""
@@ -169,8 +210,11 @@ class CompiledGraphs:
         known = self.known_modules
         if name in known:
             return name
-        under = [n for n in known if n.startswith(region + ".") and n.endswith("." + rel)] if region else \
-            [n for n in known if n.endswith("." + rel)]
+        under = (
+            [n for n in known if n.startswith(region + ".") and n.endswith("." + rel)]
+            if region
+            else [n for n in known if n.endswith("." + rel)]
+        )
         return min(under, key=len) if under else name
 
     def in_compiled_backward(self) -> int:
@@ -198,8 +242,12 @@ def _rel_module(node) -> str:
 
 
 def _base(node):
-    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) and (
-            node.target is operator.getitem or getattr(node.target, "__name__", "").split(".")[0] in _VIEW_OPS):
+    while (
+        node.op == "call_function"
+        and node.args
+        and isinstance(node.args[0], torch.fx.Node)
+        and (node.target is operator.getitem or getattr(node.target, "__name__", "").split(".")[0] in _VIEW_OPS)
+    ):
         node = node.args[0]
     return node
 
@@ -223,6 +271,9 @@ def _recompute_ops(bw) -> Counter:
 
 def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
     outs = fw.graph.output_node().args[0]
-    saved = [_saved_entry(node) for node in outs[n_fwd_outputs:]
-             if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)]
+    saved = [
+        _saved_entry(node)
+        for node in outs[n_fwd_outputs:]
+        if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
+    ]
     return GraphRecord(region, saved, _recompute_ops(bw))

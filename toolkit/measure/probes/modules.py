@@ -7,9 +7,9 @@ from collections import Counter
 from typing import Iterator
 
 from torch import nn
-from ...compat import tree_leaves
 
 from ... import compat
+from ...compat import tree_leaves
 from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names
 from .base import StepState
 
@@ -48,8 +48,9 @@ class Modules:
                     undo.append(compat.wrap_in_place_compiled_call(m, lambda fn, _n=name: self._region_call(_n, fn)))
                 else:
                     handles.append(m.register_forward_pre_hook(lambda mod, args, _n=name: self._enter(_n)))
-                    handles.append(m.register_forward_hook(lambda mod, args, out, _n=name: self._exit(_n),
-                                                           always_call=True))
+                    handles.append(
+                        m.register_forward_hook(lambda mod, args, out, _n=name: self._exit(_n), always_call=True)
+                    )
                 continue
             if inside_region(name, m) or (is_wrapper(m) and not is_checkpoint_wrapper(m)):
                 continue
@@ -57,7 +58,9 @@ class Modules:
                 handles.append(m.register_forward_pre_hook(lambda mod, args, _n=name: self._checkpoint_pre(_n, args)))
             else:
                 handles.append(m.register_forward_pre_hook(lambda mod, args, _n=name: self.state.push(_n)))
-            handles.append(m.register_forward_hook(lambda mod, args, out, _n=name: self.state.pop(_n), always_call=True))
+            handles.append(
+                m.register_forward_hook(lambda mod, args, out, _n=name: self.state.pop(_n), always_call=True)
+            )
         try:
             yield
         finally:
@@ -87,6 +90,7 @@ class Modules:
                 return fn(*args, **kwargs)
             finally:
                 self._exit(name)
+
         return call
 
     def _checkpoint_pre(self, name, args) -> None:

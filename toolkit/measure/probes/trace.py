@@ -1,4 +1,8 @@
-"""torch's structured-trace events (what tlparse reads): graph-break reasons with user file:line, recompiles, compile times."""
+"""torch's structured-trace events: graph-break reasons with file:line, recompiles, compile times.
+
+torch's structured-trace events (what tlparse reads): graph-break reasons with user file:line, recompiles, compile
+times.
+"""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ from collections import Counter
 from typing import Any
 
 from torch.multiprocessing.reductions import StorageWeakRef
-from ...compat import TorchDispatchMode
 
+from ...compat import TorchDispatchMode
 from .base import Produced, StepState, dtype_name, is_real, tensors
 
 _op_names: dict[Any, str] = {}
@@ -61,8 +61,9 @@ class Tracker(TorchDispatchMode):
                     if module is None:
                         stack = state.stack
                         module = stack[-1] if stack else ""
-                    produced[key] = Produced(StorageWeakRef(st), module, op_name(func), tuple(t.shape),
-                                             dtype_name(t), st.nbytes())
+                    produced[key] = Produced(
+                        StorageWeakRef(st), module, op_name(func), tuple(t.shape), dtype_name(t), st.nbytes()
+                    )
         elif state.in_recompute:
             self.recompute_by_op[op_name(func)] += 1
             self.recompute_by_module[state.module()] += 1

@@ -1,0 +1,128 @@
+"""The house's layers, read from the source (not from the toolkit's own account of itself): imports go one way, no
+module imports itself round a circle, and `import toolkit` loads no notebook library."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PKG = ROOT / "toolkit"
+
+# Each layer may import the ones before it in this list (README's Layout), never one after it.
+LAYERS = [
+    "_config",
+    "_extras",
+    "compat",
+    "models",
+    "stacks",
+    "transforms",
+    "measure",
+    "analysis",
+    "bugs",
+    "notebook",
+    "cli",
+    "__main__",
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
+    """Every toolkit module `name` imports, at the top or inside a function (a deferred import is still one)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" for a in node.names] + [mod]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        for t in targets:
+            while t and t not in known and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t in known and t != name:
+                out.add(t)
+                break
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_module_imports_itself_round_a_circle():
+    graph = _graph()
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_imports_go_one_way_down_the_layers():
+    graph = _graph()
+    wrong = []
+    for module, imported in graph.items():
+        here = _layer(module)
+        if here in ("__init__", "__main__", "cli"):
+            continue  # the package's front door and the command line sit on top of everything
+        for other in imported:
+            there = _layer(other)
+            if there == "__init__" or there == here:
+                continue
+            if LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{module} imports {other}")
+    assert wrong == []
+
+
+def test_import_toolkit_loads_no_notebook_library():
+    code = (
+        "import sys, toolkit\n"
+        "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython', 'nbformat') if m in sys.modules))\n"
+        "toolkit.display, toolkit.widgets\n"
+        "print(sorted(m for m in ('ipywidgets',) if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "['ipywidgets']"]

@@ -1,0 +1,210 @@
+"""The matrix's grid: its cells (block × AC × scope × order × backend, recipes), their scenarios and keys.
+
+The matrix's grid: one cell per block kind × AC mode × compile scope × order × backend (and the recipes), what `run`
+measures for each, and its cache key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from .. import compat
+from .._config import ConfigError
+from ..measure import Scenario, check_structure
+from ..models import ModelConfig
+from ..transforms import ACConfig, CompileConfig
+from ..transforms.recipes import RECIPES
+
+BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
+# The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
+REMAT_ACS = ("remat", "remat_selective")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix; `scenario()` turns it into something `run` measures."""
+
+    block: str = "moe:for_loop"
+    ac: str = "none"
+    scope: str = "none"
+    fullgraph: bool = False
+    order: str | None = None
+    backend: str = "aot_eager"
+    recipe: str | None = None
+    fsdp: str = "none"
+    """FSDP2 (`Scenario.fsdp`): "none", "blocks" or "blocks+experts", on one gloo rank."""
+
+    @property
+    def stack(self) -> str:
+        """ "torchtitan" for the blocks named `titan:FAMILY` (torchtitan's own model and transforms)."""
+        return "torchtitan" if self.block.startswith("titan:") else "toolkit"
+
+    def model_config(self) -> ModelConfig:
+        """The block kind's model; a recipe cell's as the recipe needs it (`Recipe.model_config`)."""
+        model = (
+            ModelConfig(moe_layers="none")
+            if self.block == "dense"
+            else ModelConfig(experts_impl=self.block.split(":", 1)[1])
+        )
+        return RECIPES[self.recipe].model_config(model, fsdp=self.fsdp) if self.recipe else model
+
+    def scenario(self) -> Scenario:
+        common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
+        if self.stack == "torchtitan":
+            from ..stacks.torchtitan import TorchtitanConfig
+
+            config = TorchtitanConfig.of_family(self.block.split(":", 1)[1])
+            comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
+            return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
+        if self.recipe:
+            return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
+        ac = (
+            ACConfig(mode=self.ac, memory_budget=0.3)
+            if self.ac == "memory_budget"
+            else ACConfig.remat_selective()
+            if self.ac == "remat_selective"
+            else ACConfig(mode=self.ac)
+        )
+        comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
+        return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
+
+    @property
+    def compile_label(self) -> str:
+        sharded = f" + FSDP {self.fsdp}" if self.fsdp != "none" else ""
+        if self.recipe:
+            return f"recipe {self.recipe}{sharded}"
+        if self.scope == "none":
+            return "eager" + sharded
+        extra = [
+            x for x in ("fullgraph" if self.fullgraph else "", "AC outside" if self.order == "ac_outside" else "") if x
+        ]
+        return self.scope + (f" ({', '.join(extra)})" if extra else "") + sharded
+
+    @property
+    def label(self) -> str:
+        if self.recipe:
+            return f"{self.block} | {self.compile_label} | {self.backend}"
+        return (
+            f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _scopes(block: str) -> tuple[str, ...]:
+    return (
+        ("none", "model", "blocks", "attention", "feed_forward")
+        if block == "dense"
+        else ("none", "model", "blocks", "attention", "moe", "experts")
+    )
+
+
+def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """The default sweep: 3 block kinds × 3 AC modes × 4 compile setups, per backend, plus the recipes."""
+    cells = []
+    for backend in backends:
+        for block in ("dense", "moe:for_loop", "moe:masked"):
+            for ac in ("none", "full", "selective_op"):
+                cells.append(Cell(block, ac))
+                for scope, fullgraph in (("blocks", False), ("blocks", True), ("attention", False)):
+                    cells.append(Cell(block, ac, scope, fullgraph, backend=backend))
+        for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_0_3_0", "torchtitan_main"):
+            if RECIPES[recipe].missing() is None:
+                cells.append(Cell("moe:for_loop", recipe=recipe, backend=backend))
+    return _dedupe(cells)
+
+
+def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """Every combination the toolkit can build: block kinds × AC modes × scopes × fullgraph × order × backends."""
+    cells = []
+    for backend in backends:
+        for block in BLOCKS:
+            for ac in ("none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget"):
+                for scope in _scopes(block):
+                    if scope == "none":
+                        if ac != "memory_budget":
+                            cells.append(Cell(block, ac))
+                        continue
+                    for fullgraph in (False, True):
+                        for order in (None,) if ac in ("none", "memory_budget") else (None, "ac_outside"):
+                            cells.append(Cell(block, ac, scope, fullgraph, order, backend))
+        # torchtitan main's torch_remat (`pip install torch-remat`): full recompute and its selective policy, eager
+        # or compiled whole (compile(remat)) or inside the blocks (torchtitan main's way); no "AC outside" order,
+        # since remat replaces the forward instead of wrapping it.
+        for ac in REMAT_ACS if compat.available("torch_remat") else ():
+            for block in BLOCKS:
+                for scope in _scopes(block):
+                    for fullgraph in (False,) if scope == "none" else (False, True):
+                        cells.append(
+                            Cell(block, ac, scope, fullgraph, None, backend) if scope != "none" else Cell(block, ac)
+                        )
+        for recipe, r in RECIPES.items():
+            if r.missing():
+                continue
+            for block in BLOCKS[1:]:
+                cells.append(Cell(block, recipe=recipe, backend=backend))
+        # Real FSDP2 (one gloo rank): blocks sharded, and the experts sharded on their own — the layout behind
+        # PR #2052 (C4), which the 2025-09 recipe then compiles through.
+        for block in ("dense", "moe:masked"):
+            for fsdp in ("blocks",) + (("blocks+experts",) if block != "dense" else ()):
+                for ac in ("none", "full", "selective_op"):
+                    cells.append(Cell(block, ac, fsdp=fsdp))
+                    cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
+        for fsdp in ("blocks", "blocks+experts"):
+            cells.append(Cell("moe:for_loop", recipe="torchtitan_2025_09", backend=backend, fsdp=fsdp))
+    return _dedupe(cells)
+
+
+TORCHTITAN_BLOCKS = ("titan:qwen3_moe", "titan:deepseek_v3")
+
+
+def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """torchtitan's own models with its own transforms (`stack="torchtitan"`): each family × its AC modes × eager
+    or its compile (blocks whole, fullgraph) × without / with its FSDP2. Needs torchtitan installed."""
+    cells = []
+    for backend in backends:
+        for block in TORCHTITAN_BLOCKS:
+            for ac in ("none", "full", "selective_op"):
+                for fsdp in ("none", "blocks"):
+                    cells.append(Cell(block, ac, fsdp=fsdp))
+                    cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
+    return _dedupe(cells)
+
+
+def _dedupe(cells: list[Cell]) -> list[Cell]:
+    seen, out = set(), []
+    for c in cells:
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def valid(cell: Cell) -> str | None:
+    """Why a cell cannot be built (an invalid combination), or None. Cheap: builds and transforms, runs nothing."""
+    try:
+        check_structure(cell.scenario())
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+# ACConfig fields added after results were first recorded: left out of the key while unset, so that the results
+# of every cell that does not use them stay valid.
+_LATER_AC_FIELDS = ("save_regions", "recompute_regions")
+
+
+def cell_key(scenario: Scenario, device: str = "cpu") -> str:
+    """Cache key: the scenario, the torch version and the device."""
+    data = scenario.to_dict()
+    if isinstance(data.get("ac"), dict):
+        data["ac"] = {k: v for k, v in data["ac"].items() if not (k in _LATER_AC_FIELDS and v is None)}
+    blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": device}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,370 @@
+"""The matrix's views: markdown, a heatmap with its text twin, an offline HTML page, the files it writes.
+
+The matrix's views: the central list as markdown, a heatmap (plotly) with its plain-text twin, a self-contained offline
+HTML page, and the files `write` puts in a sweep's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+from ..measure.report import fmt_bytes, fmt_measured_bytes
+from ..transforms.ac import MODES
+from . import catalogue
+from .classification import EXPLAIN, SEVERITY
+
+# One colour per classification, far apart in hue so that neighbouring cells never look alike: the failures that
+# raise in reds and greys, the silent ones in purple / orange / ochre / blues, works in green. A combination the
+# sweep did not run stays white.
+COLORS = {
+    "grads_differ": "#67001f",
+    "crashed": "#252525",
+    "timeout": "#8c8c8c",
+    "error": "#e31a1c",
+    "fell_back_to_eager": "#6a3d9a",
+    "sac_not_applied": "#ff7f00",
+    "ac_saves_nothing": "#b8860b",
+    "recompiles": "#1f5fa8",
+    "graph_breaks": "#41b6c4",
+    "works": "#33a02c",
+}
+# What each cell says without hovering.
+SYMBOLS = {
+    "grads_differ": "GRAD≠",
+    "crashed": "CRASH",
+    "timeout": "TIMEOUT",
+    "error": "ERROR",
+    "fell_back_to_eager": "EAGER",
+    "sac_not_applied": "NO SAC",
+    "ac_saves_nothing": "NO GAIN",
+    "recompiles": "RECOMP",
+    "graph_breaks": "BREAKS",
+    "works": "ok",
+}
+
+
+class MatrixViews:
+    """Views of a `MatrixResult` — its `rows`, `environment`, `others`, `counts()`, `central_list()` and
+    `torch_changes()` — kept apart from the result model."""
+
+    def changes_table(self) -> str:
+        """Markdown: the cells that change between this torch and the others measured; when none do, one line saying
+        so (with how many cells were compared); "" when no other release was measured."""
+        changes = self.torch_changes()
+        mine = self.environment.get("torch", "this torch")
+        if not changes:
+            if not self.others:
+                return ""
+            compared = {
+                t: sum(1 for r in self.rows if o.label_of(r.cell) is not None) for t, o in sorted(self.others.items())
+            }
+            return (
+                "## Changed between torch releases (0)\n\n"
+                + "; ".join(
+                    f"{n} of these {len(self.rows)} cells were also measured on torch {t}" for t, n in compared.items()
+                )
+                + f": none is classified differently from torch {mine}.\n"
+            )
+        others = sorted({t for _, there in changes for t in there})
+        lines = [
+            f"## Changed between torch releases ({len(changes)})",
+            "",
+            f"Cells classified differently on torch {mine} and on {', '.join(others)} (same results.jsonl).",
+            "",
+            f"| cell | torch {mine} | " + " | ".join(f"torch {t}" for t in others) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in others) + " |",
+        ]
+        for r, there in changes:
+            lines.append(
+                f"| {_md(r.cell.label)} | {r.classification.label} | "
+                + " | ".join(there.get(t, "same") for t in others)
+                + " |"
+            )
+        return "\n".join(lines) + "\n"
+
+    def recipes_table(self, old: str = "torchtitan_0_3_0", new: str = "torchtitan_main") -> str:
+        """Markdown: per block kind, what changes between two recipes (torchtitan 0.3.0 and main by default) —
+        classification, saved bytes, graphs and breaks side by side; "" unless both were measured on some block."""
+        by = {(r.cell.block, r.cell.recipe, r.cell.backend, r.cell.fsdp): r for r in self.rows if r.cell.recipe}
+        pairs = [
+            (b, by[(b, old, be, f)], by[(b, new, be, f)])
+            for (b, rc, be, f) in by
+            if rc == old and (b, new, be, f) in by
+        ]
+        if not pairs:
+            return ""
+
+        def cell(r: Any) -> str:  # a matrix Row
+            rep = r.report
+            if rep.outcome != "ok":
+                return f"{r.classification.label}"
+            return (
+                f"{r.classification.label}, saved {fmt_bytes(rep.saved.total_bytes)}, "
+                f"{rep.compile.graphs} graphs / {rep.compile.graph_breaks} breaks"
+            )
+
+        lines = [
+            f"## Recipes: {old} → {new}",
+            "",
+            f"The same blocks under {old} and under {new}; a row is bold where the classification changes.",
+            "",
+            f"| block | {old} | {new} |",
+            "| --- | --- | --- |",
+        ]
+        for block, a, b in pairs:
+            changed = a.classification.label != b.classification.label
+            name = f"**{block}**" if changed else block
+            lines.append(f"| {name} | {_md(cell(a))} | {_md(cell(b))} |")
+        return "\n".join(lines) + "\n"
+
+    def table(self) -> str:
+        """The central list as markdown: grouped by classification, most severe first."""
+        lines = []
+        for label, rows in self.central_list():
+            lines += [
+                f"### {label} ({len(rows)}): {EXPLAIN[label]}",
+                "",
+                "| block | AC | compile | backend | saved | peak | breaks | explanation | known case |",
+                "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+            ]
+            for c in rows:
+                cases = ", ".join(_case_link(cid) for cid in c["cases"])
+                lines.append(
+                    f"| {c['block']} | {c['AC']} | {c['compile']} | {c['backend']} | {c['saved']} | "
+                    f"{c['peak']} | {c['breaks']} | {_md(c['explanation'])} | {cases} |"
+                )
+            lines.append("")
+        return "\n".join(lines)
+
+    def _panels(self) -> list[tuple[str, list[str], list[str], dict[tuple[str, str], Any]]]:
+        """`(title, xs, ys, cells)` per heatmap panel: one per block kind (AC mode × compile setup), then one for the
+        recipes (block kind × recipe), which fit no AC × compile grid."""
+        backends = {r.cell.backend for r in self.rows if r.cell.scope != "none" or r.cell.recipe}
+        several = len(backends) > 1  # otherwise the backend would only repeat on every column
+
+        def column(c: Any) -> str:  # a Cell
+            if c.recipe:
+                return c.recipe + (f" · {c.backend}" if several else "")
+            return c.compile_label + (f" · {c.backend}" if several and c.scope != "none" else "")
+
+        modes = tuple(MODES)
+        panels = []
+        for block in dict.fromkeys(r.cell.block for r in self.rows if not r.cell.recipe):
+            rows = [r for r in self.rows if r.cell.block == block and not r.cell.recipe]
+            # Eager first, then the compile setups in sweep order; AC modes in ACConfig's order, "none" on top.
+            xs = sorted(dict.fromkeys(column(r.cell) for r in rows), key=lambda x: not x.startswith("eager"))
+            ys = sorted(
+                dict.fromkeys(r.cell.ac for r in rows), key=lambda m: modes.index(m) if m in modes else len(modes)
+            )
+            panels.append((block, xs, ys, {(column(r.cell), r.cell.ac): r for r in rows}))
+        recipes = [r for r in self.rows if r.cell.recipe]
+        if recipes:
+            panels.append(
+                (
+                    "recipes",
+                    list(dict.fromkeys(column(r.cell) for r in recipes)),
+                    list(dict.fromkeys(r.cell.block for r in recipes)),
+                    {(column(r.cell), r.cell.block): r for r in recipes},
+                )
+            )
+        return panels
+
+    def heatmap(self):
+        """A plotly figure: per block kind, classification by AC mode × compile setup, then the recipes in a panel of
+        their own; each cell names its classification (and first known case), hover for the details. The
+        plain-text twin is `grid_text()`."""
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        panels = self._panels()
+        n = len(SEVERITY)
+        colorscale = []
+        for i, label in enumerate(SEVERITY):
+            colorscale += [[i / n, COLORS[label]], [(i + 1) / n, COLORS[label]]]
+        # Panel heights follow their number of rows (+1 for the title and the tick labels).
+        heights = [len(ys) + 1 for _, _, ys, _ in panels] or [1]
+        # A full sweep has ~20 compile setups per block kind: past a dozen the page grows wider than the window
+        # (~80 px a column, room for "NO GAIN") instead of squeezing the labels out of their cells.
+        widest = max([len(xs) for _, xs, _, _ in panels] or [1])
+        crowded = widest > 8
+        font = 9 if crowded else 11
+        width = 80 * widest + 330 if widest > 12 else None
+        fig = make_subplots(
+            rows=len(heights),
+            cols=1,
+            subplot_titles=[p[0] for p in panels] or ["(no cells)"],
+            row_heights=heights,
+            vertical_spacing=min(0.12, 0.4 / len(heights)),
+        )
+        for pi, (title, xs, ys, cells) in enumerate(panels, start=1):
+            z = [[None] * len(xs) for _ in ys]
+            text = [[""] * len(xs) for _ in ys]
+            hover = [["not in this sweep"] * len(xs) for _ in ys]
+            for (x, y), r in cells.items():
+                yi, xi = ys.index(y), xs.index(x)
+                cl, rep = r.classification, r.report
+                z[yi][xi] = cl.severity + 0.5
+                text[yi][xi] = SYMBOLS[cl.label] + (f"<br>{cl.cases[0]}" if cl.cases else "")
+                hover[yi][xi] = (
+                    f"{_html(r.cell.label)}<br><b>{cl.label}</b>: {_html(cl.explanation)}"
+                    f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_measured_bytes(rep.memory.peak_bytes)}, "
+                    f"{rep.compile.graphs} graphs, {rep.compile.graph_breaks} breaks"
+                    + (f"<br>known case: {', '.join(cl.cases)}" if cl.cases else "")
+                )
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    x=xs,
+                    y=ys,
+                    text=text,
+                    texttemplate="%{text}",
+                    textfont=dict(size=font),
+                    customdata=hover,
+                    hovertemplate="%{customdata}<extra></extra>",
+                    zmin=0,
+                    zmax=n,
+                    colorscale=colorscale,
+                    showscale=pi == 1,
+                    xgap=3,
+                    ygap=3,
+                    name=title,
+                    colorbar=dict(
+                        tickvals=[i + 0.5 for i in range(n)],
+                        ticktext=[f"{SYMBOLS[k]}  {k}" for k in SEVERITY],
+                        title="classification",
+                        lenmode="pixels",
+                        len=340,
+                        y=1,
+                        yanchor="top",
+                    ),
+                ),
+                row=pi,
+                col=1,
+            )
+            fig.update_yaxes(autorange="reversed", row=pi, col=1)  # the first AC mode (or block kind) on top
+        fig.update_layout(
+            title=f"AC × compile × MoE composability (torch {self.environment.get('torch', '?')}, "
+            f"{self.environment.get('device', 'cpu')}); white: not in this sweep",
+            height=int(48 * sum(heights) + (110 if crowded else 60) * len(heights) + 120),
+            width=width,
+            plot_bgcolor="white",
+            margin=dict(l=130, r=40, t=90, b=40),
+        )
+        # Slanted to the left, long setup names stay clear of the colour bar on the right.
+        fig.update_xaxes(tickangle=-35 if crowded else 0)
+        return fig
+
+    def grid_text(self) -> str:
+        """The plain-text twin of `heatmap()`: each panel as a grid of classification symbols."""
+        lines = []
+        for title, xs, ys, cells in self._panels():
+            width = max([len(title)] + [len(y) for y in ys]) + 2
+            cols = [max(len(x), 11) + 2 for x in xs]
+            lines.append(f"{title:<{width}}" + "".join(f"{x:<{w}}" for x, w in zip(xs, cols)).rstrip())
+            for y in ys:
+                marks = []
+                for x, w in zip(xs, cols):
+                    r = cells.get((x, y))
+                    mark = (
+                        "."
+                        if r is None
+                        else SYMBOLS[r.classification.label]
+                        + (f" {r.classification.cases[0]}" if r.classification.cases else "")
+                    )
+                    marks.append(f"{mark:<{w}}")
+                lines.append(f"{y:<{width}}" + "".join(marks).rstrip())
+            lines.append("")
+        lines.append(", ".join(f"{SYMBOLS[k]} = {k}" for k in SEVERITY) + ", . = not in this sweep")
+        return "\n".join(lines)
+
+    def write(self, out: str | os.PathLike) -> dict[str, pathlib.Path]:
+        out = pathlib.Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"json": out / "matrix.json", "md": out / "matrix.md", "html": out / "matrix.html"}
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=1))
+        env = ", ".join(f"{k} {v}" for k, v in self.environment.items())
+        summary = ", ".join(f"{v} {k}" for k, v in self.counts().items())
+        changes = self.changes_table()
+        recipes = self.recipes_table()
+        paths["md"].write_text(
+            f"# AC × compile × MoE: the central list\n\nGenerated by `python -m toolkit matrix` "
+            f"({env}). {len(self.rows)} cells: {summary}.\n\n"
+            + (f"{changes}\n" if changes else "")
+            + (f"{recipes}\n" if recipes else "")
+            + f"{self.table()}\n"
+        )
+        paths["html"].write_text(self.html())
+        return paths
+
+    def html(self) -> str:
+        """A self-contained page: plotly.js embedded (opens offline), a legend with the counts, the heatmap, then the
+        central list (with the markdown's backend column)."""
+        import html as _h
+
+        plot = self.heatmap().to_html(include_plotlyjs=True, full_html=False, div_id="matrix-heatmap")
+        counts = self.counts()
+        legend = "".join(
+            f'<div><span class="chip" style="background:{COLORS[k]}">{_h.escape(SYMBOLS[k])}</span>'
+            f'<span class="count">{counts.get(k, 0)}</span> {k}: {_h.escape(EXPLAIN[k])}</div>'
+            for k in SEVERITY
+        )
+        parts = []
+        cols = ("block", "AC", "compile", "backend", "saved", "peak", "breaks", "explanation")
+        for label, rows in self.central_list():
+            parts.append(
+                f'<h3 id="{label}"><span class="chip" style="background:{COLORS[label]}">'
+                f"{_h.escape(SYMBOLS[label])}</span>{label} ({len(rows)}): {_h.escape(EXPLAIN[label])}</h3>"
+                "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "<th>known case</th></tr>"
+            )
+            for c in rows:
+                cases = ", ".join(
+                    f'<a href="{_h.escape(catalogue.get(i).links[0])}">{i}</a>' if catalogue.get(i).links else i
+                    for i in c["cases"]
+                )
+                parts.append("<tr>" + "".join(f"<td>{_h.escape(c[k])}</td>" for k in cols) + f"<td>{cases}</td></tr>")
+            parts.append("</table>")
+        env = _h.escape(", ".join(f"{k} {v}" for k, v in self.environment.items()))
+        changes = self.torch_changes()
+        if changes:
+            others = sorted({t for _, there in changes for t in there})
+            head = "".join(f"<th>torch {_h.escape(t)}</th>" for t in others)
+            body = "".join(
+                f"<tr><td>{_h.escape(r.cell.label)}</td><td>{r.classification.label}</td>"
+                + "".join(f"<td>{there.get(t, 'same')}</td>" for t in others)
+                + "</tr>"
+                for r, there in changes
+            )
+            parts.insert(
+                0,
+                f"<h2>Changed between torch releases ({len(changes)})</h2><table><tr><th>cell</th>"
+                f"<th>torch {_h.escape(str(self.environment.get('torch', '?')))}</th>{head}</tr>{body}</table>",
+            )
+        return (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>AC × compile × MoE composability</title>"
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
+            "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;text-align:left}"
+            ".chip{display:inline-block;min-width:5.5em;padding:1px 6px;margin-right:8px;color:#fff;"
+            "font-size:12px;font-weight:bold;text-align:center;border-radius:3px}"
+            ".count{display:inline-block;min-width:2em;text-align:right;margin-right:6px;font-weight:bold}"
+            "#legend{line-height:1.8;margin:1em 0;font-size:14px}</style></head><body>"
+            f"<h1>AC × compile × MoE: the central list</h1><p>{len(self.rows)} cells; {env}.</p>"
+            f'<div id="legend">{legend}</div>{plot}{"".join(parts)}</body></html>'
+        )
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def _case_link(case_id: str) -> str:
+    case = catalogue.get(case_id)
+    return f"[{case_id}]({case.links[0]})" if case.links else case_id
