@@ -22,18 +22,19 @@ from toolkit.measure.probes import Probes, _older_objects_frozen
 
 
 def ratio(fn, base, iters: int) -> tuple[float, float]:
-    """Median time of `fn` and of `base`, measured interleaved so that machine noise hits both alike."""
+    """Median CPU time of `fn` and of `base` (one intra-op thread: the process's CPU time is the step's work, which
+    other processes on a shared machine do not inflate as they do wall time), measured interleaved."""
     for _ in range(3):
         fn()
         base()
     a, b = [], []
     for _ in range(iters):
-        t = time.perf_counter()
+        t = time.process_time()
         base()
-        b.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        b.append(time.process_time() - t)
+        t = time.process_time()
         fn()
-        a.append(time.perf_counter() - t)
+        a.append(time.process_time() - t)
     return statistics.median(a), statistics.median(b)
 
 

@@ -608,8 +608,10 @@ def _check_inputs(module_or_fn: Any, model: nn.Module, leaves: list[torch.Tensor
                 f"{t.device} tensors against {where} weights.",
                 f"move the inputs with .to({where.split(', ')[0]!r}), or the model to {str(t.device)!r}.",
             )
-    if not any(p.requires_grad for p in params) and not any(t.requires_grad for t in leaves):
-        what = type(module_or_fn).__name__ if isinstance(module_or_fn, nn.Module) else "the callable"
+    # A callable's parameters are its closure's, out of sight: only a module is known to have none.
+    is_module = isinstance(module_or_fn, nn.Module)
+    if is_module and not any(p.requires_grad for p in params) and not any(t.requires_grad for t in leaves):
+        what = type(module_or_fn).__name__
         has = "has no parameters" if not params else "has no parameter that requires grad"
         raise ConfigError(
             own,
