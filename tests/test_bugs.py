@@ -263,7 +263,7 @@ def test_repro_export_bundle_with_trace(tmp_path):
         assert "compile_directory.json" in {p.name for p in (tmp_path / "tl").iterdir()}
     # Without the Scenario, export rebuilds it from the report.
     again = tk.repro.export(report, tmp_path / "again")
-    assert json.dumps(scenario.to_json()) in again.script.read_text()
+    assert repr(scenario.to_json()) in again.script.read_text()
 
 
 def test_cases_cli(capsys):

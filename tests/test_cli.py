@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import toolkit as tk
 from toolkit import cli
 from toolkit.analysis.catalogue import torch_release
 
@@ -140,3 +141,32 @@ def test_demo_prints_no_torch_log_lines():
     assert out.returncode == 0, out.stderr
     assert out.stderr == "", out.stderr  # e.g. no "W1201 … Detected that context_fn is passed …"
     assert out.stdout.splitlines()[0].startswith("setup") and "recipe torchtitan_0_3_0" in out.stdout
+
+
+def _imports(*args, cwd=None):
+    """The modules `python -X importtime -m toolkit ARGS` imported (importtime lists each on stderr)."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "toolkit", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=cwd,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_commands_that_measure_nothing_do_not_import_dynamo(tmp_path):
+    """`import toolkit`, `--help`, `cases` and `matrix` on a folder whose every cell is cached load neither Dynamo
+    nor AOTAutograd (seconds of a re-run that measures nothing); `compat` detects torch's features when first asked."""
+    from toolkit.analysis.cells import Cell
+    from toolkit.analysis.sweeps import sweep
+
+    heavy = {"torch._dynamo", "torch._functorch.aot_autograd"}
+    for args in (["--help"], ["matrix", "--help"], ["cases"]):
+        assert not heavy & _imports(*args), args
+    quick = dict(check_numerics=False, measure_memory=False, steady_steps=0)
+    sweep([Cell("dense")], out=tmp_path, progress=False, runner=lambda s: tk.run(s.replace(**quick)))
+    cached = _imports("matrix", "--only", "^dense \\| AC none \\| eager", "--out", str(tmp_path), "--no-progress")
+    assert "toolkit.analysis.sweeps" in cached and not heavy & cached

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any, Callable
 
@@ -14,6 +15,18 @@ class ConfigError(ValueError):
         self.owner, self.field, self.problem, self.fix = owner, field, problem, fix
         # A problem with the whole value (a JSON file holding a list) has no field to name.
         super().__init__(f"{owner}{'.' + field if field else ''}: {problem} Fix: {fix}")
+
+
+class InputWarning(UserWarning):
+    """An input that runs but does nothing of what it says (a pattern matching no module): a Report lists it among
+    its first lines, not with the torch warnings at the end."""
+
+
+def warn_input(owner: str, field: str, problem: str, fix: str) -> None:
+    """Warn about `owner.field` in ConfigError's words (the one spelling of an input warning)."""
+    import warnings
+
+    warnings.warn(f"{owner}.{field}: {problem} Fix: {fix}", InputWarning, stacklevel=3)
 
 
 def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[Any]) -> None:
@@ -103,6 +116,7 @@ def arg_type(
     return parse
 
 
+@functools.cache
 def literal_choices(cls: type, field: str) -> tuple[Any, ...]:
     """The allowed values of a `Literal[...]`-annotated dataclass field (used by validation and widgets); for
     `Literal[...] | None` (an option that may be left unset) the Literal's values, without None."""

@@ -91,8 +91,9 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# Exit codes of `run` (also in its --help).
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SILENT = 0, 1, 2, 3
+# Exit codes of `run` and `matrix` (also in their --help); 130 after Ctrl-C.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SILENT, EXIT_NOTHING_MEASURED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 
 
 def _load_scenario(args):
@@ -104,11 +105,19 @@ def _load_scenario(args):
         return preset(args.preset)
     path = args.config
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise _UsageError(
             f"--config {path}: cannot read it ({e.strerror or e}).",
+            "pass the path of a Scenario JSON file (Scenario.to_json() writes one).",
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _UsageError(
+            f"--config {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): not a Scenario "
+            "JSON file.",
             "pass the path of a Scenario JSON file (Scenario.to_json() writes one).",
         ) from None
     try:
@@ -220,7 +229,12 @@ def _matrix_parser() -> argparse.ArgumentParser:
     def count(minimum: int):
         return arg_type(lambda v: check_int("matrix", "count", v, minimum), convert=int)
 
-    parser = argparse.ArgumentParser(prog="python -m toolkit matrix", description=sweeps.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit matrix",
+        description=sweeps.__doc__.splitlines()[0],
+        epilog=_MATRIX_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default sweep (about 40 cells, a minute on a laptop)")
     size.add_argument("--full", action="store_true", help="every combination (hundreds of cells)")
@@ -240,6 +254,12 @@ def _matrix_parser() -> argparse.ArgumentParser:
         help="per cell (default 600)",
     )
     parser.add_argument("--out", default="matrix-out", help="folder for results.jsonl and matrix.json/.md/.html")
+    parser.add_argument(
+        "--keep-timeouts",
+        action="store_true",
+        help="keep the cells that timed out under this --timeout-s (or a longer one) as results; by default such "
+        "a cell is retried once on the next run (a load spike is not a result), then kept",
+    )
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -317,7 +337,9 @@ def _matrix_command(argv: list[str]) -> int:
             for src in args.merge:
                 if not os.path.isfile(src):
                     raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
-            runnable, pending = sweeps.plan(cells, out=args.out, timeout_s=args.timeout_s)
+            runnable, pending = sweeps.plan(
+                cells, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts
+            )
             print(
                 f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left "
                 f"out), {len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in "
@@ -327,8 +349,15 @@ def _matrix_command(argv: list[str]) -> int:
             )
             return 0
         if args.merge:
-            added = sweeps.merge_into(args.out, args.merge)
-            print(f"merged {added} records into {args.out}/{sweeps.RESULTS}", file=sys.stderr)
+            added, skipped = sweeps.merge_into(args.out, args.merge)
+            for src, lines in skipped.items():
+                print(f"--merge {sweeps.skipped_text(src, lines)}", file=sys.stderr)
+            n = sum(len(lines) for lines in skipped.values())
+            print(
+                f"merged {added} records into {os.path.join(args.out, sweeps.RESULTS)}"
+                + (f" ({n} line{'s' if n != 1 else ''} skipped: not records)" if n else ""),
+                file=sys.stderr,
+            )
         result = sweeps.sweep(
             cells,
             out=args.out,
@@ -337,13 +366,25 @@ def _matrix_command(argv: list[str]) -> int:
             progress=not args.no_progress,
             executor=args.executor,
             warm=not args.cold,
+            retry_timeouts=not args.keep_timeouts,
             **options,
         )
     except (ConfigError, _UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(sweeps.summary(result))
-    print(f"wrote {args.out}/matrix.json, matrix.md, matrix.html (results in {args.out}/{sweeps.RESULTS})")
+    out = args.out
+    print(
+        f"wrote {os.path.join(out, 'matrix.json')}, matrix.md, matrix.html (results in "
+        f"{os.path.join(out, sweeps.RESULTS)})"
+    )
+    if not sweeps.measured(result):
+        print(
+            f"error: no cell produced a measurement: all {len(result.rows)} crashed or timed out (exit "
+            f"{EXIT_NOTHING_MEASURED}). Fix: read the reasons above; a longer --timeout-s, or fewer --workers.",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_MEASURED
     return EXIT_OK
 
 
@@ -389,6 +430,16 @@ subcommands:
 
 `python -m toolkit SUBCOMMAND --help` describes each one's options."""
 
+_MATRIX_EPILOG = """\
+exit codes:
+  0    the sweep ran and wrote the matrix (its cells may still be errors or silent failures: see the summary)
+  2    bad input (options, --out, --merge files), refused before the first cell
+  4    no cell produced a measurement: every cell crashed or timed out (the matrix is still written)
+  130  interrupted (Ctrl-C); the cells that finished are in results.jsonl, and the next run resumes
+
+Re-running resumes from OUT/results.jsonl: crashed cells run again, and so do timed-out ones — under a longer
+--timeout-s always, under the same limit once (--keep-timeouts keeps them)."""
+
 _RUN_EPILOG = """\
 exit codes:
   0  the step ran (with --strict: and no silent failure was found)
@@ -424,7 +475,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=["eager", "aot_eager", "aot_eager_decomp_partition", "inductor"],
         help="compile backend of the compiled setups (default aot_eager)",
     )
-    d.add_argument("--layers", type=int, default=2, help="transformer blocks of the model (default 2)")
+    d.add_argument(
+        "--layers",
+        type=arg_type(lambda v: check_int("demo", "layers", v, 1), convert=int, example="--layers 2"),
+        default=2,
+        help="transformer blocks of the model (default 2)",
+    )
     d.add_argument(
         "--json", action="store_true", help="print the rows as JSON (with torch's warnings) instead of a table"
     )
@@ -499,6 +555,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: one line `error: … Fix: …` and exit 2 for bad input (never a traceback), 130 after Ctrl-C
+    (the interrupted command has already stopped its workers)."""
+    from ._config import ConfigError
+
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigError, _UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     if argv is None:
         argv = sys.argv[1:]

@@ -1,7 +1,7 @@
 """Every private torch API the toolkit touches, in one place, feature-detected at import.
 
-Every private torch API the toolkit touches, in one place: feature-detected at import, with the releases it was checked
-on.
+Every private torch API the toolkit touches, in one place: feature-detected when first needed (detection imports Dynamo
+and AOTAutograd, which a command that measures nothing never loads), with the releases it was checked on.
 
 Nothing else in the toolkit reaches into `torch._*`, `torch.utils.checkpoint._*` or AOTAutograd internals. Each
 feature below names what the toolkit sees through it; when a torch release lacks one (or changed it beyond what
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -289,21 +290,55 @@ def _find_storage_placeholder() -> _Found:
 
 
 _FINDERS: dict[str, Callable[[], _Found]] = {name: globals()[f"_find_{name}"] for name in _SPECS}
-_found: dict[str, _Found] = {}
-FEATURES: dict[str, Feature] = {}
 
 
-def refresh() -> dict[str, Feature]:
-    """Detect every feature again (after an upgrade in place, or a test removing one on purpose)."""
+def _detect(name: str) -> _Found:
+    try:
+        return _FINDERS[name]()
+    except Exception as e:  # a detection that itself breaks means the API changed
+        return _Found(False, f"{type(e).__name__}: {e}")
+
+
+class _Detected(dict):
+    """name → what detecting that feature found, each detected when first asked for: several detections import
+    Dynamo and AOTAutograd (seconds), which `import toolkit` and the commands that measure nothing never need."""
+
+    def __missing__(self, name: str) -> _Found:
+        if name not in _SPECS:
+            raise KeyError(name)
+        found = self[name] = _detect(name)
+        return found
+
+
+class _Features(Mapping):
+    """`FEATURES`: name → Feature, read-only, detected on first look (listing them all detects them all)."""
+
+    def __getitem__(self, name: str) -> Feature:
+        if name not in _SPECS:
+            raise KeyError(name)
+        api, sees, without = _SPECS[name]
+        found = _found[name]
+        return Feature(name, api, sees, without, found.ok, "" if found.ok else found.detail)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_SPECS)
+
+    def __len__(self) -> int:
+        return len(_SPECS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _SPECS
+
+
+_found: dict[str, _Found] = _Detected()
+FEATURES: Mapping[str, Feature] = _Features()
+
+
+def refresh() -> Mapping[str, Feature]:
+    """Detect every feature again, now (after an upgrade in place, or a test removing one on purpose)."""
     _found.clear()
-    FEATURES.clear()
-    for name, (api, sees, without) in _SPECS.items():
-        try:
-            found = _FINDERS[name]()
-        except Exception as e:  # a detection that itself breaks means the API changed
-            found = _Found(False, f"{type(e).__name__}: {e}")
-        _found[name] = found
-        FEATURES[name] = Feature(name, api, sees, without, found.ok, "" if found.ok else found.detail)
+    for name in _SPECS:
+        _found[name] = _detect(name)
     return FEATURES
 
 
@@ -558,10 +593,24 @@ def graphs_compiled(before: dict[str, dict[str, int]]) -> tuple[int, int]:
     return int(graphs), int(breaks)
 
 
+_to_skip: list[Any] = []
+
+
 def skip_code(code: Any) -> None:
+    """Keep Dynamo from tracing `code`, from the next `apply_skips()` on (the probes call it as they start):
+    registering imports Dynamo, which importing a module that declares its hooks must not."""
+    _to_skip.append(code)
+
+
+def apply_skips() -> None:
+    """Register every code object `skip_code` was given so far."""
+    if not _to_skip:
+        return
     f = _found["skip_code"]
-    if f.ok:
-        f.value(code)
+    while _to_skip:
+        code = _to_skip.pop()
+        if f.ok:
+            f.value(code)
 
 
 def profiler_event_type() -> Any | None:
@@ -833,8 +882,6 @@ def checkpoint_wrapper(module: nn.Module, **kwargs: Any) -> nn.Module:
 
     return wrap(module, **kwargs)
 
-
-refresh()
 
 __all__ = [
     "CHECKED_ON",

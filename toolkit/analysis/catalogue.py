@@ -9,6 +9,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any
 
+from .._config import ConfigError
+
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 
 
@@ -184,32 +186,56 @@ def torch_release(version: str | None = None) -> str:
 
 
 def findings_path() -> pathlib.Path:
-    """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`."""
-    return pathlib.Path(
+    """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`; a folder there
+    is refused (ConfigError), before anything is read or written."""
+    path = pathlib.Path(
         os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl"
     )
+    if path.is_dir():
+        raise ConfigError(
+            "TOOLKIT_FINDINGS",
+            "",
+            f"{str(path)!r} is a folder, not a findings file.",
+            f"point TOOLKIT_FINDINGS at a file, e.g. {str(path / 'findings.jsonl')!r}, or unset it.",
+        )
+    return path
 
 
 def record(finding) -> None:
     """Append a `toolkit.bugs.Finding` whose verdict is new for its torch version (one JSON line)."""
     path = findings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(finding.to_json(), sort_keys=True) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(finding.to_json(), sort_keys=True) + "\n")
+    except OSError as e:
+        raise ConfigError(
+            "TOOLKIT_FINDINGS", "", f"cannot write {str(path)!r} ({e.strerror or e}).", "point it at a writable file."
+        ) from None
 
 
 def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
-    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins."""
+    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins. A torn line
+    (an interrupted write) is skipped; a line that is JSON but not a finding is refused, naming the file and line."""
     out: dict[str, dict[str, str]] = {}
     path = findings_path()
     if not path.exists():
         return out
-    for line in path.read_text().splitlines():
+    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
         try:
-            f = json.loads(line)
-        except json.JSONDecodeError:
+            f = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if case_id is None or f.get("case") == case_id:
+        if not isinstance(f, dict) or not isinstance(f.get("case"), str):
+            raise ConfigError(
+                "TOOLKIT_FINDINGS",
+                "",
+                f"{str(path)!r} line {n} holds {raw.decode('utf-8', 'replace')[:60]!r}, not a finding (an object "
+                'with "case", "torch" and "reproduced").',
+                "delete that line (cases --check and the bug notebooks append findings), or point TOOLKIT_FINDINGS "
+                "at another file.",
+            )
+        if case_id is None or f["case"] == case_id:
             release = torch_release(str(f.get("torch", "?")))
             out.setdefault(f["case"], {})[release] = "reproduced" if f.get("reproduced") else "not reproduced"
     return out

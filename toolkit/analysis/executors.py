@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import contextlib
+import dataclasses
 import os
 import pathlib
 import socket
@@ -361,6 +362,29 @@ class RayExecutor(Executor):
                 ray.shutdown()
 
 
+_CLASSES: dict[str, type[Executor]] = {"local": LocalExecutor, "submitit": SubmititExecutor, "ray": RayExecutor}
+
+
+def _check_options(executor: str, options: dict[str, Any]) -> None:
+    """An option the chosen executor does not read would be dropped without a word (`partition=` on the local
+    executor): refuse it, naming the executor that reads it."""
+    own = {f.name for f in dataclasses.fields(_CLASSES[executor])} - {"workers", "warm", "runner"}
+    for name in options:
+        if name in own:
+            continue
+        readers = [
+            n for n, cls in _CLASSES.items() if n != executor and name in {f.name for f in dataclasses.fields(cls)}
+        ]
+        where = f"an option of executor={readers[0]!r}" if readers else "not an option of any executor"
+        mine = ", ".join(sorted(own)) or "none besides workers and warm"
+        raise ConfigError(
+            "sweep",
+            name,
+            f"is {where}, not of executor={executor!r}, which would ignore it.",
+            (f"pass executor={readers[0]!r}, or drop {name}=." if readers else f"use {executor!r}'s options: {mine}."),
+        )
+
+
 def make(
     executor: str | Executor,
     *,
@@ -379,6 +403,8 @@ def make(
                 "drop runner=, or use executor='local'.",
             )
         return executor
+    if isinstance(executor, str) and executor in _CLASSES:
+        _check_options(executor, options)
     if executor == "local":
         return LocalExecutor(workers=workers, warm=warm, runner=runner)
     if runner is not None:

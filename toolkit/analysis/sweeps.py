@@ -3,15 +3,18 @@
 Sweeping the matrix: every cell isolated (a subprocess with a timeout, here or on a cluster), results appended to
 `results.jsonl` as each cell finishes, re-runs resume.
 
-`results.jsonl` holds one record per line, `{"key", "cell", "report", "limit_s"}`, keyed by scenario, torch version
-and device (`matrix.cell_key`); the last record of a key wins. A re-run skips cells already there, except
-`crashed` ones and `timeout`s that ran under a shorter limit than this run's. One sweep writes into a folder at a
-time (a lock); results from several folders or machines merge by key (`merge_results`, `--merge`).
+`results.jsonl` holds one record per line, `{"key", "cell", "report", "limit_s"}` (and `"timeouts"`, how many
+times in a row a timed-out cell did), keyed by scenario, torch version and device (`cells.cell_key`); the last
+record of a key wins, and a line that is not a record (torn by `kill -9`, not UTF-8, junk) is skipped and named. A
+re-run skips cells already there, except `crashed` ones and `timeout`s: under a longer limit than theirs always,
+under the same one once (`retry_timeouts`). One sweep writes into a folder at a time (a lock); results from several
+folders or machines merge by key, read the same way (`merge_results`, `--merge`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -19,13 +22,15 @@ import shutil
 import socket
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
-from .._config import ConfigError, check_int, check_seconds
+from .._config import ConfigError, check_bool, check_int, check_seconds
 from ..measure import Report
 from ..measure import environment as run_environment
+from ..measure.report import OUTCOMES
+from ..transforms.compile import BACKENDS
 from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
 from .classification import EXPLAIN, classify
 from .executors import Executor, Job, make
@@ -33,28 +38,92 @@ from .matrix import MatrixResult, Row
 
 RESULTS = "results.jsonl"
 LOCK = ".sweep.lock"
+OUTPUTS = ("matrix.json", "matrix.md", "matrix.html")
 
 
 # ------------------------------------------------------------------------------------------------ results.jsonl
 
 
-def _records(path: pathlib.Path) -> dict[str, dict]:
-    """key → the last valid record for it (a torn line, e.g. after `kill -9`, is skipped)."""
+class Skipped(NamedTuple):
+    """A line of a results.jsonl that is not a record: its number (from 1) and why."""
+
+    line: int
+    why: str
+
+
+_CELL_FIELDS = frozenset(f.name for f in dataclasses.fields(Cell))
+_CELL_NEEDS = frozenset(("block", "ac", "scope"))  # in every record ever written (later fields have defaults)
+
+
+def _record(raw: bytes) -> dict:
+    """One line as the record it must be — `{"key", "cell", "report", "limit_s"}` as `sweep` writes it — or
+    ValueError saying what it is instead. The one reader of records: resume, `load_results` and `--merge`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        raise ValueError("not JSON (a torn or foreign line)") from None
+    if not isinstance(rec, dict) or not {"key", "cell", "report"} <= set(rec):
+        raise ValueError("not a record (an object with key, cell and report)")
+    if not isinstance(rec["key"], str) or not rec["key"].strip():
+        raise ValueError(f"key {rec['key']!r} is not a cell key (a non-empty string)")
+    cell, report = rec["cell"], rec["report"]
+    if not isinstance(cell, dict) or not _CELL_NEEDS <= set(cell) <= _CELL_FIELDS:
+        raise ValueError("its cell does not hold the fields of a Cell")
+    if not isinstance(report, dict) or report.get("outcome") not in OUTCOMES:
+        raise ValueError("its report has no outcome")
+    if not isinstance(report.get("environment"), dict) or not isinstance(report["environment"].get("torch"), str):
+        raise ValueError("its report does not say which torch measured it")
+    limit = rec.get("limit_s")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+        raise ValueError(f"limit_s {limit!r} is not a number of seconds")
+    try:
+        rec["_cell"], rec["_report"] = Cell(**cell), Report.from_dict(report)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"its cell or report cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
+    return rec
+
+
+def read_results(path: str | os.PathLike) -> tuple[dict[str, dict], list[Skipped]]:
+    """key → the last valid record for it, and every line skipped with why: a torn line (`kill -9` mid-write), an
+    undecodable one (not UTF-8), junk that is not a record."""
     out: dict[str, dict] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            rec["_cell"], rec["_report"] = Cell(**rec["cell"]), Report.from_dict(rec["report"])
-            out[rec["key"]] = rec
-        except (ValueError, KeyError, TypeError):
+    skipped: list[Skipped] = []
+    p = pathlib.Path(path)
+    if not p.exists():
+        return out, skipped
+    for n, raw in enumerate(p.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
             continue
-    return out
+        try:
+            rec = _record(raw)
+        except ValueError as e:
+            skipped.append(Skipped(n, str(e)))
+            continue
+        out[rec["key"]] = rec
+    return out, skipped
+
+
+def _records(path: pathlib.Path) -> dict[str, dict]:
+    return read_results(path)[0]
+
+
+def skipped_text(path: str | os.PathLike, skipped: list[Skipped], limit: int = 5) -> str:
+    """`results.jsonl: skipped 3 lines that are not records (line 4: not UTF-8 …; line 9: not JSON …)`."""
+    shown = "; ".join(f"line {s.line}: {s.why}" for s in skipped[:limit])
+    more = f"; +{len(skipped) - limit} more" if len(skipped) > limit else ""
+    n = len(skipped)
+    return (
+        f"{path}: skipped {n} line{'' if n == 1 else 's'} that {'is' if n == 1 else 'are'} not a record ({shown}{more})"
+    )
 
 
 def load_results(path: str | os.PathLike) -> dict[str, tuple[Cell, Report]]:
-    """Finished cells from a results.jsonl, the last record of each key (a torn line is ignored)."""
+    """Finished cells from a results.jsonl, the last record of each key (torn, undecodable and junk lines are
+    skipped: `read_results` says which)."""
     return {k: (r["_cell"], r["_report"]) for k, r in _records(pathlib.Path(path)).items()}
 
 
@@ -79,7 +148,9 @@ def repair_tail(path: str | os.PathLike) -> bool:
     return True
 
 
-def _needs_run(rec: dict | None, limit_s: float | None) -> bool:
+def _needs_run(rec: dict | None, limit_s: float | None, retry_timeouts: bool = True) -> bool:
+    """A cell runs when it has no record, crashed, or timed out under a shorter limit than this run's; a timeout
+    under the same or a longer limit is retried once (`retry_timeouts`: a load spike is not a result), then kept."""
     if rec is None:
         return True
     outcome = rec["_report"].outcome
@@ -87,20 +158,29 @@ def _needs_run(rec: dict | None, limit_s: float | None) -> bool:
         return True
     if outcome == "timeout":
         ran_under = rec.get("limit_s")
-        return ran_under is None or limit_s is None or limit_s > ran_under
+        if ran_under is None or limit_s is None or limit_s > ran_under:
+            return True
+        return retry_timeouts and rec.get("timeouts", 1) < 2
     return False
 
 
-def merge_results(sources: Iterable[str | os.PathLike], into: str | os.PathLike) -> int:
+def merge_results(
+    sources: Iterable[str | os.PathLike], into: str | os.PathLike, skipped: dict[str, list[Skipped]] | None = None
+) -> int:
     """Append to `into` (a results.jsonl) the records of `sources` it lacks, by cell key; a measured result
-    replaces a `crashed`/`timeout` one. Returns how many records were added."""
+    replaces a `crashed`/`timeout` one. Each source is read as a sweep reads its own file (`read_results`): the lines
+    that are not records are skipped, and listed in `skipped` by source when a dict is given. Returns how many
+    records were added."""
     into = pathlib.Path(into)
     have = _records(into)
     repair_tail(into)
     added = 0
     with open(into, "a") as f:
         for src in sources:
-            for key, rec in _records(pathlib.Path(src)).items():
+            records, bad = read_results(src)
+            if skipped is not None and bad:
+                skipped[str(src)] = bad
+            for key, rec in records.items():
                 mine = have.get(key)
                 if mine is not None and (
                     mine["_report"].outcome not in ("crashed", "timeout")
@@ -115,10 +195,22 @@ def merge_results(sources: Iterable[str | os.PathLike], into: str | os.PathLike)
     return added
 
 
+def check_out(out: Any) -> None:
+    """An output folder is a non-empty path: `""` would write into the working directory (`wrote /matrix.json`)."""
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+        raise ConfigError(
+            "sweep",
+            "out",
+            f"{out!r} names no folder (an empty path would write into the working directory).",
+            "pass a folder, e.g. out='matrix-out' (--out matrix-out).",
+        )
+
+
 class _Folder:
     """The output folder, checked before any cell runs: a folder (not a file), writable, and this sweep's alone."""
 
     def __init__(self, out: str | os.PathLike):
+        check_out(out)
         self.path = pathlib.Path(out)
         self.results = self.path / RESULTS
         self._lock = None
@@ -162,13 +254,20 @@ class _Folder:
             with open(self.results, "a"):
                 pass
             repair_tail(self.results)
+            for name in OUTPUTS:  # what the sweep writes at the end, checked before the first cell runs
+                target = p / name
+                if target.is_dir():
+                    raise IsADirectoryError(21, "Is a directory", str(target))
+                if target.exists() and not os.access(target, os.W_OK):
+                    raise PermissionError(13, "Permission denied", str(target))
         except OSError as e:
             self.__exit__()
+            where = e.filename or str(self.results)
             raise ConfigError(
                 "sweep",
                 "out",
-                f"cannot write {str(self.results)!r} ({e.strerror or e}).",
-                "pass a folder you can write to.",
+                f"cannot write {str(where)!r} ({e.strerror or e}).",
+                "move it away, or pass another folder.",
             ) from None
         return self
 
@@ -237,8 +336,10 @@ class Progress:
 
 
 def environment() -> dict[str, Any]:
-    """The runner's environment plus the device the cells run on (part of every cell's cache key)."""
-    return {**run_environment(), "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    """The sweep's environment plus the device the cells run on (part of every cell's cache key). The private
+    torch APIs this torch lacks are in each cell's Report, not here: detecting them imports Dynamo, and a sweep of
+    cached cells needs nothing of it."""
+    return {**run_environment(features=False), "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
 STACKS = ("toolkit", "torchtitan", "all")
@@ -253,6 +354,15 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
             "stack",
             f"{stack!r} is not one of {', '.join(STACKS)}.",
             "pass stack='toolkit' (the default), 'torchtitan' or 'all'.",
+        )
+    if isinstance(backends, str) or not backends or any(b not in BACKENDS for b in backends):
+        bad = backends if isinstance(backends, str) or not backends else next(b for b in backends if b not in BACKENDS)
+        raise ConfigError(
+            "sweep",
+            "backends",
+            f"{bad!r} is not a compile backend (a cell with it could not be built, and only the eager cells "
+            "would run).",
+            f"pass a tuple of {', '.join(map(repr, BACKENDS))}, e.g. backends=('aot_eager',).",
         )
     cells = [] if stack == "torchtitan" else (quick_cells(backends) if quick else full_cells(backends))
     if stack != "toolkit":
@@ -276,26 +386,36 @@ def sweep(
     executor: str | Executor = "local",
     warm: bool = True,
     stack: str = "toolkit",
+    retry_timeouts: bool = True,
     **executor_options: Any,
 ) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
     there (same scenario, torch version and device) are not run again, `crashed` ones and shorter-limit timeouts
-    are. `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
+    are, and a timeout under the same limit is retried once (`retry_timeouts=False` keeps it: `--keep-timeouts`).
+    `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
     torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
-    `cells` is given. Writes matrix.json/.md/.html to `out`."""
+    `cells` is given. Writes matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
-    cells = list(cells) if cells is not None else default_cells(quick=quick, backends=tuple(backends), stack=stack)
+    check_bool("sweep", "retry_timeouts", retry_timeouts)
+    if cells is None:
+        cells = default_cells(
+            quick=quick, backends=backends if isinstance(backends, str) else tuple(backends), stack=stack
+        )
+    cells = list(cells)
     check_int("sweep", "workers", workers, 1)
     ex = make(executor, workers=workers, warm=warm, runner=runner, **executor_options)
-    runnable = [c for c in cells if valid(c) is None]
-    device = environment()["device"]
-    keys = {c: cell_key(c.scenario(), device) for c in runnable}
     folder = _Folder(out) if out is not None else contextlib.nullcontext()
+    device = environment()["device"]
+    keys = _keys(cells, device)
     with folder:
-        records = _records(folder.results) if out is not None else {}
+        records, skipped = read_results(folder.results) if out is not None else ({}, [])
+        if skipped:
+            print(f"matrix: {skipped_text(folder.results, skipped)}", file=sys.stderr, flush=True)
+        # A cell with a result at its key was built and measured: only the others are checked for being buildable.
+        runnable = [c for c in cells if c in keys and (keys[c] in records or valid(c) is None)]
         done = {k: (r["_cell"], r["_report"]) for k, r in records.items()}
-        pending = [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s)]
+        pending = [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s, retry_timeouts)]
         if progress and pending:
             print(
                 f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
@@ -308,20 +428,48 @@ def sweep(
             for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
-                    folder.append(
-                        {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
-                    )
+                    rec = {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
+                    if report.outcome == "timeout":
+                        rec["timeouts"] = _timeouts(records.get(job.key), timeout_s) + 1
+                    folder.append(rec)
                 bar.finish(job.cell, classify(report).label)
         finally:
             bar.close()
         result = MatrixResult(
             [Row(keys[c], c, done[keys[c]][1]) for c in runnable],
             environment(),
-            _other_releases(records, set(runnable), set(keys.values())),
+            _other_releases(records, set(runnable), {keys[c] for c in runnable}),
         )
         if out is not None:
             result.write(out)
     return result
+
+
+def _keys(cells: Iterable[Cell], device: str) -> dict[Cell, str]:
+    """Each cell's cache key; a cell whose Scenario is refused has none (an invalid combination)."""
+    out = {}
+    for c in cells:
+        try:
+            out[c] = cell_key(c.scenario(), device)
+        except ConfigError:
+            continue
+    return out
+
+
+def _timeouts(rec: dict | None, limit_s: float | None) -> int:
+    """How many times in a row the cell of `rec` timed out under `limit_s` or a longer limit (0: none)."""
+    if rec is None or rec["_report"].outcome != "timeout":
+        return 0
+    ran_under = rec.get("limit_s")
+    if ran_under is None or limit_s is None or limit_s > ran_under:
+        return 0
+    return rec.get("timeouts", 1)
+
+
+def measured(result: MatrixResult) -> int:
+    """Cells whose step ran in the sweep's workers (outcome ok or error); crashed and timed-out cells measured
+    nothing."""
+    return sum(r.report.outcome in ("ok", "error") for r in result.rows)
 
 
 def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) -> dict[str, MatrixResult]:
@@ -356,6 +504,11 @@ def summary(result: MatrixResult, width: int | None = None) -> str:
         lines.append(f"  {cl.label:20} {r.cell.label}{cases}")
         reason = " ".join(cl.explanation.split())
         lines.append(_cut(f"  {'':20} {reason}", width))
+    if result.rows and not measured(result):
+        lines.append(
+            f"\nno cell produced a measurement: all {len(result.rows)} crashed or timed out (a longer timeout_s, or "
+            "fewer workers, if the machine is loaded)."
+        )
     changes = result.torch_changes()
     if changes:
         lines.append(f"\nchanged from another torch release ({len(changes)}):")
@@ -370,24 +523,27 @@ def _cut(text: str, width: int) -> str:
 
 
 def plan(
-    cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600
+    cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600, retry_timeouts: bool = True
 ) -> tuple[list[Cell], list[Cell]]:
     """`(runnable, pending)`: the cells that can be built, and those of them `sweep` would run into `out` (not in
     its results.jsonl yet, crashed, or timed out under a shorter limit) — read only, nothing is run or written."""
     check_seconds("sweep", "timeout_s", timeout_s)
-    runnable = [c for c in cells if valid(c) is None]
+    check_bool("sweep", "retry_timeouts", retry_timeouts)
+    check_out(out)
     results = pathlib.Path(out) / RESULTS
     records = _records(results) if results.is_file() else {}
-    device = environment()["device"]
-    return runnable, [c for c in runnable if _needs_run(records.get(cell_key(c.scenario(), device)), timeout_s)]
+    keys = _keys(cells, environment()["device"])
+    runnable = [c for c in cells if c in keys and (keys[c] in records or valid(c) is None)]
+    return runnable, [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s, retry_timeouts)]
 
 
-def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> int:
+def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> tuple[int, dict[str, list[Skipped]]]:
     """`merge_results` into `out/results.jsonl`, holding the folder's lock as a sweep does; each source must be a
-    file. Returns how many records were added."""
+    file. Returns how many records were added, and the lines of each source that were skipped (with why)."""
     sources = list(sources)
     for src in sources:
         if not pathlib.Path(src).is_file():
             raise ConfigError("matrix", "merge", f"{str(src)!r} is not a file.", "pass results.jsonl files.")
+    skipped: dict[str, list[Skipped]] = {}
     with _Folder(out) as folder:
-        return merge_results(sources, folder.results)
+        return merge_results(sources, folder.results, skipped), skipped

@@ -1,20 +1,30 @@
 """Bug bundles: a standalone script + notebook that re-run a scenario and assert what was observed, its environment,
-and optionally a `TORCH_TRACE` directory for tlparse."""
+and optionally a `TORCH_TRACE` directory for tlparse.
+
+Nothing a Report or a Scenario holds becomes code: every string goes into the script as a Python literal (`repr`),
+into the notebook's markdown escaped, and a scenario's name or torch version only ever as data. A bundle never
+replaces a file unless asked (`overwrite=True`).
+"""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 
+from .._config import ConfigError
 from ..analysis.classification import classify
 from ..measure.environment import environment
 from ..measure.report import Report
 from ..measure.scenario import Scenario
+
+SUFFIXES = (".py", ".ipynb", ".env.json")
+"""The bundle's files, each `PATH + suffix` (and `PATH.trace`, a directory, with `trace=True`)."""
 
 
 @dataclass(frozen=True)
@@ -35,20 +45,124 @@ class Bundle:
         return [p.name for p in (self.script, self.notebook, self.environment, self.trace) if p is not None]
 
 
+def _stem(report: Report, case: str | None) -> str:
+    """A file name for a bundle written into a folder: the case id, else the scenario's name made safe, else
+    "repro" (only letters, digits, `.`, `_` and `-`, so a name can never climb out of the folder)."""
+    text = case or report.scenario.name or ""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-")[:60]
+    return safe.lower() or "repro"
+
+
+def bundle_base(path: str | os.PathLike, report: Report, case: str | None = None) -> pathlib.Path:
+    """Where the bundle's files go, `BASE + suffix` each: a path ending in `/` or naming a folder means a bundle
+    inside it; a path ending in one of the bundle's own suffixes (`x.py`) names the bundle by that file; any other
+    suffix is part of the name (`my.bundle.v2` → `my.bundle.v2.py`, never `my.bundle.py`)."""
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(
+            "repro.export", "path", f"{path!r} is empty.", "pass a file name such as 'repro-out/c2', or a folder."
+        )
+    p = pathlib.Path(text)
+    if text.endswith(("/", os.sep)) or p.is_dir():
+        return p / _stem(report, case)
+    for suffix in SUFFIXES:
+        if p.name.endswith(suffix) and len(p.name) > len(suffix):
+            return p.with_name(p.name[: -len(suffix)])
+    return p
+
+
+def _targets(base: pathlib.Path, trace: bool) -> dict[str, pathlib.Path]:
+    out = {s: pathlib.Path(f"{base}{s}") for s in SUFFIXES}
+    if trace:
+        out[".trace"] = pathlib.Path(f"{base}.trace")
+    return out
+
+
+def _check_targets(targets: dict[str, pathlib.Path], overwrite: bool) -> None:
+    """Refuse before anything is written: a target that is a folder (a file of the bundle) or a file (the trace
+    folder) always, an existing one unless `overwrite`."""
+    for suffix, p in targets.items():
+        wants_dir = suffix == ".trace"
+        if p.exists() and p.is_dir() != wants_dir:
+            kind = "a folder" if p.is_dir() else "a file"
+            raise ConfigError(
+                "repro.export",
+                "path",
+                f"{str(p)!r} is {kind}; the bundle needs it as {'a folder' if wants_dir else 'a file'}.",
+                "pass another path.",
+            )
+        if p.exists() and not overwrite:
+            raise ConfigError(
+                "repro.export",
+                "path",
+                f"{str(p)!r} exists; a bundle never replaces a file unasked.",
+                "pass overwrite=True to replace the bundle there, or another path.",
+            )
+
+
+def _markdown_text(text: str) -> str:
+    """`text` as inert markdown: one line, HTML escaped, markdown's punctuation backslashed."""
+    one_line = " ".join(str(text).split())
+    return re.sub(r"([\\`*_\[\]()|])", r"\\\1", html.escape(one_line, quote=True))
+
+
+def _script(report: Report, scenario: Scenario, case: str | None) -> tuple[str, str]:
+    """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal."""
+    name = report.scenario.name or case or "scenario"
+    checks = [f"assert report.outcome == {report.outcome!r}, report"]
+    if report.error is not None:
+        checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
+    if report.ok:
+        checks.append(f"assert report.compile.fell_back_to_eager == {report.compile.fell_back_to_eager!r}")
+        checks.append(f"assert report.numerics.grads_match == {report.numerics.grads_match!r}")
+    if case is not None:
+        checks.append(f"assert {case!r} in tk.classify(report).cases, {f'catalogue case {case} not recognised'!r}")
+    setup = "\n".join(
+        [
+            '"""Re-runs a toolkit scenario and asserts what was observed (written by toolkit.repro.export)."""',
+            "import platform",
+            "",
+            "import torch",
+            "",
+            "import toolkit as tk",
+            "",
+            f"NAME = {name!r}",
+            f"OBSERVED = {{'torch': {str(report.environment.get('torch', '?'))!r}, 'outcome': {report.outcome!r}}}",
+            f"SCENARIO = {scenario.to_json()!r}",
+            "",
+            'print("reproducing", NAME, "| observed with torch", OBSERVED["torch"], ":", OBSERVED["outcome"])',
+            'print("torch", torch.__version__, "| python", platform.python_version(), "| cuda", '
+            "torch.cuda.is_available())",
+            "scenario = tk.Scenario.from_json(SCENARIO)",
+            "report = tk.run(scenario)",
+            "print(report)",
+            "",
+        ]
+    )
+    return setup, "\n".join(checks) + "\nprint('reproduced')\n"
+
+
 def export(
     report: Report,
-    path: str | pathlib.Path,
+    path: str | os.PathLike,
     *,
     scenario: Scenario | None = None,
     case: str | None = None,
     trace: bool = False,
     timeout_s: float = 600,
+    overwrite: bool = False,
 ) -> Bundle:
     """Write `PATH.py`, `PATH.ipynb` and `PATH.env.json` reproducing `report`'s scenario and asserting its outcome
     (and, with `case`, that the catalogue case is recognised). `trace=True` also re-runs the script once with
-    `TORCH_TRACE=PATH.trace` so the bundle carries Dynamo/AOT/Inductor structured logs (`pip install tlparse`)."""
+    `TORCH_TRACE=PATH.trace` so the bundle carries Dynamo/AOT/Inductor structured logs (`pip install tlparse`).
+
+    `PATH` ending in `/` or naming a folder writes the bundle inside it (named after `case` or the scenario);
+    suffixes are added to `PATH`, never substituted. An existing file is not replaced unless `overwrite=True`
+    (ConfigError, before anything is written)."""
     import nbformat
 
+    if not isinstance(overwrite, bool):
+        raise ConfigError("repro.export", "overwrite", f"{overwrite!r} is not a bool.", "pass True or False.")
     if case is not None:
         shown = classify(report).cases
         if case not in shown:
@@ -57,52 +171,32 @@ def export(
                 f"{', '.join(shown) or 'no catalogued case'}); pass one of those or case=None."
             )
     scenario = scenario if scenario is not None else report.scenario.to_scenario()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checks = [f"assert report.outcome == {report.outcome!r}, report"]
-    if report.error is not None:
-        checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
-    if report.ok:
-        checks.append(f"assert report.compile.fell_back_to_eager == {report.compile.fell_back_to_eager!r}")
-        checks.append(f"assert report.numerics.grads_match == {report.numerics.grads_match!r}")
-    if case is not None:
-        checks.append(f"assert {case!r} in tk.classify(report).cases, 'catalogue case {case} not recognised'")
-    setup = textwrap.dedent(f"""\
-        # Reproduces: {report.scenario.name or case or "scenario"}
-        # Observed with torch {report.environment.get("torch", "?")}: {report.outcome}
-        import platform
-
-        import torch
-
-        import toolkit as tk
-
-        print("torch", torch.__version__, "| python", platform.python_version(), "| cuda", torch.cuda.is_available())
-        scenario = tk.Scenario.from_json({json.dumps(scenario.to_json())})
-        report = tk.run(scenario)
-        print(report)
-        """)
-    check = "\n".join(checks) + "\nprint('reproduced')\n"
-    py = path.with_suffix(".py")
+    targets = _targets(bundle_base(path, report, case), trace)
+    _check_targets(targets, overwrite)
+    py, ipynb, env = targets[".py"], targets[".ipynb"], targets[".env.json"]
+    py.parent.mkdir(parents=True, exist_ok=True)
+    setup, check = _script(report, scenario, case)
     py.write_text(setup + check)
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    title = report.scenario.name or case or "scenario"
     nb.cells = [
         nbformat.v4.new_markdown_cell(
-            f"# Repro: {report.scenario.name or case or 'scenario'}\n\n"
-            f"Observed outcome: **{report.outcome}** "
-            f"(torch {report.environment.get('torch', '?')})."
+            f"# Repro: {_markdown_text(title)}\n\n"
+            f"Observed outcome: **{_markdown_text(report.outcome)}** "
+            f"(torch {_markdown_text(report.environment.get('torch', '?'))})."
         ),
         nbformat.v4.new_code_cell(setup.strip()),
         nbformat.v4.new_code_cell(check.strip()),
     ]
-    ipynb = path.with_suffix(".ipynb")
     nbformat.write(nb, str(ipynb))
-    env = path.with_suffix(".env.json")
     env.write_text(json.dumps({"observed": report.environment, "exported_on": environment()}, indent=2, sort_keys=True))
     trace_dir = None
     if trace:
-        trace_dir = path.with_suffix(".trace")
+        trace_dir = targets[".trace"]
         trace_dir.mkdir(exist_ok=True)
+        for old in trace_dir.glob("dedicated_log_torch_trace*"):  # overwrite=True: this run's logs only
+            old.unlink()
         run_env = {**os.environ, "TORCH_TRACE": str(trace_dir)}
         done = subprocess.run([sys.executable, str(py)], env=run_env, capture_output=True, text=True, timeout=timeout_s)
         (trace_dir / "script-output.txt").write_text(done.stdout + done.stderr)

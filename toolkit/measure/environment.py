@@ -27,9 +27,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment() -> dict[str, Any]:
+def environment(*, features: bool = True) -> dict[str, Any]:
     """torch and python versions, platform, CPU model, cores and the intra-op threads the step ran with (CPU peak
-    memory depends on both: kernel workspaces), and the GPU if any."""
+    memory depends on both: kernel workspaces), the GPU if any, and (`features`) the private torch APIs this torch
+    lacks — detecting them imports Dynamo, which a sweep that only reads its results does without (each cell's
+    Report carries its own)."""
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -41,7 +43,7 @@ def environment() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
-    missing = [f.name for f in compat.missing()]
+    missing = [f.name for f in compat.missing()] if features else []
     if missing:
         env["torch_features_missing"] = missing
     return env

@@ -314,7 +314,8 @@ class WarmPool:
         # The server is gone: every run in flight is lost with it; the next run starts a new server.
         rc = proc.poll()
         if rc is None:
-            with contextlib.suppress(OSError):
+            # Under load the server may take longer than this to exit; `close` (or the next start) reaps it.
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 proc.wait(timeout=2)
             rc = proc.poll()
         with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..models import build_model, make_batch
 from ..models import loss_fn as model_loss_fn
 from ..transforms import apply_ac, apply_compile
 from ..transforms.fsdp import apply_fsdp, process_group
-from ..transforms.naming import has_compiled
+from ..transforms.naming import has_compiled, unwrap
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import applied
 from . import numerics as _numerics
@@ -228,6 +229,11 @@ def _assemble(
     )
 
 
+class Refused(ConfigError):
+    """A ConfigError that only the step could find (what a `loss_fn` returns): raised to the caller, not kept as the
+    Report's error."""
+
+
 class _Attempt:
     """The skeleton `run_here` and `measure` share: the process state restored and warnings captured around the
     step, an exception in it kept as the result (a failing step is a Report, not a crash), and the Report
@@ -258,12 +264,25 @@ class _Attempt:
         return self
 
     def __exit__(self, kind, err, tb) -> bool:
-        if isinstance(err, Exception):  # the scenario failing is a result; KeyboardInterrupt & co. are not
+        # The scenario failing is a result; KeyboardInterrupt & co. are not, and neither is an input refused
+        # once the step showed it bad (a loss_fn returning a float): that goes to the caller as the ConfigError it is.
+        caught = isinstance(err, Exception) and not isinstance(err, Refused)
+        if caught:
             self.err = err
             if self.steps is not None and self.steps.loss is not None:
                 self.numerics = Numerics(loss=self.steps.loss)
         self.stack.close()
-        return isinstance(err, Exception)
+        return caught
+
+    def check_loss(self, model: nn.Module, forward: Callable[[], Any], inputs: Any, loss_of, reference: str) -> None:
+        """A NaN or infinite loss: raise NonFiniteLoss naming where the first non-finite value appears (an eager
+        re-run with hooks), so the Report says that instead of a gradient mismatch."""
+        loss = self.steps.loss if self.steps is not None else None
+        if loss is None or math.isfinite(loss):
+            return
+        self.stage.name = "forward"  # where the value came from; the stage line is not told again
+        where = _numerics.first_non_finite(model, forward, inputs, loss_of)
+        raise _numerics.NonFiniteLoss(_numerics.non_finite_message(loss, where, reference))
 
     def report(self) -> Report:
         return _assemble(
@@ -333,6 +352,13 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 snapshot_path=scenario.memory_snapshot,
                 result=steps,
             )
+            ref_note = "" if ref_loss is None else f"the same model eager without AC: loss {ref_loss:.4f}"
+
+            def again():
+                torch.manual_seed(built.seed)  # the measured forward's RNG stream (router noise, dropout)
+                return model(built.tokens)
+
+            a.check_loss(model, again, built.tokens, built.loss_of, ref_note)
             if ref_grads is None:
                 a.numerics = _numerics.not_compared(steps.loss, "check_numerics=False")
             elif world > 1:
@@ -507,8 +533,9 @@ def measure(
     check_int(own, "steady_steps", steady_steps, 0)
     call_kwargs = {**(forward_kwargs or {}), **kwargs}
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()
-    loss_of = loss_fn or _default_loss
     leaves = [t for t in tree_leaves((args, call_kwargs)) if isinstance(t, torch.Tensor)]
+    _check_inputs(module_or_fn, model, leaves)
+    loss_of = _checked_loss(loss_fn) if loss_fn is not None else _default_loss
     device = next((t.device for t in leaves), None) or next((p.device for p in model.parameters()), torch.device("cpu"))
     requested = has_compiled(model) or hasattr(module_or_fn, "_torchdynamo_orig_callable")
     label = name or type(module_or_fn).__name__
@@ -551,6 +578,11 @@ def measure(
             result=steps,
         )
         if ref_result is not None:
+            ref_note = f"the reference ({ref_result[2]}): loss {ref_result[0]:.4f}"
+        else:
+            ref_note = ""
+        a.check_loss(model, forward, (args, call_kwargs), loss_of, ref_note)
+        if ref_result is not None:
             a.numerics = _numerics.compare(
                 steps.loss, steps.grads, ref_result[0], ref_result[1], _numerics.param_dtype(model), ref_result[2]
             )
@@ -559,4 +591,66 @@ def measure(
     return a.report()
 
 
-__all__ = ["run_here", "measure", "capture_warnings"]
+def _check_inputs(module_or_fn: Any, model: nn.Module, leaves: list[torch.Tensor]) -> None:
+    """Inputs that would measure nothing true, refused before anything runs: tensors on another device than the
+    parameters (meta tokens for a CPU model ran "ok" with a NaN loss and meta memory), a step with nothing to
+    differentiate (no parameter, no input requiring grad), token ids outside the toolkit model's vocabulary."""
+    own = "measure"
+    params = list(model.parameters())
+    devices = {p.device for p in params}
+    for i, t in enumerate(leaves):
+        if devices and t.device not in devices and not (t.dim() == 0 and t.device.type == "cpu"):
+            where = ", ".join(sorted(map(str, devices)))
+            raise ConfigError(
+                own,
+                "args",
+                f"input tensor {i} is on {t.device}, the model's parameters on {where}: the step would measure "
+                f"{t.device} tensors against {where} weights.",
+                f"move the inputs with .to({where.split(', ')[0]!r}), or the model to {str(t.device)!r}.",
+            )
+    # A callable's parameters are its closure's, out of sight: only a module is known to have none.
+    is_module = isinstance(module_or_fn, nn.Module)
+    if is_module and not any(p.requires_grad for p in params) and not any(t.requires_grad for t in leaves):
+        what = type(module_or_fn).__name__
+        has = "has no parameters" if not params else "has no parameter that requires grad"
+        raise ConfigError(
+            own,
+            "module_or_fn",
+            f"{what} {has} and no input requires grad, so a training step has nothing to differentiate.",
+            "pass a module with trainable parameters, or inputs with requires_grad=True.",
+        )
+    from ..models import Transformer
+    from ..models.transformer import check_tokens
+
+    inner = unwrap(model)
+    if isinstance(inner, Transformer):
+        for t in leaves:
+            if not t.is_floating_point():
+                check_tokens(inner.config, t, own)
+
+
+def _checked_loss(loss_fn: Callable[[Any], Any]) -> Callable[[Any], torch.Tensor]:
+    """`loss_fn` with what it returns checked: a scalar tensor that requires grad, or a Refused naming it."""
+    name = getattr(loss_fn, "__name__", None) or type(loss_fn).__name__
+
+    def loss_of(output: Any) -> torch.Tensor:
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor):
+            problem = f"returned a {type(loss).__name__} ({str(loss)[:40]}), not a tensor"
+        elif loss.numel() != 1:
+            problem = f"returned a tensor of shape {tuple(loss.shape)}, not a scalar"
+        elif not loss.requires_grad:
+            problem = "returned a tensor that does not require grad (detached from the output, or made by .item())"
+        else:
+            return loss
+        raise Refused(
+            "measure",
+            "loss_fn",
+            f"loss_fn ({name}) {problem}: backward needs one number that depends on the output.",
+            "return a scalar tensor made from the output, e.g. loss_fn=lambda out: out.float().square().mean().",
+        )
+
+    return loss_of
+
+
+__all__ = ["run_here", "measure", "capture_warnings", "Refused"]

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from ..transforms.naming import RECOMPUTES_FORWARD, canonical_name, is_compiled, is_wrapper, unwrap
+from ..transforms.naming import RECOMPUTES_FORWARD, canonical_name, is_compiled, is_wrapper, named_modules, unwrap
 from .report import Numerics
 
 
@@ -126,3 +126,88 @@ def reference_run(
         else "a deep copy run eagerly without checkpoint wrappers (function-form checkpoints kept)"
     )
     return float(loss.detach().float()), grads(ref), what
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The step's loss is NaN or infinite: no gradient comparison means anything, so the Report says so and where the
+    first non-finite value appeared, instead of calling it a gradient mismatch."""
+
+
+def _non_finite(x: Any) -> bool:
+    return any(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())
+        for t in compat.tree_leaves(x)
+    )
+
+
+def first_non_finite(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    inputs: Any = (),
+    loss_of: Callable[[Any], Any] | None = None,
+) -> str:
+    """Where a non-finite value first appears, in words: an input, a parameter or buffer, the output of the first
+    module to finish with one, or the loss (an eager, no-grad re-run of `forward` with a forward hook on every
+    module; the RNG state is restored after). "" when the eager re-run is finite throughout (the value comes from
+    what the step added: compile, checkpointing)."""
+    leaves = [t for t in compat.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    for i, t in enumerate(leaves):
+        if _non_finite(t):
+            return f"input tensor {i} (shape {tuple(t.shape)}) already holds non-finite values"
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if _non_finite(t.detach()):
+            return f"{canonical_name(name)} holds non-finite values before the step"
+    names = {id(m): n or "the model" for n, m in named_modules(model)}
+    found: list[str] = []
+    running: list[str] = []
+
+    def before(module, args, kwargs):
+        name = names[id(module)]
+        if not found and running and _non_finite((args, kwargs)):
+            # Finite until its caller's own code ran: the value was made there, between the caller's submodules.
+            found.append(f"the forward of {running[-1]} itself (its own ops, before it calls {name})")
+        running.append(name)
+
+    def after(module, args, output):
+        running.pop()
+        if not found and _non_finite(output):
+            found.append(f"the output of {names[id(module)]}")
+
+    handles = []
+    for m in model.modules():
+        if id(m) in names:
+            handles.append(m.register_forward_pre_hook(before, with_kwargs=True))
+            handles.append(m.register_forward_hook(after))
+    rng = torch.random.get_rng_state()
+    try:
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            out = forward()
+    except Exception as e:  # the diagnosis is best effort: its failure must not hide the step's result
+        return f"(not located: the eager re-run raised {type(e).__name__})"
+    finally:
+        for h in handles:
+            h.remove()
+        torch.random.set_rng_state(rng)
+    if found:
+        return found[0]
+    if _non_finite(out):
+        return "the model's output"
+    if loss_of is not None:
+        try:
+            with torch.no_grad():
+                if _non_finite(loss_of(out)):
+                    return "the loss function's result (the model's output is finite)"
+        except Exception:
+            pass  # the step itself called loss_of: its own error, if any, is the Report's
+    return ""
+
+
+def non_finite_message(loss: float, where: str, reference: str = "") -> str:
+    """The error message of a non-finite loss: the value, where it first appears, and the reference's loss."""
+    at = (
+        f"first non-finite value: {where}"
+        if where
+        else "the same forward run eagerly is finite everywhere, so the loss function or what the step added "
+        "(compile, checkpointing) made it"
+    )
+    return f"the loss is {loss} ({at})" + (f"; {reference}" if reference else "") + "."

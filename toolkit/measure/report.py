@@ -7,6 +7,7 @@ twin.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -15,6 +16,9 @@ from typing import Any, Literal
 
 SCHEMA_VERSION = 2
 Outcome = Literal["ok", "error", "crashed", "timeout"]
+OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
+INPUT_WARNING = "InputWarning: "
+"""How a captured `_config.InputWarning` starts in `Report.warnings` (`f"{category}: {message}"`)."""
 Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other"]
 KINDS: tuple[str, ...] = typing.get_args(Kind)
 
@@ -301,12 +305,19 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+@functools.cache
+def _hints(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]:
+    """A Report class's resolved field types and fields, once per class (resolving them is most of reading a
+    results.jsonl)."""
+    return typing.get_type_hints(cls), dataclasses.fields(cls)
+
+
 def _build(cls: type, data: Any) -> Any:
     if data is None:
         return None
-    hints = typing.get_type_hints(cls)
+    hints, fields = _hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
+    for f in fields:
         if f.name not in data:
             continue
         kwargs[f.name] = _convert(hints[f.name], data[f.name])
@@ -365,13 +376,18 @@ def format_report(r: Report) -> str:
     lines.append(f"{title}: {r.outcome}")
     if r.error is not None:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
+    # An input that ran but did nothing of what it says (InputWarning) leads, before any number it may explain.
+    inputs = [w for w in r.warnings if w.startswith(INPUT_WARNING)]
+    for w in inputs:
+        lines.append(f"  input: {w[len(INPUT_WARNING) :].splitlines()[0][:300]}")
+    others = [w for w in r.warnings if not w.startswith(INPUT_WARNING)]
     if r.outcome in ("crashed", "timeout") and r.error is None:
         return "\n".join(lines)
     measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss is not None
     if not measured:
         if r.compile.requested and r.compile.orders:
             lines.append("  compile orders: " + ", ".join(sorted(set(r.compile.orders.values()))))
-        for w in r.warnings[:3]:
+        for w in others[:3]:
             lines.append(f"  warning: {w.splitlines()[0][:140]}")
         return "\n".join(lines)
     s = r.saved
@@ -426,7 +442,7 @@ def format_report(r: Report) -> str:
         lines.append(f"  rank {d.rank} of {d.world_size}" + (f"; collectives: {calls}" if calls else ""))
     for b in r.blind_spots:
         lines.append(f"  cannot see: {b.split(' (', 1)[0]}")
-    for w in r.warnings[:3]:
+    for w in others[:3]:
         lines.append(f"  warning: {w.splitlines()[0][:140]}")
     return "\n".join(lines)
 

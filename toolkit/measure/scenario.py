@@ -133,9 +133,25 @@ class Scenario:
                     f"{self.recipe_backend!r} is not a backend.",
                     f"use one of {', '.join(BACKENDS)}.",
                 )
+        elif self.recipe_backend != "aot_eager":
+            raise ConfigError(
+                own,
+                "recipe_backend",
+                f"{self.recipe_backend!r} is the backend of a recipe, and no recipe is set: it would be ignored.",
+                "set recipe=..., or pick the backend with compile=CompileConfig(scope=..., backend=...).",
+            )
         check_ac_compile(self.ac, self.compile)
         check_int(own, "steady_steps", self.steady_steps, 0)
         self.model_config  # validates device/seed overrides
+        device = self.torchtitan.device if self.stack == "torchtitan" else self.model_config.device
+        if self.memory_snapshot is not None and not str(device).startswith("cuda"):
+            raise ConfigError(
+                own,
+                "memory_snapshot",
+                f"CUDA allocator snapshots need a CUDA device; this scenario runs on {device!r}, so no snapshot "
+                "would be written.",
+                "drop memory_snapshot (the Report's memory section is measured on CPU too), or run on device='cuda'.",
+            )
 
     def _check_torchtitan(self) -> None:
         own = "Scenario"

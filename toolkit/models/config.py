@@ -274,6 +274,21 @@ class ModelConfig:
 
         return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]
 
+    def param_counts(self) -> dict[str, int]:
+        """Parameters by the field that sizes them (`vocab_size`: embedding and head; `dim`: attention and norms;
+        `ffn_hidden`: dense feed-forwards; `moe_hidden`: routed and shared experts; `n_experts`: the routers):
+        what `build_model` checks against the device's memory before allocating."""
+        D, n_moe = self.dim, len(self.moe_layer_ids)
+        n_dense = self.n_layers - n_moe
+        experts = 3 * D * self.moe_hidden * (self.n_experts + self.n_shared_experts)
+        return {
+            "vocab_size": 2 * self.vocab_size * D,
+            "dim": self.n_layers * (4 * D * D + 2 * D) + D,
+            "ffn_hidden": n_dense * 3 * D * self.ffn_hidden,
+            "moe_hidden": n_moe * experts,
+            "n_experts": n_moe * D * self.n_experts,
+        }
+
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 

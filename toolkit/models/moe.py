@@ -419,10 +419,21 @@ class MainRoutedExperts(nn.Module):
         return self.w13.weight, self.w2.weight
 
 
-@torch.compiler.disable
-def _stand_in_fsdp_pre_hook(module, args):
-    """Does nothing, but Dynamo may not trace it: like FSDP2's pre-forward hook, it breaks the graph."""
+def _fsdp_pre_hook(module, args):
+    """Does nothing, but Dynamo may not trace it (`_stand_in_fsdp_pre_hook`): like FSDP2's pre-forward hook, it
+    breaks the graph."""
     return None
+
+
+_disabled_hook: list = []
+
+
+def _stand_in_fsdp_pre_hook():
+    """`_fsdp_pre_hook` behind `torch.compiler.disable`, made once, when a model first asks for it (disabling
+    imports Dynamo, which building any other model never needs)."""
+    if not _disabled_hook:
+        _disabled_hook.append(torch.compiler.disable(_fsdp_pre_hook))
+    return _disabled_hook[0]
 
 
 class MoE(nn.Module):
@@ -460,7 +471,7 @@ class MoE(nn.Module):
         else:
             setattr(self, counter, None)
         if cfg.experts_graph_break:
-            self.routed_experts_module().register_forward_pre_hook(_stand_in_fsdp_pre_hook)
+            self.routed_experts_module().register_forward_pre_hook(_stand_in_fsdp_pre_hook())
 
     @staticmethod
     def buffer_names(layout: str) -> tuple[str, str]:

@@ -20,13 +20,27 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-try:
-    import torch_remat as _remat
-except ImportError:  # models run without it; only ACConfig(mode="remat") needs it
-    _remat = None
-else:
-    if not all(hasattr(_remat, n) for n in ("region", "recompute_needs_tensor", "is_recomputing", "checkpoint")):
-        _remat = None
+# torch_remat, imported when first needed (`available`, `configure`): it imports torch.distributed.tensor and
+# Dynamo, which building and running a model without remat never needs. Regions read it only once a block is
+# configured, so a model that is never configured runs without it, installed or not.
+_remat: Any = None
+_looked = False
+
+
+def _load() -> Any:
+    global _remat, _looked
+    if not _looked:
+        _looked = True
+        try:
+            import torch_remat as api
+        except ImportError:  # models run without it; only ACConfig(mode="remat") needs it
+            api = None
+        if api is not None and all(
+            hasattr(api, n) for n in ("region", "recompute_needs_tensor", "is_recomputing", "checkpoint")
+        ):
+            _remat = api
+    return _remat
+
 
 # Per-module settings `configure` writes (instance attributes, so a model that is never configured has none).
 _FQN, _SAVE, _RECOMPUTE = "_remat_module_fqn", "_remat_save_patterns", "_remat_recompute_patterns"
@@ -37,7 +51,7 @@ _DECISIONS = "_remat_decisions"
 
 def available() -> bool:
     """torch_remat is installed with the API the regions use."""
-    return _remat is not None
+    return _load() is not None
 
 
 def active(module: nn.Module) -> bool:
@@ -108,6 +122,7 @@ def declared(block: nn.Module) -> list[str]:
 def configure(block: nn.Module, save: tuple[str, ...], recompute: tuple[str, ...]) -> None:
     """Main's `configure_remat_regions`: every module of `block` gets its fqn relative to `block` and the
     patterns."""
+    _load()
     decisions = {name: should_recompute(name, tuple(save), tuple(recompute)) for name in declared(block)}
     for fqn, m in block.named_modules():
         m.__dict__[_FQN] = fqn

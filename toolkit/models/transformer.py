@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._config import ConfigError
 from . import regions
 from .config import ModelConfig
 from .local_compile import local_compile
@@ -205,9 +206,64 @@ class Batch(NamedTuple):
     labels: torch.Tensor
 
 
+def _memory_of(device: str) -> int | None:
+    """Bytes of memory on `device` (the machine's RAM for "cpu"), or None where it is unknown or unbounded."""
+    import os
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    if device == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_fits(cfg: ModelConfig) -> None:
+    """Refuse, before anything is allocated, a model whose parameters alone exceed the device's memory (an
+    allocator error names no field): the ConfigError names the field that makes most of them."""
+    have = _memory_of(cfg.device)
+    if have is None:
+        return
+    parts = cfg.param_counts()
+    need = sum(parts.values()) * (2 if cfg.dtype == "bfloat16" else 4)
+    if need <= have:
+        return
+    field = max(parts, key=parts.get)
+    raise ConfigError(
+        "ModelConfig",
+        field,
+        f"{field}={getattr(cfg, field)} makes {sum(parts.values()):.3g} parameters ({need / 2**30:.3g} GiB in "
+        f"{cfg.dtype}), more than the {have / 2**30:.3g} GiB of {cfg.device_type} memory here.",
+        f"lower {field} (the default is {ModelConfig.__dataclass_fields__[field].default}), or estimate full sizes "
+        "on fake tensors with tk.estimate(...).",
+    )
+
+
+def check_tokens(cfg: ModelConfig, tokens: torch.Tensor, owner: str) -> None:
+    """Token ids the embedding cannot look up, refused naming `vocab_size` (F.embedding's IndexError says only
+    "index out of range in self"); ids on the meta device carry no values and are not checked."""
+    if tokens.is_meta or tokens.is_floating_point() or tokens.numel() == 0:
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= cfg.vocab_size:
+        bad = high if high >= cfg.vocab_size else low
+        raise ConfigError(
+            owner,
+            "vocab_size",
+            f"a token id is {bad}, but the model's vocab_size is {cfg.vocab_size}: ids must be in "
+            f"0..{cfg.vocab_size - 1}.",
+            f"pass token ids below {cfg.vocab_size} (tk.make_batch(cfg) makes them), or a ModelConfig with "
+            f"vocab_size > {high}.",
+        )
+
+
 def build_model(cfg: ModelConfig | None = None) -> Transformer:
-    """A deterministic model for `cfg` (same seed → bit-identical weights); the global RNG is left untouched."""
+    """A deterministic model for `cfg` (same seed → bit-identical weights); the global RNG is left untouched. A
+    model whose parameters cannot fit in the device's memory is refused first, naming the field."""
     cfg = cfg or ModelConfig()
+    check_fits(cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         with torch.device("cpu" if cfg.device_type == "cuda" else cfg.device):

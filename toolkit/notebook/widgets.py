@@ -181,7 +181,7 @@ class Explorer:
         self.run_button.on_click(lambda _: self.run())
         self.pin_button.on_click(lambda _: self.pin())
         self.compare_button.on_click(lambda _: self.compare())
-        self.export_button.on_click(lambda _: self.export(self.export_path.value))
+        self.export_button.on_click(lambda _: self._export_clicked())
         self._validate()
         ctl = self.controls
         self.widget = W.VBox(
@@ -386,18 +386,30 @@ class Explorer:
         self.comparison_figures.outputs = (_figure_output(display.compare_figure(a, b, ("A", "B"))),)
         return text
 
-    def export(self, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-        """Write `path.py` and `path.ipynb` that rebuild this scenario, print the environment and assert the outcome."""
+    def export(self, path: str | pathlib.Path, *, overwrite: bool = False) -> tuple[pathlib.Path, pathlib.Path]:
+        """Write `path.py` and `path.ipynb` that rebuild this scenario, print the environment and assert the outcome
+        (`repro.export`'s rules: an existing file is kept unless `overwrite=True`)."""
         if self.report is None or self.scenario is None:
             raise RuntimeError("run a scenario before exporting it")
-        return export_repro(self.scenario, self.report, path)
+        return export_repro(self.scenario, self.report, path, overwrite=overwrite)
+
+    def _export_clicked(self) -> None:
+        # An exception in a button callback is shown nowhere in JupyterLab: the refusal goes to the stage line.
+        try:
+            py, _ = self.export(self.export_path.value)
+        except (ConfigError, RuntimeError, OSError) as e:
+            self.stage.value = f"not exported: {_esc(str(e))}"
+            return
+        self.stage.value = f"exported {_esc(str(py))} and its notebook"
 
 
-def export_repro(scenario: Scenario, report: Report, path: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+def export_repro(
+    scenario: Scenario, report: Report, path: str | pathlib.Path, *, overwrite: bool = False
+) -> tuple[pathlib.Path, pathlib.Path]:
     """A standalone `.py` and `.ipynb` reproducing `scenario` and asserting the outcome `report` observed."""
     from ..bugs.repro import export
 
-    bundle = export(report, path, scenario=scenario)
+    bundle = export(report, path, scenario=scenario, overwrite=overwrite)
     return bundle.script, bundle.notebook
 
 

@@ -19,18 +19,23 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .. import compat
-from .._config import ConfigError, check_bool, check_choice, check_int, check_object, from_dict, to_dict
-from .naming import get_module, get_slot, has_checkpoint, unwrap
+from .._config import (
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_object,
+    from_dict,
+    to_dict,
+    warn_input,
+)
+from .naming import canonical_name, get_module, get_slot, has_checkpoint, unwrap
 from .policies import custom_context, per_op_context, save_ops_context
+from .remat import REMAT_FULL, REMAT_SELECTIVE
 from .settings import Applied, applied, forget, record
 
 ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom", "remat"]
 
-# torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
-# routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
-# keeps none but the regions the model code always keeps.
-REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {"save_regions": ("*",), "recompute_regions": ("*routed_experts.w13.*",)}
-REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions": ()}
 
 # main's reasons, word for word, for the two options its remat configs refuse.
 REMAT_REFUSED = {
@@ -341,6 +346,29 @@ class PerOpPolicy(Checkpointing):
     def context_fn(self, module, fqn):
         return per_op_context(self.extra_save_ops, self.force_recompute_mm_shapes_by_fqns, module, fqn)
 
+    def _warn_unmatched(self, layer_items: list[tuple[str, nn.Module]]) -> None:
+        """A name substring matching no `nn.Linear` of any block forces nothing: warn, unless it is torchtitan's
+        default (the router gate, which a dense model has none of)."""
+        fqns = self.force_recompute_mm_shapes_by_fqns or ()
+        if fqns == PerOpPolicy.__dataclass_fields__["force_recompute_mm_shapes_by_fqns"].default:
+            return
+        names = [f"layers.{key}.{name}" for key, block in layer_items for name in _linears(block)]
+        for s in fqns:
+            if not any(s in name for name in names):
+                shown = sorted({name.split(".", 2)[-1] for name in names})
+                warn_input(
+                    "ACConfig",
+                    "force_recompute_mm_shapes_by_fqns",
+                    f"{s!r} is in the name of no nn.Linear of this model's blocks, so it forces no matmul to "
+                    "recompute.",
+                    f"use a part of one of their names ({', '.join(shown[:6]) or 'none'}"
+                    f"{', …' if len(shown) > 6 else ''}).",
+                )
+
+    def _apply(self, model, layer_items, rec, undo):
+        self._warn_unmatched(layer_items)
+        return super()._apply(model, layer_items, rec, undo)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SelectiveOpAC(PerOpPolicy):
@@ -402,6 +430,8 @@ class PerSubmoduleAC(PerOpPolicy):
         return super().context_fn(module, fqn) if self.uses_sac else None
 
     def _apply(self, model, layer_items, rec, undo):
+        if self.uses_sac:
+            self._warn_unmatched(layer_items)
         wrapped = []
         for key, block in layer_items:
             for child in ("attention", "moe", "feed_forward"):
@@ -535,6 +565,11 @@ class RematAC(ACConfig):
             apply_remat(block, f"layers.{key}", self, undo)  # records each forward it replaces, as it goes
         rec.ac_patched = [name for what, name in undo if what == "patched"]
         return [f"layers.{key}" for key, _ in layer_items]
+
+
+def _linears(block: nn.Module) -> list[str]:
+    """Canonical names of the `nn.Linear` modules of a block, relative to it."""
+    return [canonical_name(n) for n, m in block.named_modules() if isinstance(m, nn.Linear)]
 
 
 MODES: dict[str, type[ACConfig]] = {

@@ -111,10 +111,7 @@ class CompileConfig:
                 raise ConfigError(own, name, f"{getattr(self, name)!r} is not a bool.", "pass True or False.")
         check_choice(own, "order", self.order, (None, "compile_outside", "ac_outside"))
         check_choice(own, "method", self.method, ("module_compile", "torch_compile", "forward"))
-        opts = self.inductor_options
-        if isinstance(opts, dict):
-            opts = tuple(sorted(opts.items()))
-        object.__setattr__(self, "inductor_options", tuple(tuple(kv) for kv in opts))
+        object.__setattr__(self, "inductor_options", _options(self.inductor_options))
         self._check_functions()
         if self.inductor_options and self.backend != "inductor":
             raise ConfigError(
@@ -123,6 +120,18 @@ class CompileConfig:
                 f"options only apply to the inductor backend, not {self.backend!r}.",
                 "use backend='inductor' or drop inductor_options.",
             )
+        if not self.enabled:
+            # Nothing is compiled, so a backend, fullgraph or any other option would be silently ignored.
+            default = _DEFAULT_FIELDS
+            for name, value in ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)):
+                if name not in ("scope", "functions") and value != default[name]:
+                    raise ConfigError(
+                        own,
+                        name,
+                        f"{name}={value!r} means nothing with scope='none' and no functions: nothing is compiled.",
+                        "pass a scope (e.g. scope='blocks') or functions, or drop it "
+                        "(CompileConfig.of(scope, **options) drops the options when scope is 'none').",
+                    )
 
     def _check_functions(self) -> None:
         from ..models import local_compile
@@ -180,6 +189,15 @@ class CompileConfig:
     def from_dict(cls, data: dict) -> "CompileConfig":
         check_object("CompileConfig", data, '{"scope": "blocks", "backend": "aot_eager"}')
         data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                "CompileConfig",
+                unknown[0],
+                "is not a field of CompileConfig.",
+                f"use one of {', '.join(sorted(known))}.",
+            )
         for key in ("scope", "functions"):
             if isinstance(data.get(key), list):
                 data[key] = tuple(data[key])
@@ -193,6 +211,26 @@ class CompileConfig:
                 "set the backend again in Python after loading.",
             )
         return cls(**data)
+
+
+def _options(opts: Any) -> tuple[tuple[str, Any], ...]:
+    """`inductor_options` as sorted `(name, value)` pairs: a dict of option names, or pairs already."""
+    if isinstance(opts, dict):
+        opts = tuple(sorted(opts.items()))
+    pairs = opts if isinstance(opts, (tuple, list)) else None
+    if pairs is None or not all(
+        isinstance(kv, (tuple, list)) and len(kv) == 2 and isinstance(kv[0], str) and kv[0] for kv in pairs
+    ):
+        raise ConfigError(
+            "CompileConfig",
+            "inductor_options",
+            f"{opts!r} is not a dict of inductor config names to values.",
+            'pass e.g. {"max_autotune": True} (JSON: "inductor_options": {"max_autotune": true}).',
+        )
+    return tuple((k, v) for k, v in pairs)
+
+
+_DEFAULT_FIELDS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(CompileConfig)}
 
 
 def check_ac_compile(ac, cfg: CompileConfig) -> None:

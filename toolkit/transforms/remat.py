@@ -13,6 +13,7 @@ themselves are declared where the model computes (`toolkit/models/regions.py`): 
 
 from __future__ import annotations
 
+import fnmatch
 import weakref
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError
+from .._config import ConfigError, warn_input
 from ..models import regions
 from .naming import RECOMPUTES_FORWARD
 
@@ -28,6 +29,11 @@ from .naming import RECOMPUTES_FORWARD
 # decision, so that recompute never re-routes, C11; the trailing adds, which save nothing and so cost nothing).
 FIXED = ("routing_decision", "ffn_residual", "shared_add")
 _RELEASE = "_toolkit_remat_placeholder_release"
+# torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
+# routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
+# keeps none but the regions the model code always keeps.
+REMAT_SELECTIVE: dict[str, tuple[str, ...]] = {"save_regions": ("*",), "recompute_regions": ("*routed_experts.w13.*",)}
+REMAT_FULL: dict[str, tuple[str, ...]] = {"save_regions": (), "recompute_regions": ()}
 
 
 def is_fixed(name: str) -> bool:
@@ -41,16 +47,25 @@ def kept(name: str, save: tuple[str, ...], recompute: tuple[str, ...]) -> bool:
 
 
 def check_patterns(cfg: Any, names: set[str]) -> None:
-    """A pattern without a wildcard that names no region is a typo, not a policy: refuse it, listing the regions.
-    (Wildcard patterns that match nothing are ignored, as main ignores them.)"""
+    """A pattern without a wildcard that names no region is a typo, not a policy: refuse it, listing the regions. A
+    wildcard that matches none is run as main runs it (ignored) but warned about — except the patterns of main's
+    own fixed policies, which a dense model legitimately has nothing to match."""
     for field in ("save_regions", "recompute_regions"):
         for p in getattr(cfg, field):
-            if not any(ch in p for ch in "*?[") and p not in names:
-                raise ConfigError(
+            if not any(ch in p for ch in "*?["):
+                if p not in names:
+                    raise ConfigError(
+                        "ACConfig",
+                        field,
+                        f"{p!r} names no region of this model's blocks.",
+                        f"use one of {', '.join(sorted(names)) or '(none)'} or a pattern such as 'attention.*'.",
+                    )
+            elif not any(fnmatch.fnmatchcase(n, p) for n in names) and p not in REMAT_SELECTIVE[field]:
+                warn_input(
                     "ACConfig",
                     field,
-                    f"{p!r} names no region of this model's blocks.",
-                    f"use one of {', '.join(sorted(names)) or '(none)'} or a pattern such as 'attention.*'.",
+                    f"the pattern {p!r} matches no region of this model's blocks, so it keeps or recomputes nothing.",
+                    f"use a pattern matching some of {', '.join(sorted(names)[:6]) or '(none)'}, …, or drop it.",
                 )
 
 

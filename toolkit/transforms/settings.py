@@ -128,8 +128,12 @@ def torch_settings(model: nn.Module | None = None, **extra: Any) -> Iterator[Non
 
 def train_step(model: nn.Module, batch: Any, *, zero_grad: bool = True) -> torch.Tensor:
     """Forward, loss and backward under the torch settings the applied transforms need; returns the detached loss."""
-    from ..models import loss_fn
+    from ..models import ModelConfig, loss_fn
+    from ..models.transformer import check_tokens
 
+    cfg = getattr(model, "config", None)
+    if isinstance(cfg, ModelConfig) and isinstance(getattr(batch, "tokens", None), torch.Tensor):
+        check_tokens(cfg, batch.tokens, "train_step")
     if zero_grad:
         model.zero_grad(set_to_none=True)
     with torch_settings(model):

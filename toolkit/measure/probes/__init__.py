@@ -104,7 +104,9 @@ class Probes:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Patches, hooks, saved-tensor hooks and the trace listener; the tracker runs only inside `phase_scope`."""
+        compat.apply_skips()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_older_objects_frozen())
             stack.enter_context(self.compiled.patches())
             stack.enter_context(self.checkpoints.patches())
             stack.enter_context(self.trace.listening())
@@ -182,6 +184,22 @@ class Probes:
 
 def _identity(t):
     return t
+
+
+@contextlib.contextmanager
+def _older_objects_frozen() -> Iterator[None]:
+    """Every object alive before the step out of the collector's sight while it runs (`gc.freeze`), so the census's
+    `gc.collect()` walks only what the step made — the cycles it looks for (a frame a graph break left) are all
+    new — instead of the million objects torch keeps alive (most of a measured step's time otherwise). Where
+    something froze them already (the warm pool's server, before forking this child) that freeze stands."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # Autograd calls the saved-tensor hooks from inside frames Dynamo is running; it then tries to compile the hook's

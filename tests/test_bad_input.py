@@ -1,0 +1,454 @@
+"""Every bad input the issues name, in one table each for the API and the CLI: refused with the field and its fix, or
+named in the Report's first lines — never silently accepted, never a cryptic error, never a traceback."""
+
+import ast
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+import toolkit as tk
+from toolkit import cli
+from toolkit._config import InputWarning
+from toolkit.analysis import sweeps
+from toolkit.analysis.cells import Cell
+from toolkit.analysis.sweeps import merge_into, read_results, sweep
+from toolkit.measure.isolate import crashed_report, timeout_report
+from toolkit.models import regions
+
+ROOT = pathlib.Path(tk.__file__).parents[1]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    "PYTHONWARNINGS": "ignore",
+    "COLUMNS": "160",
+}
+TINY = tk.ModelConfig(n_layers=1)
+DENSE = Cell("dense")
+
+
+def _fast(scenario):
+    return tk.run(scenario.replace(check_numerics=False, measure_memory=False, steady_steps=0))
+
+
+def _model():
+    return tk.build_model(TINY)
+
+
+class _NaNInTheMiddle(nn.Module):
+    """Finite weights and inputs; its own forward multiplies by NaN between its two layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.b(self.a(x) * float("nan"))
+
+
+# ------------------------------------------------------------------------------------------------------- the API
+
+# (id, call, exception, field, words in the message). Each is refused before anything runs, naming the field and
+# the fix (ConfigError's "Fix:").
+API = [
+    ("meta tokens for a CPU model", lambda: tk.measure(_model(), tk.make_batch(TINY).tokens.to("meta")),
+     tk.ConfigError, "args", "input tensor 0 is on meta, the model's parameters on cpu"),
+    ("tokens >= vocab_size", lambda: tk.measure(_model(), torch.full((2, 8), TINY.vocab_size)),
+     tk.ConfigError, "vocab_size", f"a token id is {TINY.vocab_size}, but the model's vocab_size is"),
+    ("negative token", lambda: tk.measure(_model(), torch.full((2, 8), -1)),
+     tk.ConfigError, "vocab_size", "a token id is -1"),
+    ("train_step with tokens >= vocab_size",
+     lambda: tk.train_step(_model(), tk.make_batch(TINY)._replace(tokens=torch.full((2, 8), 10**6))),
+     tk.ConfigError, "vocab_size", "a token id is 1000000"),
+    ("vocab_size=2**40", lambda: tk.build_model(tk.ModelConfig(vocab_size=2**40)),
+     tk.ConfigError, "vocab_size", "vocab_size=1099511627776 makes"),
+    ("measure(nn.Identity())", lambda: tk.measure(nn.Identity(), torch.randn(3)),
+     tk.ConfigError, "module_or_fn", "Identity has no parameters"),
+    ("loss_fn returning a float", lambda: tk.measure(nn.Linear(3, 3), torch.randn(2, 3), loss_fn=lambda o: 1.0),
+     tk.ConfigError, "loss_fn", "returned a float (1.0), not a tensor"),
+    ("loss_fn returning a non-scalar", lambda: tk.measure(nn.Linear(3, 3), torch.randn(2, 3), loss_fn=lambda o: o),
+     tk.ConfigError, "loss_fn", "returned a tensor of shape (2, 3), not a scalar"),
+    ("sweep backends=('bogus',)", lambda: sweep(backends=("bogus",), out="unused", progress=False),
+     tk.ConfigError, "backends", "'bogus' is not a compile backend"),
+    ("sweep backends='inductor' (a string)", lambda: sweep(backends="inductor", out="unused", progress=False),
+     tk.ConfigError, "backends", "'inductor' is not a compile backend"),
+    ("sweep executor=local partition=gpu", lambda: sweep(executor="local", partition="gpu", out="unused"),
+     tk.ConfigError, "partition", "is an option of executor='submitit', not of executor='local'"),
+    ("sweep out=''", lambda: sweep([DENSE], out="", progress=False, runner=_fast),
+     tk.ConfigError, "out", "'' names no folder"),
+    ("sweep retry_timeouts='no'", lambda: sweep([DENSE], out="unused", retry_timeouts="no", runner=_fast),
+     tk.ConfigError, "retry_timeouts", "'no' is not a bool"),
+    ("recipe_backend without a recipe", lambda: tk.Scenario(recipe_backend="inductor"),
+     tk.ConfigError, "recipe_backend", "no recipe is set: it would be ignored"),
+    ("memory_snapshot on CPU", lambda: tk.Scenario(memory_snapshot="snap.pickle"),
+     tk.ConfigError, "memory_snapshot", "CUDA allocator snapshots need a CUDA device"),
+    ("CompileConfig(scope='none', fullgraph=True, backend='inductor')",
+     lambda: tk.CompileConfig(scope="none", fullgraph=True, backend="inductor"),
+     tk.ConfigError, "backend", "means nothing with scope='none'"),
+    ("CompileConfig(scope='none', fullgraph=True)", lambda: tk.CompileConfig(scope="none", fullgraph=True),
+     tk.ConfigError, "fullgraph", "fullgraph=True means nothing with scope='none'"),
+    ("unknown key under compile", lambda: tk.CompileConfig.from_dict({"scope": "blocks", "bogus": 1}),
+     tk.ConfigError, "bogus", "is not a field of CompileConfig"),
+    ("inductor_options [1, 2]",
+     lambda: tk.CompileConfig.from_dict({"scope": "blocks", "backend": "inductor", "inductor_options": [1, 2]}),
+     tk.ConfigError, "inductor_options", "[1, 2] is not a dict of inductor config names"),
+    ("run(isolate=True, timeout_s=nan)", lambda: tk.run(tk.Scenario(), isolate=True, timeout_s=float("nan")),
+     tk.ConfigError, "timeout_s", "nan is not a positive number of seconds"),
+    ("repro.export path ''", lambda: tk.repro.export(_REPORT(), ""), tk.ConfigError, "path", "'' is empty"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call, exc, field, words", [c[1:] for c in API], ids=[c[0] for c in API])
+def test_bad_api_input_is_refused_naming_the_field_and_the_fix(call, exc, field, words, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # what a refused call must not write, it would write here
+    with pytest.raises(exc) as e:
+        call()
+    assert e.value.field == field, str(e.value)
+    assert words in str(e.value) and "Fix:" in str(e.value), str(e.value)
+    assert list(tmp_path.iterdir()) == [], "a refused input wrote something"
+
+
+# Inputs that run but do nothing of what they say: an InputWarning, and the Report's lines right after its title.
+WARNED = [
+    ("force_recompute_mm_shapes_by_fqns naming no Linear",
+     tk.ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)),
+     "force_recompute_mm_shapes_by_fqns", "'nosuch' is in the name of no nn.Linear"),
+    ("per_submodule SAC force_recompute naming no Linear",
+     tk.ACConfig(mode="per_submodule", force_recompute_mm_shapes_by_fqns=("nosuch",)),
+     "force_recompute_mm_shapes_by_fqns", "'nosuch' is in the name of no nn.Linear"),
+    ("remat save_regions wildcard matching nothing", tk.ACConfig(mode="remat", save_regions=("nosuch.*",)),
+     "save_regions", "the pattern 'nosuch.*' matches no region"),
+    ("remat recompute_regions wildcard matching nothing", tk.ACConfig(mode="remat", recompute_regions=("zz*",)),
+     "recompute_regions", "the pattern 'zz*' matches no region"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ac, field, words", [c[1:] for c in WARNED], ids=[c[0] for c in WARNED])
+def test_an_input_that_does_nothing_is_warned_and_leads_the_report(ac, field, words):
+    if ac.mode == "remat":
+        pytest.importorskip("torch_remat")
+    scenario = tk.Scenario(model=TINY, ac=ac, check_numerics=False, measure_memory=False, steady_steps=0)
+    report = tk.run(scenario)
+    assert report.ok, report
+    assert any(w.startswith("InputWarning: ") and words in w for w in report.warnings), report.warnings
+    second = str(report).splitlines()[1]
+    assert second.startswith(f"  input: ACConfig.{field}: ") and words in second and "Fix:" in second, str(report)
+
+
+def test_the_fixed_policies_own_patterns_are_not_warned_about():
+    """torchtitan's own defaults (the router gate for force_recompute, main's remat policies) match nothing in some
+    models by design: no warning for them."""
+    dense = tk.ModelConfig(n_layers=1, moe_layers="none")
+    for ac in (tk.ACConfig(mode="selective_op"), tk.ACConfig(mode="remat")):
+        if ac.mode == "remat" and not regions.available():
+            continue
+        report = tk.run(tk.Scenario(model=dense, ac=ac, check_numerics=False, measure_memory=False, steady_steps=0))
+        assert report.ok and not [w for w in report.warnings if w.startswith("InputWarning")], report
+    # Outside a Report the warning is an InputWarning, the category a warnings filter can name.
+    with pytest.warns(InputWarning, match="'nosuch' is in the name of no nn.Linear"):
+        tk.apply_ac(_model(), tk.ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)))
+
+
+def test_a_nan_loss_is_named_with_where_it_first_appears_not_grads_differ():
+    report = tk.measure(_NaNInTheMiddle(), torch.randn(2, 3))
+    assert report.outcome == "error" and report.error.type.endswith("NonFiniteLoss")
+    assert tk.classify(report).label != "grads_differ"
+    first = str(report).splitlines()[1]
+    assert "the loss is nan (first non-finite value: the forward of the model itself" in first, str(report)
+    assert "before it calls b" in first
+    # A NaN that is already in a parameter is named as that parameter.
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    with torch.no_grad():
+        model[1].weight[0, 0] = float("nan")
+    report = tk.measure(model, torch.randn(2, 3))
+    assert "first non-finite value: 1.weight holds non-finite values before the step" in report.error.message
+
+
+# ---------------------------------------------------------------------------------------------------- the bundles
+
+
+def _REPORT(name="tiny"):
+    return tk.run(tk.Scenario(name=name, model=TINY, measure_memory=False, check_numerics=False, steady_steps=0))
+
+
+INJECT = "x\n        open('INJECTED','w').write('ran')  #"
+
+
+def _run_script(path, cwd):
+    return subprocess.run([sys.executable, str(path)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def test_nothing_a_report_holds_becomes_code_in_a_bundle(tmp_path):
+    report = _REPORT(INJECT)
+    # The torch version is the other string that went into the script unescaped.
+    report = dataclasses.replace(report, environment={**report.environment, "torch": "2.13'\nopen('INJECTED2','w')\n#"})
+    bundle = tk.repro.export(report, tmp_path / "b")
+    source = bundle.script.read_text()
+    tree = ast.parse(source)  # a plain newline in a name used to leave an IndentationError
+    data = {"NAME", "OBSERVED", "SCENARIO"}
+    assigns = [n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id in data]
+    values = {n.targets[0].id: ast.literal_eval(n.value) for n in assigns}  # literals, nothing that runs
+    assert values["NAME"] == INJECT and values["OBSERVED"]["torch"] == report.environment["torch"]
+    assert json.loads(values["SCENARIO"])["name"] == INJECT
+    assert not any("INJECTED" in ast.unparse(n) for n in tree.body if n not in assigns)
+    nb = nbformat.read(bundle.notebook, as_version=4)
+    assert all("open(" not in line for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()[1:] if
+               "NAME =" not in line and "OBSERVED =" not in line and "SCENARIO =" not in line)  # fmt: skip
+    assert "\n" not in nb.cells[0].source.split("\n\n")[0]  # the title is one line of inert markdown
+    done = _run_script(bundle.script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "reproduced" in done.stdout and f"reproducing {INJECT}" in done.stdout
+    assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "INJECTED2").exists()
+
+
+def test_a_bundle_never_replaces_a_file_and_adds_its_suffixes(tmp_path):
+    report = _REPORT()
+    mine = tmp_path / "important.py"
+    mine.write_text("my work\n")
+    with pytest.raises(tk.ConfigError) as e:
+        tk.repro.export(report, tmp_path / "important")
+    assert e.value.field == "path" and "exists" in str(e.value) and "overwrite=True" in str(e.value)
+    assert mine.read_text() == "my work\n" and not (tmp_path / "important.ipynb").exists()  # nothing written
+    bundle = tk.repro.export(report, tmp_path / "important", overwrite=True)
+    assert bundle.script == mine and "tk.run(scenario)" in mine.read_text()
+    # A folder (ending in / or existing) means a bundle inside it, named after the scenario.
+    (tmp_path / "bundles").mkdir()
+    inside = tk.repro.export(report, str(tmp_path / "bundles") + "/")
+    assert inside.script == tmp_path / "bundles" / "tiny.py" and not (tmp_path / "bundles.py").exists()
+    fresh = tk.repro.export(report, f"{tmp_path}/not-yet/")
+    assert fresh.script == tmp_path / "not-yet" / "tiny.py"
+    # Suffixes are added, never substituted; a bundle's own suffix names it.
+    assert tk.repro.export(report, tmp_path / "my.bundle.v2").script == tmp_path / "my.bundle.v2.py"
+    assert tk.repro.export(report, tmp_path / "named.py").names() == ["named.py", "named.ipynb", "named.env.json"]
+
+
+def test_the_explorers_export_goes_through_the_same_rules(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from toolkit.notebook.widgets import export_repro
+
+    report = _REPORT()
+    (tmp_path / "mine.py").write_text("keep\n")
+    with pytest.raises(tk.ConfigError, match="exists"):
+        export_repro(report.scenario.to_scenario(), report, tmp_path / "mine")
+    assert (tmp_path / "mine.py").read_text() == "keep\n"
+
+
+# --------------------------------------------------------------------------------------- results files, the sweep
+
+
+def test_undecodable_torn_and_junk_lines_are_skipped_counted_and_named(tmp_path):
+    sweep([DENSE], out=tmp_path / "a", progress=False, runner=_fast)
+    results = tmp_path / "a" / "results.jsonl"
+    good = results.read_bytes()
+    junk = [
+        b"\xff\xfe not utf-8",
+        b'{"key":"k","cell":{},"report":{}}',
+        b'{"key": "", "cell": {}, "report": {}}',
+        b"[1, 2]",
+        b'{"torn": ',
+        b'{"key": "0123456789abcdef", "cell": {"block": "dense", "ac": "none", "scope": "none"}, "report": {}}',
+    ]
+    results.write_bytes(b"\n".join(junk) + b"\n" + good)
+    records, skipped = read_results(results)
+    assert len(records) == 1 and [s.line for s in skipped] == [1, 2, 3, 4, 5, 6]
+    assert [s.why for s in skipped] == [
+        "not UTF-8 (byte 0xff at column 1)",
+        "its cell does not hold the fields of a Cell",
+        "key '' is not a cell key (a non-empty string)",
+        "not a record (an object with key, cell and report)",
+        "not JSON (a torn or foreign line)",
+        "its report has no outcome",
+    ]
+    # Resume reads it (it used to die with UnicodeDecodeError) and runs nothing.
+    calls = []
+    result = sweep([DENSE], out=tmp_path / "a", progress=False, runner=lambda s: calls.append(s) or _fast(s))
+    assert calls == [] and [r.classification.label for r in result.rows] == ["works"]
+    # --merge reads it the same way and says what it skipped.
+    added, bad = merge_into(tmp_path / "b", [results])
+    assert added == 1 and [s.line for s in bad[str(results)]] == [1, 2, 3, 4, 5, 6]
+    assert len(read_results(tmp_path / "b" / "results.jsonl")[0]) == 1
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_first_cell(tmp_path):
+    (tmp_path / "matrix.html").mkdir()
+    calls = []
+    with pytest.raises(tk.ConfigError) as e:
+        sweep([DENSE], out=tmp_path, progress=False, runner=lambda s: calls.append(s) or _fast(s))
+    assert e.value.field == "out" and "matrix.html" in str(e.value) and "Is a directory" in str(e.value)
+    assert calls == []
+
+
+def test_a_timeout_is_retried_once_under_the_same_limit_then_kept(tmp_path):
+    calls = []
+
+    def slow(scenario):
+        calls.append(scenario.name)
+        return timeout_report(scenario, 5, b"stage forward\n", 5.0)
+
+    for _ in range(3):
+        sweep([DENSE], out=tmp_path, timeout_s=5, progress=False, runner=slow)
+    assert len(calls) == 2  # the first run and its one retry; the third run keeps the timeout
+    recs = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["timeouts"] for r in recs] == [1, 2]
+    # retry_timeouts=False (--keep-timeouts) keeps the first timeout at once.
+    calls.clear()
+    sweep([DENSE], out=tmp_path / "k", timeout_s=5, progress=False, runner=slow)
+    sweep([DENSE], out=tmp_path / "k", timeout_s=5, progress=False, runner=slow, retry_timeouts=False)
+    assert len(calls) == 1
+    # A longer limit runs it again whatever the count.
+    sweep([DENSE], out=tmp_path, timeout_s=6, progress=False, runner=slow)
+    assert len(calls) == 2
+
+
+def test_a_sweep_that_measured_nothing_says_so(tmp_path):
+    crash = lambda s: crashed_report(s, "killed by SIGKILL (-9)", "forward")  # noqa: E731
+    result = sweep([DENSE, Cell("dense", "full")], out=tmp_path, progress=False, runner=crash)
+    assert sweeps.measured(result) == 0
+    assert "no cell produced a measurement" in sweeps.summary(result)
+
+
+# --------------------------------------------------------------------------------------------------------- the CLI
+
+
+def _cli(*args, cwd, timeout=300, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", *args],
+        cwd=cwd,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _files(tmp: pathlib.Path) -> dict:
+    (tmp / "binary.json").write_bytes(b"\xff\xfe\x00\x01 not text")
+    (tmp / "unknown.json").write_text('{"compile": {"scope": "blocks", "bogus": 1}}')
+    (tmp / "options.json").write_text(
+        '{"compile": {"scope": "blocks", "backend": "inductor", "inductor_options": [1,2]}}'
+    )
+    (tmp / "none.json").write_text('{"compile": {"scope": "none", "fullgraph": true}}')
+    (tmp / "findings.jsonl").write_text('{"case": "C2", "torch": "2.13.0", "reproduced": true}\n[1, 2]\n')
+    (tmp / "a-folder").mkdir()
+    (tmp / "junk.jsonl").write_bytes(b'{"key":"k","cell":{},"report":{}}\n\xff\n')
+    return {}
+
+
+# (id, argv, extra environment, exit code, words on stderr). Every one is one `error: … Fix: …` (or argparse's own
+# usage error), exit 2, and no traceback.
+CLI = [
+    ("run --config of a binary file", ["run", "--config", "binary.json"], {}, 2, "is not UTF-8 text (byte 0xff"),
+    ("unknown key under compile", ["run", "--config", "unknown.json"], {}, 2,
+     "CompileConfig.bogus: is not a field of CompileConfig"),
+    ("inductor_options [1,2]", ["run", "--config", "options.json"], {}, 2,
+     "CompileConfig.inductor_options: [1, 2] is not a dict"),
+    ("compile options with scope none", ["run", "--config", "none.json"], {}, 2,
+     "CompileConfig.fullgraph: fullgraph=True means nothing with scope='none'"),
+    ("demo --layers 0", ["demo", "--layers", "0"], {}, 2, "argument --layers: 0 is not a whole number >= 1"),
+    ("cases --check BOGUS", ["cases", "--check", "BOGUS"], {}, 2, "no standalone repro for BOGUS"),
+    ("a findings file with a non-object line", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "findings.jsonl"}, 2,
+     "'findings.jsonl' line 2 holds '[1, 2]', not a finding"),
+    ("TOOLKIT_FINDINGS naming a folder", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "a-folder"}, 2,
+     "TOOLKIT_FINDINGS: 'a-folder' is a folder, not a findings file"),
+    ("matrix --out ''", ["matrix", "--out", ""], {}, 2, "sweep.out: '' names no folder"),
+    ("matrix --backends bogus", ["matrix", "--backends", "bogus", "--out", "o"], {}, 2, "bogus"),
+    ("matrix --merge of a folder", ["matrix", "--merge", "a-folder", "--out", "o"], {}, 2,
+     "'a-folder' is not a file"),
+    ("matrix --timeout-s nan", ["matrix", "--timeout-s", "nan", "--out", "o"], {}, 2, "--timeout-s"),
+    ("run --isolate --timeout-s nan", ["run", "--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], {}, 2,
+     "nan is not a positive number of seconds"),
+    ("run --config of JSON lines", ["run", "--config", "findings.jsonl"], {}, 2, "is not valid JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, env, code, words", [c[1:] for c in CLI], ids=[c[0] for c in CLI])
+def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, argv, env, code, words):
+    _files(tmp_path)
+    out = _cli(*argv, cwd=tmp_path, timeout=120, **env)
+    assert out.returncode == code, out.stdout + out.stderr
+    assert words in out.stderr and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, out.stderr
+    assert "Fix:" in errors[0] or "argument" in errors[0] or "no standalone repro" in errors[0], errors[0]
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
+    _files(tmp_path)
+    only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--no-progress")
+    out = _cli("matrix", "--merge", "junk.jsonl", "--out", "o", *only, cwd=tmp_path)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert (
+        "junk.jsonl: skipped 2 lines that are not a record (line 1: its cell does not hold the fields of a Cell"
+        in out.stderr
+    )
+    assert "line 2: not UTF-8 (byte 0xff at column 1)" in out.stderr
+    assert "merged 0 records into o/results.jsonl (2 lines skipped: not records)" in out.stderr
+
+
+def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_path):
+    only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--out", "o")
+    first = _cli("matrix", *only, cwd=tmp_path)
+    assert first.returncode == cli.EXIT_NOTHING_MEASURED == 4, first.stderr
+    assert "no cell produced a measurement: all 1 crashed or timed out" in first.stderr + first.stdout
+    assert "Traceback" not in first.stderr
+    # Retried once under the same limit (a load spike is not a result), then kept; --keep-timeouts keeps it at once.
+    assert "1 of 1 cells to run" in _cli("matrix", *only, cwd=tmp_path).stderr
+    third = _cli("matrix", *only, cwd=tmp_path)
+    assert "cells to run" not in third.stderr and third.returncode == 4
+    keep = (
+        _cli("matrix", *only[:-1], "k", cwd=tmp_path),
+        _cli("matrix", *only[:-1], "k", "--keep-timeouts", cwd=tmp_path),
+    )
+    assert "cells to run" not in keep[1].stderr
+    helped = _cli("matrix", "--help", cwd=tmp_path).stdout
+    assert "--keep-timeouts" in helped and "4    no cell produced a measurement" in helped
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "toolkit", "matrix", "--only", "^dense \\| AC (none|full) \\|", "--out", "o"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    t = time.monotonic()
+    line = ""
+    while "cells to run" not in line and time.monotonic() - t < 300:
+        line = p.stderr.readline()
+    assert "cells to run" in line
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == cli.EXIT_INTERRUPTED == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "interrupted" in err
+
+
+def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
+    from toolkit.measure.forkserver import WarmPool
+
+    class Closed:
+        def recv(self, n):
+            return b""
+
+    class Slow:
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            raise subprocess.TimeoutExpired("server", timeout)
+
+    pool = WarmPool.__new__(WarmPool)
+    pool._lock, pool._ctrl, pool._waiting = threading.Lock(), None, {}
+    pool._read(Closed(), Slow())  # raised TimeoutExpired (a traceback in the reader thread) before
