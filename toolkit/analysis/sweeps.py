@@ -19,11 +19,12 @@ import shutil
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import torch
 
-from .._config import ConfigError, check_int, check_seconds
+from .._config import ConfigError, check_bool, check_int, check_seconds
 from ..measure import Report
 from ..measure import environment as run_environment
 from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
@@ -276,6 +277,7 @@ def sweep(
     executor: str | Executor = "local",
     warm: bool = True,
     stack: str = "toolkit",
+    bare: bool = True,
     **executor_options: Any,
 ) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
@@ -283,8 +285,11 @@ def sweep(
     are. `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
     torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
-    `cells` is given. Writes matrix.json/.md/.html to `out`."""
+    `cells` is given. `bare`: then rerun every cell classified as an error or a silent failure with none of the
+    probes (`Cell.bare`), so the list says whether the failure happens without the instrument. Writes
+    matrix.json/.md/.html to `out`."""
     check_seconds("sweep", "timeout_s", timeout_s)
+    check_bool("sweep", "bare", bare)
     cells = list(cells) if cells is not None else default_cells(quick=quick, backends=tuple(backends), stack=stack)
     check_int("sweep", "workers", workers, 1)
     ex = make(executor, workers=workers, warm=warm, runner=runner, **executor_options)
@@ -304,14 +309,18 @@ def sweep(
                 flush=True,
             )
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
-        try:
-            for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
+
+        def measure(jobs: list[Job]) -> None:
+            for job, report in ex.run(jobs, folder.path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
                     folder.append(
                         {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
                     )
                 bar.finish(job.cell, classify(report).label)
+
+        try:
+            measure([Job(keys[c], c, timeout_s) for c in pending])
         finally:
             bar.close()
         result = MatrixResult(
@@ -319,9 +328,40 @@ def sweep(
             environment(),
             _other_releases(records, set(runnable), set(keys.values())),
         )
+        if bare:
+            failing = [r for r in result.rows if r.classification.label in BARE_RERUN]
+            bare_keys = {r.cell: cell_key(replace(r.cell, bare=True).scenario(), device) for r in failing}
+            todo = [
+                Job(bare_keys[r.cell], replace(r.cell, bare=True), timeout_s)
+                for r in failing
+                if _needs_run(records.get(bare_keys[r.cell]), timeout_s) and bare_keys[r.cell] not in done
+            ]
+            if progress and todo:
+                print(f"matrix: {len(todo)} failing cells rerun bare (no probes)", file=sys.stderr, flush=True)
+            bar = Progress(len(todo), 0, enabled=progress)
+            try:
+                measure(todo)
+            finally:
+                bar.close()
+            for r in failing:
+                if bare_keys[r.cell] in done:
+                    r.bare = done[bare_keys[r.cell]][1]
         if out is not None:
             result.write(out)
     return result
+
+
+# The classifications a bare rerun checks: the failures of the stack or of the instrument. A crash or a timeout is
+# rerun by the next sweep anyway, and `works` needs no second opinion.
+BARE_RERUN = (
+    "error",
+    "grads_differ",
+    "fell_back_to_eager",
+    "sac_not_applied",
+    "ac_saves_nothing",
+    "recompiles",
+    "graph_breaks",
+)
 
 
 def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) -> dict[str, MatrixResult]:
