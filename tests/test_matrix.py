@@ -58,23 +58,29 @@ def test_four_cell_sweep_end_to_end(tmp_path):
     assert [t.name for t in fig.data] == ["dense", "moe:for_loop", "recipes"] and fig.data[0].type == "heatmap"
     assert "<th>backend</th>" in html
     assert "fell_back_to_eager" in str(result.filter(label="fell_back_to_eager").table())
-    assert len(load_results(tmp_path / "results.jsonl")) == 4
+    # The two failing cells were rerun bare (no probes), each a record of its own: both fail without the instrument.
+    assert len(load_results(tmp_path / "results.jsonl")) == 6
+    rows = {r.cell: r for r in result.rows}
+    assert rows[FOUR[1]].bare.compile.graphs == 0 and rows[FOUR[1]].bare.compile.graph_breaks == 1
+    assert [rows[c].bare_verdict for c in FOUR] == [None, "yes", None, "yes"]
+    assert rows[FOUR[3]].bare.error.type == rows[FOUR[3]].report.error.type
 
 
 def test_rerun_skips_finished_cells(tmp_path):
     calls = []
 
     def runner(scenario):
-        calls.append(scenario.name)
+        calls.append((scenario.name, scenario.instrument))
         return tk.run(scenario.replace(check_numerics=False, measure_memory=False, steady_steps=0))
 
     cells = FOUR[:2]
     sweep(cells, out=tmp_path, progress=False, runner=runner)
-    assert len(calls) == 2
+    # The two cells, then the one that fell back to eager once more, bare.
+    assert [instrumented for _, instrumented in calls] == [True, True, False]
     again = sweep(cells, out=tmp_path, progress=False, runner=runner)
-    assert len(calls) == 2 and len(again.rows) == 2  # the cache answered
+    assert len(calls) == 3 and len(again.rows) == 2  # the cache answered, the bare rerun's included
     sweep(cells + [Cell("dense")], out=tmp_path, progress=False, runner=runner)
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
@@ -186,7 +192,9 @@ def test_heatmap_cells_carry_their_label_and_the_grid_text_twin():
     assert list(recipes.x) == ["torchtitan_2025_09", "torchtitan_0_3_0"] and list(recipes.y) == ["moe:for_loop"]
     texts = [t for trace in fig.data for row in trace.text for t in row if t]
     assert {t.split("<br>")[0] for t in texts} == {SYMBOLS[k] for k in cells}
-    assert "EAGER<br>C2" in texts and moe.texttemplate == "%{text}"
+    # Every case a cell matches, not only the first; every panel says what its axes are.
+    assert "EAGER<br>C2 C13" in texts and moe.texttemplate == "%{text}"
+    assert (fig.layout.xaxis.title.text, fig.layout.yaxis.title.text) == ("compile setup", "AC mode")
     # Discrete colours: each classification's band of the colour scale is its own colour.
     scale = {round(v, 3): c for v, c in moe.colorscale}
     from toolkit.analysis.classification import SEVERITY
@@ -194,7 +202,7 @@ def test_heatmap_cells_carry_their_label_and_the_grid_text_twin():
     assert [scale[round(i / len(SEVERITY), 3)] for i in range(len(SEVERITY))] == [COLORS[k] for k in SEVERITY]
     grid = result.grid_text()
     assert grid.splitlines()[0].split()[:3] == ["moe:for_loop", "eager", "blocks"]
-    assert "EAGER C2" in grid and "NO SAC" in grid and "ERROR C4" in grid and "recipes" in grid
+    assert "EAGER C2,C13" in grid and "NO SAC" in grid and "ERROR C4" in grid and "recipes" in grid
     assert grid == synthetic_matrix()[0].grid_text()  # deterministic
 
 
@@ -258,3 +266,90 @@ def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     if len(cells) == 3:
         assert cls[titan].label == "works" and rows[titan].report.scenario.stack == "torchtitan"
         assert [t.name for t in result.heatmap().data] == ["titan:qwen3_moe", "recipes"]
+
+
+def test_the_list_by_case_counts_each_case_once_per_cell_with_its_workaround(tmp_path):
+    from toolkit.analysis import catalogue
+
+    result, cells = synthetic_matrix()
+    entries = {e["case"].id: e for e in result.by_case()}
+    # Counted from the hand-made cells: C13 on the fallback, the recompile and the graph-break cells; the rest once.
+    assert {cid: len(e["rows"]) for cid, e in entries.items()} == {"C13": 3, "C2": 1, "C4": 1, "C11": 1}
+    assert entries["C13"]["labels"] == {"fell_back_to_eager": 1, "recompiles": 1, "graph_breaks": 1}
+    md = result.cases_table()
+    lines = md.splitlines()
+    assert lines[0] == "## By case (4)" and lines[6].startswith("| [C13](")  # most cells first
+    for cid in entries:
+        (row,) = [line for line in lines if line.startswith(f"| [{cid}](")]
+        case = catalogue.get(cid)
+        assert case.workaround in row and pathlib.Path(case.notebook).stem in row
+    # The markdown page opens with it, before the per-classification tables.
+    page = result.write(tmp_path)["md"].read_text()
+    assert page.index("## By case (4)") < page.index("### error")
+
+
+def test_every_catalogued_case_says_its_workaround():
+    from toolkit.analysis import catalogue
+
+    missing = [c.id for c in catalogue.cases() if len(c.workaround) < 20]
+    assert not missing, f"catalogue.json: give these cases a workaround: {missing}"
+
+
+def test_backend_differences_name_what_differs_between_aot_eager_and_inductor():
+    import dataclasses
+
+    from toolkit.analysis.matrix import Row
+    from toolkit.measure.report import Saved
+
+    result, cells = synthetic_matrix()
+    base = {r.cell: r for r in result.rows}
+    same = cells["works"]  # 200,000 B with aot_eager
+    sac = cells["sac_not_applied"]
+    twins = [
+        Row(key="i1", cell=dataclasses.replace(same, backend="inductor"), report=base[same].report),
+        Row(
+            key="i2",
+            cell=dataclasses.replace(sac, backend="inductor"),
+            report=dataclasses.replace(base[sac].report, saved=Saved(total_bytes=123_456)),
+        ),
+    ]
+    both = MatrixResult(rows=[*result.rows, *twins])
+    diffs = both.backend_differences()
+    assert [(a.cell, i.cell.backend) for a, i, _ in diffs] == [(sac, "inductor")]
+    # More saved under inductor than under full AC's reference is no longer "SAC not applied".
+    assert diffs[0][2] == ["classified sac_not_applied vs works", "saved 60000 vs 123456 B"]
+    md = both.backend_table()
+    assert md.startswith("## aot_eager vs inductor (1)") and "Of 2 cells measured with both backends" in md
+    assert result.backend_table() == ""  # no inductor half: no section
+
+
+def test_legend_counts_agree_with_the_tables_and_add_what_hides_behind_another_finding():
+    result, _ = synthetic_matrix()
+    tables = {label: len(rows) for label, rows in result.central_list()}
+    assert result.counts() == tables
+    # The fallback and the recompile cell have graph breaks too: two cells behind a more severe finding.
+    assert result.secondary_counts() == {"graph_breaks": 2}
+    assert "+2 behind another finding" in result.html()
+
+
+def test_recipe_cells_carry_the_ac_mode_their_recipe_applies_so_mode_keyed_cases_match():
+    from toolkit.analysis import catalogue
+    from toolkit.measure.report import CompileInfo, Report, ScenarioRecord
+    from toolkit.transforms.recipes import RECIPES
+
+    # What each recipe's code applies to a block (toolkit/transforms/recipes.py), written out here.
+    applies = {
+        "torchtitan_2025_09": "per_submodule",
+        "torchtitan_2025_09_see_through": "per_submodule",
+        "torchtitan_2025_12": "selective_op",
+        "torchtitan_0_3_0": "selective_op",
+        "torchtitan_0_3_0_full_ac": "full",
+        "torchtitan_main": "remat",
+    }
+    assert {name: ScenarioRecord.of(tk.Scenario(recipe=name)).ac_mode for name in RECIPES} == applies
+    # A record written before recipes carried their mode reads as the recipe's mode.
+    assert ScenarioRecord(name="old", recipe="torchtitan_main", ac_mode="recipe").ac_mode == "remat"
+    # C46 is keyed on remat: a torchtitan_main cell that fell back to eager is named by it.
+    record = ScenarioRecord.of(tk.Scenario(recipe="torchtitan_main"))
+    fell = Report(outcome="ok", scenario=record, compile=CompileInfo(requested=True, graphs=0, graph_breaks=1))
+    assert "C46" in [c.id for c in catalogue.match("fell_back_to_eager", fell)]

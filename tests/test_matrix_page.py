@@ -138,10 +138,31 @@ def test_matrix_page_in_headless_chromium(tmp_path):
             background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
             assert background in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)")
 
-            # The central list's tables carry the backend column the markdown has.
+            # The list opens with its view by case; the per-classification tables below carry the backend column
+            # and the bare rerun's verdict, as the markdown does.
+            assert page.locator("h2").first.inner_text().startswith("By case (")
             heads = page.locator("table tr:first-child").all_inner_texts()
-            assert heads and all("backend" in h for h in heads)
+            assert heads[0].split("\t")[:2] == ["case", "cells"]
+            assert heads[1:] and all("backend" in h and h.endswith("bare") for h in heads[1:])
             assert page.locator("h3").count() == len(cells)
+            by_case = page.locator("#by-case + table td:first-child").all_inner_texts()
+            assert {t.split()[0] for t in by_case} == {i for r in result.rows for i in r.classification.cases}
+            # Every panel names its axes; a working cell's ids are explained on the page.
+            titles = page.evaluate(
+                "() => [...document.querySelectorAll('#matrix-heatmap .g-xtitle, #matrix-heatmap .g-ytitle')]"
+                ".map(t => t.textContent)"
+            )
+            assert {"compile setup", "AC mode"} <= set(titles)
+            assert "on a working cell they name the documented behaviour" in page.content()
+            # Legend counts agree with the tables: each head says how many rows its table holds.
+            counts = dict(
+                zip(
+                    page.locator("#legend .chip").all_inner_texts(),
+                    (int(n) for n in page.locator("#legend .count").all_inner_texts()),
+                )
+            )
+            for label, rows in result.central_list():
+                assert counts[SYMBOLS[label]] == len(rows) == page.locator(f"h3#{label} + table tr").count() - 1
             chips = page.evaluate(
                 "() => [...document.querySelectorAll('#legend .chip')].map(c => getComputedStyle(c).backgroundColor)"
             )

@@ -134,12 +134,16 @@ def test_eager_recompute_count_matches_remats_own_flag(ac):
     loss = tk.loss_fn(model(batch.tokens), batch.labels)
     with CountRecompute() as counted:
         loss.backward()
-    assert report.recompute.ops == counted.ops > 0
-    # Measured on torch 2.13: 488 ops replayed under full remat, 498 under main's selective policy on these masked
-    # experts. The kept regions skip their compute (16 mm instead of 40, no attention kernel), but each input a
-    # kept region saved is rebuilt from the replay as a view (as_strided / detach / view: 30 + 18 + 18 more).
+    # Everything dispatched during remat's replay is either a forward op re-run or the machinery's own work
+    # (checkpoint's detach of each tensor it keeps, the replay of a kept region): the two add up to remat's count.
+    assert report.recompute.ops + report.recompute.bookkeeping == counted.ops > 0
+    assert report.recompute.ops > 0 and report.recompute.bookkeeping > 0
+    # Measured on torch 2.13: 488 ops dispatched in replay under full remat, 498 under main's selective policy on
+    # these masked experts; of them 326 and 260 are forward ops re-run (tests/test_recompute.py derives both from the
+    # blocks' own forward), the rest bookkeeping — the selective policy skips more compute but rebuilds each input a
+    # kept region saved as a view (as_strided / detach / view).
     if torch.__version__.startswith("2.13"):
-        assert (report.recompute.ops, ac.save_regions) in ((488, ()), (498, ("*",)))
+        assert (report.recompute.ops, counted.ops, ac.save_regions) in ((326, 488, ()), (260, 498, ("*",)))
 
 
 def test_kept_regions_are_their_own_kind_with_exact_sizes():
@@ -291,7 +295,7 @@ def test_a_hand_applied_remat_block_is_measured_right():
     assert [t.is_input for t in report.saved.tensors if t.kind == "checkpoint_input"] == [True]
     with CountRecompute() as counted:
         block(x).square().mean().backward()
-    assert report.recompute.ops == counted.ops > 0
+    assert report.recompute.ops + report.recompute.bookkeeping == counted.ops > report.recompute.ops > 0
 
 
 def test_torchtitan_main_recipe_structure_and_truth():

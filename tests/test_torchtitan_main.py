@@ -429,7 +429,9 @@ def test_the_recipe_saves_recomputes_and_compiles_what_mains_code_does(shared, c
     report, truth = toolkit_recipe(cfg, compiled)
     assert report.ok and report.numerics.grads_match is True
     assert ref["saved"] == truth == report.saved.total_bytes == NOTE_BYTES[shared]
-    assert report.recompute.ops == ref["recompute"]
+    # main's replay count holds the machinery's own work too (checkpoint's detaches, kept regions' replays).
+    assert report.recompute.ops + report.recompute.bookkeeping == ref["recompute"]
+    assert 0 < report.recompute.ops < ref["recompute"]
     # Graphs: SwiGLU (one more for the shared expert's rows, a recompile), RoPE and the loss; no breaks.
     assert report.compile.graphs == ref["graphs"] == (3 + shared if compiled else 0)
     assert report.compile.graph_breaks == 0 and not report.compile.fell_back_to_eager

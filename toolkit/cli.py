@@ -268,6 +268,12 @@ def _matrix_parser() -> argparse.ArgumentParser:
         help="first merge these results.jsonl files (from other machines) into OUT, by cell key",
     )
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--no-bare",
+        action="store_true",
+        help="skip the bare reruns (every failing cell run again with none of the probes, to tell a failure of the "
+        "stack from one the instrument caused)",
+    )
     parser.add_argument("--executor", choices=EXECUTORS, default="local", help="where cells run (default local)")
     loc = parser.add_argument_group("--executor local")
     loc.add_argument("--workers", type=count(1), default=max(1, min(2, os.cpu_count() or 1)))
@@ -367,6 +373,7 @@ def _matrix_command(argv: list[str]) -> int:
             executor=args.executor,
             warm=not args.cold,
             retry_timeouts=not args.keep_timeouts,
+            bare=not args.no_bare,
             **options,
         )
     except (ConfigError, _UsageError) as e:

@@ -13,6 +13,7 @@ removing an API on purpose).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -135,7 +136,16 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
         "",
     ),
+    "checkpoint_recompute_hook": (
+        "torch.utils.checkpoint._recomputation_hook (its pack_hook, which detaches each recomputed tensor)",
+        "the checkpoint's own work during recompute (a detach per recomputed tensor), counted apart from forward ops",
+        "the checkpoint's own detaches during recompute are counted among the forward ops re-run",
+    ),
 }
+
+# torch_remat's replay of a kept region during recompute (its saved inputs re-derived as views, its outputs
+# loaded): remat's own work, not the model's forward. Optional, like torch_remat itself.
+_REMAT_REPLAY = ("torch_remat._api", "_replay_save_op")
 
 
 @dataclass(frozen=True)
@@ -261,6 +271,17 @@ def _find_respect_saved_tensors_hooks() -> _Found:
 
     ok = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
     return _Found(ok, f"torch {torch.__version__} checkpoint() has no respect_saved_tensors_hooks")
+
+
+def _find_checkpoint_recompute_hook() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    cls = getattr(ckpt, "_recomputation_hook", None)
+    if cls is None:
+        return _Found(False, "torch.utils.checkpoint has no _recomputation_hook")
+    if "pack_hook" not in inspect.getsource(cls.__init__):
+        return _Found(False, "_recomputation_hook.__init__ defines no pack_hook")
+    return _Found(True, "", cls)
 
 
 def _find_torch_remat() -> _Found:
@@ -1023,3 +1044,42 @@ def remat_placeholders() -> Iterator[None]:
 
 def remat_placeholders_active() -> bool:
     return bool(_placeholder_originals)
+
+
+@contextlib.contextmanager
+def recompute_bookkeeping(enter: Callable[[], None], leave: Callable[[], None]) -> Iterator[None]:
+    """While active, `enter()` / `leave()` bracket the recompute machinery's own work, so that ops it dispatches can
+    be told from the forward ops a recompute re-runs: the pack hook of torch.utils.checkpoint's recompute (a
+    `detach` of each recomputed tensor) and torch_remat's replay of a kept region (its saved inputs re-derived as
+    views, its outputs loaded). Both patches call the originals unchanged."""
+
+    def bracket(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def inside(*args: Any, **kwargs: Any) -> Any:
+            enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                leave()
+
+        return inside
+
+    skip_code(bracket(lambda: None).__code__)  # Dynamo must not trace the bracket (backward may call it under a frame)
+    with contextlib.ExitStack() as stack:
+        f = _found["checkpoint_recompute_hook"]
+        if f.ok:
+            cls = f.value
+            original_init = cls.__init__
+
+            def init(self: Any, *args: Any, **kwargs: Any) -> None:
+                original_init(self, *args, **kwargs)
+                self.pack_hook = bracket(self.pack_hook)
+
+            stack.enter_context(patched(cls, "__init__", init))
+        if available("torch_remat"):
+            import importlib
+
+            api = importlib.import_module(_REMAT_REPLAY[0])
+            if hasattr(api, _REMAT_REPLAY[1]):
+                stack.enter_context(patched(api, _REMAT_REPLAY[1], bracket(getattr(api, _REMAT_REPLAY[1]))))
+        yield

@@ -53,6 +53,8 @@ class Case:
     torch_versions: str
     notebook: str | None
     signature: dict[str, Any] | None
+    workaround: str = ""
+    """What a user does today to avoid it (a setting, an order, a fix to take), one sentence; "" when there is none."""
     verified: dict[str, str] = None  # type: ignore[assignment]
     """torch release → "reproduced" / "fixed" / "not reproduced" (a release before the behaviour began, C42), as checked
     by this case's notebook or standalone script (`toolkit.bugs.confirm`)."""
@@ -136,6 +138,7 @@ def cases() -> tuple[Case, ...]:
                 torch_versions=c.get("torch_versions", ""),
                 notebook=c.get("notebook"),
                 signature=c.get("signature"),
+                workaround=c.get("workaround", ""),
                 verified=c.get("verified"),
             )
         )

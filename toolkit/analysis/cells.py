@@ -39,6 +39,9 @@ class Cell:
     recipe: str | None = None
     fsdp: str = "none"
     """FSDP2 (`Scenario.fsdp`): "none", "blocks" or "blocks+experts", on one gloo rank."""
+    bare: bool = False
+    """The same cell run bare, with none of the toolkit's probes (`Scenario.instrument=False`): the sweep reruns every
+    failing cell so, to tell a failure of the stack from one the instrument caused."""
 
     @property
     def stack(self) -> str:
@@ -55,6 +58,12 @@ class Cell:
         return RECIPES[self.recipe].model_config(model, fsdp=self.fsdp) if self.recipe else model
 
     def scenario(self) -> Scenario:
+        if self.bare:
+            return (
+                dataclasses.replace(self, bare=False)
+                .scenario()
+                .replace(name=self.label, instrument=False, measure_memory=False, steady_steps=0)
+            )
         common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
         if self.stack == "torchtitan":
             from ..stacks.torchtitan import TorchtitanConfig
@@ -88,14 +97,17 @@ class Cell:
 
     @property
     def label(self) -> str:
+        bare = " | bare" if self.bare else ""
         if self.recipe:
-            return f"{self.block} | {self.compile_label} | {self.backend}"
-        return (
-            f"{self.block} | AC {self.ac} | {self.compile_label} | {self.backend if self.scope != 'none' else 'eager'}"
-        )
+            return f"{self.block} | {self.compile_label} | {self.backend}{bare}"
+        backend = self.backend if self.scope != "none" else "eager"
+        return f"{self.block} | AC {self.ac} | {self.compile_label} | {backend}{bare}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.bare:
+            del out["bare"]  # records written before bare reruns existed look the same
+        return out
 
 
 def _scopes(block: str) -> tuple[str, ...]:

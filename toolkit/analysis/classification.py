@@ -92,7 +92,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
                 like = "full AC" if _close(saved, s_full) else "no AC"
                 why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
         if (
-            ac not in ("none", "unknown", "recipe")
+            ac not in ("none", "unknown")
             and none_ref is not None
             and none_ref.ok
             and saved >= none_ref.saved.total_bytes
@@ -181,7 +181,7 @@ def describe(report: Report, cl: Classification, *, references: bool | None = No
         case = catalogue.get(cid)
         lines.append(f"  known case {cid}: {case.title}" + (f" ({case.links[0]})" if case.links else ""))
     ac = report.scenario.ac_mode
-    if references is False and report.ok and ac not in ("none", "recipe", "unknown"):
+    if references is False and report.ok and ac not in ("none", "unknown") and not report.scenario.recipe:
         unchecked = NEED_REFERENCES if ac in _SELECTIVE else ("ac_saves_nothing",)
         lines.append(
             f"  not checked: {', '.join(unchecked)} (they compare with the same setup run without AC"

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..measure import Report, fmt_bytes
 from ..measure.report import fmt_measured_bytes
+from . import catalogue
 from .cells import Cell
 from .classification import SEVERITY, Classification, classify
 from .views import MatrixViews
@@ -23,6 +24,28 @@ class Row:
     cell: Cell
     report: Report
     classification: Classification | None = None
+    bare: Report | None = None
+    """The same cell rerun bare, with none of the probes (`Cell.bare`): set for a failing cell by the sweep."""
+
+    @property
+    def bare_verdict(self) -> str | None:
+        """Does the failure show without the instrument? "yes" (the bare run fails the same way), "no" (it does
+        not: the instrument caused it), "n/a" (a finding about saved bytes, which only the probes see; the bare run
+        ran as the instrumented one did), None when not rerun."""
+        b, r, label = self.bare, self.report, self.classification.label if self.classification else None
+        if b is None or label is None:
+            return None
+        if label == "error":
+            same = b.outcome == "error" and b.error is not None and r.error is not None and b.error.type == r.error.type
+            return "yes" if same else "no"
+        if not b.ok:
+            return "no"  # the bare run failed where the instrumented one ran: a different problem, not this one
+        if label == "grads_differ":
+            return "yes" if b.numerics.grads_match is False else "no"
+        same_graphs = (b.compile.graphs, b.compile.graph_breaks) == (r.compile.graphs, r.compile.graph_breaks)
+        if label in ("fell_back_to_eager", "recompiles", "graph_breaks"):
+            return "yes" if same_graphs else "no"
+        return "n/a" if same_graphs else "no"  # sac_not_applied, ac_saves_nothing: saved bytes need the probes
 
 
 @dataclass
@@ -99,10 +122,49 @@ class MatrixResult(MatrixViews):
                         "breaks": str(rep.compile.graph_breaks) if ok else "-",
                         "explanation": r.classification.explanation,
                         "cases": r.classification.cases,
+                        "bare": r.bare_verdict or "-",
                     }
                 )
             groups.append((label, out))
         return groups
+
+    def by_case(self) -> list[dict[str, Any]]:
+        """One entry per known case the cells show (most cells first): the case, its rows here, how many per
+        classification, and how many cells show it on each other torch release measured."""
+        seen: dict[str, list[Row]] = {}
+        for r in self.rows:
+            for cid in r.classification.cases:
+                seen.setdefault(cid, []).append(r)
+        out = []
+        for cid, rows in seen.items():
+            labels: dict[str, int] = {}
+            for r in rows:
+                labels[r.classification.label] = labels.get(r.classification.label, 0) + 1
+            elsewhere = {
+                t: sum(1 for r in o.rows if cid in r.classification.cases) for t, o in sorted(self.others.items())
+            }
+            out.append({"case": catalogue.get(cid), "rows": rows, "labels": labels, "other_releases": elsewhere})
+        return sorted(out, key=lambda e: (-len(e["rows"]), int(e["case"].id.lstrip("C"))))
+
+    def backend_differences(self) -> list[tuple[Row, Row, list[str]]]:
+        """Cells measured with both aot_eager and inductor whose classification or saved bytes differ:
+        `(aot_eager row, inductor row, what differs)`."""
+        by = {dataclasses.replace(r.cell, backend="aot_eager"): r for r in self.rows if r.cell.backend == "aot_eager"}
+        out = []
+        for r in self.rows:
+            if r.cell.backend != "inductor":
+                continue
+            a = by.get(dataclasses.replace(r.cell, backend="aot_eager"))
+            if a is None:
+                continue
+            what = []
+            if a.classification.label != r.classification.label:
+                what.append(f"classified {a.classification.label} vs {r.classification.label}")
+            if a.report.ok and r.report.ok and a.report.saved.total_bytes != r.report.saved.total_bytes:
+                what.append(f"saved {a.report.saved.total_bytes} vs {r.report.saved.total_bytes} B")
+            if what:
+                out.append((a, r, what))
+        return out
 
     def torch_changes(self) -> list[tuple[Row, dict[str, str]]]:
         """Cells whose classification differs on another torch release in `others`: (row, {torch: label})."""
@@ -131,10 +193,25 @@ class MatrixResult(MatrixViews):
                     "label": r.cell.label,
                     "classification": dataclasses.asdict(r.classification),
                     "report": _compact(r.report),
+                    **(
+                        {"bare": {"reproduces": r.bare_verdict, "report": _compact(r.bare)}}
+                        if r.bare is not None
+                        else {}
+                    ),
                 }
                 for r in self.rows
             ],
         }
+
+    def secondary_counts(self) -> dict[str, int]:
+        """Per classification, the cells that also show it behind a more severe main finding (a cell classified
+        `recompiles` may have graph breaks too): what the legend adds to each main count."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            for flag in r.classification.flags:
+                if flag != r.classification.label:
+                    out[flag] = out.get(flag, 0) + 1
+        return out
 
     def __str__(self) -> str:
         return f"MatrixResult: {len(self.rows)} cells: " + ", ".join(f"{v} {k}" for k, v in self.counts().items())

@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
@@ -387,6 +388,7 @@ def sweep(
     warm: bool = True,
     stack: str = "toolkit",
     retry_timeouts: bool = True,
+    bare: bool = True,
     **executor_options: Any,
 ) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
@@ -395,9 +397,12 @@ def sweep(
     `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
     torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
-    `cells` is given. Writes matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
+    `cells` is given. `bare`: then rerun every cell classified as an error or a silent failure with none of the
+    probes (`Cell.bare`), so the list says whether the failure happens without the instrument. Writes
+    matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
     check_bool("sweep", "retry_timeouts", retry_timeouts)
+    check_bool("sweep", "bare", bare)
     if cells is None:
         cells = default_cells(
             quick=quick, backends=backends if isinstance(backends, str) else tuple(backends), stack=stack
@@ -424,8 +429,9 @@ def sweep(
                 flush=True,
             )
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
-        try:
-            for job, report in ex.run([Job(keys[c], c, timeout_s) for c in pending], folder.path if out else None):
+
+        def measure(jobs: list[Job]) -> None:
+            for job, report in ex.run(jobs, folder.path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
                     rec = {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
@@ -433,6 +439,9 @@ def sweep(
                         rec["timeouts"] = _timeouts(records.get(job.key), timeout_s) + 1
                     folder.append(rec)
                 bar.finish(job.cell, classify(report).label)
+
+        try:
+            measure([Job(keys[c], c, timeout_s) for c in pending])
         finally:
             bar.close()
         result = MatrixResult(
@@ -440,6 +449,25 @@ def sweep(
             environment(),
             _other_releases(records, set(runnable), {keys[c] for c in runnable}),
         )
+        if bare:
+            failing = [r for r in result.rows if r.classification.label in BARE_RERUN]
+            bare_keys = {r.cell: cell_key(replace(r.cell, bare=True).scenario(), device) for r in failing}
+            todo = [
+                Job(bare_keys[r.cell], replace(r.cell, bare=True), timeout_s)
+                for r in failing
+                if _needs_run(records.get(bare_keys[r.cell]), timeout_s, retry_timeouts)
+                and bare_keys[r.cell] not in done
+            ]
+            if progress and todo:
+                print(f"matrix: {len(todo)} failing cells rerun bare (no probes)", file=sys.stderr, flush=True)
+            bar = Progress(len(todo), 0, enabled=progress)
+            try:
+                measure(todo)
+            finally:
+                bar.close()
+            for r in failing:
+                if bare_keys[r.cell] in done:
+                    r.bare = done[bare_keys[r.cell]][1]
         if out is not None:
             result.write(out)
     return result
@@ -470,6 +498,19 @@ def measured(result: MatrixResult) -> int:
     """Cells whose step ran in the sweep's workers (outcome ok or error); crashed and timed-out cells measured
     nothing."""
     return sum(r.report.outcome in ("ok", "error") for r in result.rows)
+
+
+# The classifications a bare rerun checks: the failures of the stack or of the instrument. A crash or a timeout is
+# rerun by the next sweep anyway, and `works` needs no second opinion.
+BARE_RERUN = (
+    "error",
+    "grads_differ",
+    "fell_back_to_eager",
+    "sac_not_applied",
+    "ac_saves_nothing",
+    "recompiles",
+    "graph_breaks",
+)
 
 
 def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) -> dict[str, MatrixResult]:

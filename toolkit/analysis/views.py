@@ -120,6 +120,68 @@ class MatrixViews:
             lines.append(f"| {name} | {_md(cell(a))} | {_md(cell(b))} |")
         return "\n".join(lines) + "\n"
 
+    def cases_table(self) -> str:
+        """Markdown: the list by case — one row per known case the cells show: how many cells (by
+        classification, and on other releases), the catalogue's verdict per release, status, workaround, notebook,
+        upstream, and the cells themselves (collapsed)."""
+        entries = self.by_case()
+        if not entries:
+            return ""
+        lines = [
+            f"## By case ({len(entries)})",
+            "",
+            "Each known case (`toolkit/analysis/catalogue.json`) at least one cell shows, most cells first. A working "
+            "cell names a case too when it reproduces a documented baseline (C1: compile(AC(block)) works). "
+            "*verified* is what the case's notebook or standalone repro checked on each release.",
+            "",
+            "| case | cells | other releases | verified | status | workaround | notebook | upstream |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for e in entries:
+            c = e["case"]
+            by = ", ".join(f"{n} {label}" for label, n in sorted(e["labels"].items(), key=lambda kv: -kv[1]))
+            cells = "<br>".join(_md(r.cell.label) for r in e["rows"])
+            others = ", ".join(f"{t}: {n}" for t, n in e["other_releases"].items()) or "-"
+            verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "-"
+            notebook = f"[{pathlib.Path(c.notebook).stem}](../../notebooks/{c.notebook})" if c.notebook else "-"
+            upstream = (
+                ", ".join(f"[{u}]({link})" for u, link in zip(c.upstream, c.links))
+                if c.links
+                else (", ".join(c.upstream) or "-")
+            )
+            lines.append(
+                f"| {_case_link(c.id)} {_md(c.title)} | {len(e['rows'])} ({by})<details><summary>cells</summary>"
+                f"{cells}</details> | {others} | {verified} | {_md(c.status)} | {_md(c.workaround or '-')} | "
+                f"{notebook} | {upstream} |"
+            )
+        return "\n".join(lines) + "\n"
+
+    def backend_table(self) -> str:
+        """Markdown: the cells measured with both aot_eager and inductor that classify differently or save different
+        bytes; one line saying how many were compared when none differ; "" without an inductor half."""
+        pairs = sum(1 for r in self.rows if r.cell.backend == "inductor")
+        if not pairs:
+            return ""
+        diffs = self.backend_differences()
+        head = [f"## aot_eager vs inductor ({len(diffs)})", ""]
+        if not diffs:
+            return "\n".join(
+                head
+                + [f"{pairs} cells measured with both backends: they classify the same and save the same bytes.", ""]
+            )
+        lines = head + [
+            f"Of {pairs} cells measured with both backends, these classify differently or save different bytes.",
+            "",
+            "| cell | aot_eager | inductor | what differs |",
+            "| --- | --- | --- | --- |",
+        ]
+        for a, i, what in diffs:
+            lines.append(
+                f"| {_md(a.cell.label.rsplit(' | ', 1)[0])} | {a.classification.label} | {i.classification.label} | "
+                f"{_md('; '.join(what))} |"
+            )
+        return "\n".join(lines) + "\n"
+
     def table(self) -> str:
         """The central list as markdown: grouped by classification, most severe first."""
         lines = []
@@ -127,14 +189,14 @@ class MatrixViews:
             lines += [
                 f"### {label} ({len(rows)}): {EXPLAIN[label]}",
                 "",
-                "| block | AC | compile | backend | saved | peak | breaks | explanation | known case |",
-                "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+                "| block | AC | compile | backend | saved | peak | breaks | explanation | known case | bare |",
+                "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |",
             ]
             for c in rows:
                 cases = ", ".join(_case_link(cid) for cid in c["cases"])
                 lines.append(
                     f"| {c['block']} | {c['AC']} | {c['compile']} | {c['backend']} | {c['saved']} | "
-                    f"{c['peak']} | {c['breaks']} | {_md(c['explanation'])} | {cases} |"
+                    f"{c['peak']} | {c['breaks']} | {_md(c['explanation'])} | {cases} | {c['bare']} |"
                 )
             lines.append("")
         return "\n".join(lines)
@@ -207,7 +269,7 @@ class MatrixViews:
                 yi, xi = ys.index(y), xs.index(x)
                 cl, rep = r.classification, r.report
                 z[yi][xi] = cl.severity + 0.5
-                text[yi][xi] = SYMBOLS[cl.label] + (f"<br>{cl.cases[0]}" if cl.cases else "")
+                text[yi][xi] = SYMBOLS[cl.label] + (f"<br>{' '.join(cl.cases)}" if cl.cases else "")
                 hover[yi][xi] = (
                     f"{_html(r.cell.label)}<br><b>{cl.label}</b>: {_html(cl.explanation)}"
                     f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_measured_bytes(rep.memory.peak_bytes)}, "
@@ -244,7 +306,10 @@ class MatrixViews:
                 row=pi,
                 col=1,
             )
-            fig.update_yaxes(autorange="reversed", row=pi, col=1)  # the first AC mode (or block kind) on top
+            recipes = title == "recipes"
+            # The first AC mode (or block kind) on top.
+            fig.update_yaxes(autorange="reversed", title_text="block kind" if recipes else "AC mode", row=pi, col=1)
+            fig.update_xaxes(title_text="recipe" if recipes else "compile setup", row=pi, col=1)
         fig.update_layout(
             title=f"AC × compile × MoE composability (torch {self.environment.get('torch', '?')}, "
             f"{self.environment.get('device', 'cpu')}); white: not in this sweep",
@@ -272,12 +337,13 @@ class MatrixViews:
                         "."
                         if r is None
                         else SYMBOLS[r.classification.label]
-                        + (f" {r.classification.cases[0]}" if r.classification.cases else "")
+                        + (f" {','.join(r.classification.cases)}" if r.classification.cases else "")
                     )
                     marks.append(f"{mark:<{w}}")
                 lines.append(f"{y:<{width}}" + "".join(marks).rstrip())
             lines.append("")
         lines.append(", ".join(f"{SYMBOLS[k]} = {k}" for k in SEVERITY) + ", . = not in this sweep")
+        lines.append(CASE_IDS)
         return "\n".join(lines)
 
     def write(self, out: str | os.PathLike) -> dict[str, pathlib.Path]:
@@ -292,12 +358,16 @@ class MatrixViews:
         summary = ", ".join(f"{v} {k}" for k, v in self.counts().items())
         changes = self.changes_table()
         recipes = self.recipes_table()
+        cases = self.cases_table()
+        backends = self.backend_table()
         md = (
             f"# AC × compile × MoE: the central list\n\nGenerated by `python -m toolkit matrix` "
-            f"({env}). {len(self.rows)} cells: {summary}.\n\n"
+            f"({env}). {len(self.rows)} cells: {summary}.\n\n{BARE_LINE}\n\n"
+            + (f"{cases}\n" if cases else "")
             + (f"{changes}\n" if changes else "")
+            + (f"{backends}\n" if backends else "")
             + (f"{recipes}\n" if recipes else "")
-            + f"{self.table()}\n"
+            + f"## By classification\n\n{CASE_IDS}\n\n{self.table()}\n"
         )
         paths["json"].write_text(data)
         paths["md"].write_text(md)
@@ -312,26 +382,69 @@ class MatrixViews:
         import html as _h
 
         plot = self.heatmap().to_html(include_plotlyjs=True, full_html=False, div_id="matrix-heatmap")
-        counts = self.counts()
+        counts, also = self.counts(), self.secondary_counts()
         legend = "".join(
             f'<div><span class="chip" style="background:{COLORS[k]}">{_h.escape(SYMBOLS[k])}</span>'
-            f'<span class="count">{counts.get(k, 0)}</span> {k}: {_h.escape(EXPLAIN[k])}</div>'
+            f'<span class="count">{counts.get(k, 0)}</span>'
+            + (f'<span class="also">+{also[k]} behind another finding</span>' if also.get(k) else "")
+            + f" {k}: {_h.escape(EXPLAIN[k])}</div>"
             for k in SEVERITY
         )
-        parts = []
+        legend += (
+            "<p>Each cell is counted once, under its most severe finding; a cell's other findings (graph breaks "
+            "behind a recompile, say) are the <i>+N</i>.</p>"
+        )
+        parts = [f"<p>{_h.escape(BARE_LINE)}</p>"]
+        entries = self.by_case()
+        if entries:
+            parts.append(
+                f'<h2 id="by-case">By case ({len(entries)})</h2><table><tr><th>case</th><th>cells</th>'
+                "<th>other releases</th><th>verified</th><th>status</th><th>workaround</th><th>notebook</th>"
+                "</tr>"
+            )
+            for e in entries:
+                c = e["case"]
+                link = f'<a href="{_h.escape(c.links[0])}">{c.id}</a>' if c.links else c.id
+                by = ", ".join(f"{n} {lab}" for lab, n in sorted(e["labels"].items(), key=lambda kv: -kv[1]))
+                cells = "<br>".join(_h.escape(r.cell.label) for r in e["rows"])
+                others = ", ".join(f"{t}: {n}" for t, n in e["other_releases"].items()) or "-"
+                verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "-"
+                parts.append(
+                    f"<tr><td>{link} {_h.escape(c.title)}</td><td>{len(e['rows'])} ({by})<details><summary>cells"
+                    f"</summary>{cells}</details></td><td>{others}</td><td>{verified}</td><td>{_h.escape(c.status)}"
+                    f"</td><td>{_h.escape(c.workaround or '-')}</td><td>{_h.escape(c.notebook or '-')}</td></tr>"
+                )
+            parts.append("</table>")
+        diffs = self.backend_differences()
+        if any(r.cell.backend == "inductor" for r in self.rows):
+            parts.append(
+                f"<h2>aot_eager vs inductor ({len(diffs)})</h2><table><tr><th>cell</th><th>aot_eager</th>"
+                "<th>inductor</th><th>what differs</th></tr>"
+            )
+            parts += [
+                f"<tr><td>{_h.escape(a.cell.label.rsplit(' | ', 1)[0])}</td><td>{a.classification.label}</td>"
+                f"<td>{i.classification.label}</td><td>{_h.escape('; '.join(what))}</td></tr>"
+                for a, i, what in diffs
+            ]
+            parts.append("</table>")
+        parts.append(f"<h2>By classification</h2><p>{_h.escape(CASE_IDS)}</p>")
         cols = ("block", "AC", "compile", "backend", "saved", "peak", "breaks", "explanation")
         for label, rows in self.central_list():
             parts.append(
                 f'<h3 id="{label}"><span class="chip" style="background:{COLORS[label]}">'
                 f"{_h.escape(SYMBOLS[label])}</span>{label} ({len(rows)}): {_h.escape(EXPLAIN[label])}</h3>"
-                "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "<th>known case</th></tr>"
+                "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "<th>known case</th><th>bare</th></tr>"
             )
             for c in rows:
                 cases = ", ".join(
                     f'<a href="{_h.escape(catalogue.get(i).links[0])}">{i}</a>' if catalogue.get(i).links else i
                     for i in c["cases"]
                 )
-                parts.append("<tr>" + "".join(f"<td>{_h.escape(c[k])}</td>" for k in cols) + f"<td>{cases}</td></tr>")
+                parts.append(
+                    "<tr>"
+                    + "".join(f"<td>{_h.escape(c[k])}</td>" for k in cols)
+                    + f"<td>{cases}</td><td>{c['bare']}</td></tr>"
+                )
             parts.append("</table>")
         env = _h.escape(", ".join(f"{k} {v}" for k, v in self.environment.items()))
         changes = self.torch_changes()
@@ -358,6 +471,7 @@ class MatrixViews:
             ".chip{display:inline-block;min-width:5.5em;padding:1px 6px;margin-right:8px;color:#fff;"
             "font-size:12px;font-weight:bold;text-align:center;border-radius:3px}"
             ".count{display:inline-block;min-width:2em;text-align:right;margin-right:6px;font-weight:bold}"
+            ".also{color:#555;font-size:12px;margin-right:6px}"
             "#legend{line-height:1.8;margin:1em 0;font-size:14px}</style></head><body>"
             f"<h1>AC × compile × MoE: the central list</h1><p>{len(self.rows)} cells; {env}.</p>"
             f'<div id="legend">{legend}</div>{plot}{"".join(parts)}</body></html>'
@@ -395,6 +509,17 @@ def _stamp_of(page: pathlib.Path) -> str | None:
         return None
     found = re.search(f'<meta name="{_STAMP}" content="([0-9a-f]+)">', head)
     return found.group(1) if found else None
+
+
+CASE_IDS = (
+    "The ids on a cell (and in the known case column) are the catalogued cases its result matches; on a working "
+    "cell they name the documented behaviour it reproduces (C1: compile(AC(block)) works; C3: per-child compile)."
+)
+BARE_LINE = (
+    "bare: every failing cell is rerun with none of the toolkit's probes (outcome, graphs and gradients only). yes: "
+    "it fails the same way without the instrument; no: the instrument caused it; n/a: a finding about saved bytes, "
+    "which only the probes see (the bare run ran as the instrumented one did)."
+)
 
 
 def _md(text: str) -> str:

@@ -116,6 +116,11 @@ _REMAT_PLACEHOLDER_NOTE = (
 )
 
 
+_BARE_NOTE = (
+    "this was a bare run (Scenario.instrument=False): none of the toolkit's probes ran, so saved tensors, recompute "
+    "and memory were not measured; the outcome, gradients, and Dynamo's own count of graphs and breaks were"
+)
+
 _REMAT_STAND_IN_NOTE = (
     "on this +cpu torch build the toolkit stands in for torch_remat's placeholders while a model with its remat "
     "applied is alive (C31: the build lacks the helper they need): a kept region's output that nothing reads in "
@@ -125,6 +130,7 @@ _REMAT_STAND_IN_NOTE = (
 
 def _assemble(
     *,
+    instrumented: bool = True,
     record: ScenarioRecord,
     stage: Stage,
     steps: StepResult | None,
@@ -157,6 +163,8 @@ def _assemble(
                 ops=sum(p.recompute_by_op.values()),
                 by_op=p.recompute_by_op,
                 by_module=p.recompute_by_module,
+                bookkeeping=sum(p.bookkeeping_by_op.values()),
+                bookkeeping_by_op=p.bookkeeping_by_op,
                 compiled_reruns=p.compiled_reruns,
                 in_compiled_backward=p.in_compiled_backward,
             )
@@ -181,6 +189,18 @@ def _assemble(
             blind = [compat.blind_spot(name) if name in compat.FEATURES else name for name in dict.fromkeys(names)]
             if warm and not steps.compiled_in_step:
                 blind.append(_WARM_NOTE)
+        elif not instrumented:
+            # A bare run: Dynamo's own counters give the graphs and breaks; nothing else was watched.
+            graphs = steps.compiled_total
+            comp = CompileInfo(
+                requested=requested,
+                graphs=graphs,
+                compiled_in_step=steps.compiled_in_step,
+                graph_breaks=steps.graph_breaks,
+                fell_back_to_eager=bool(requested and graphs == 0),
+                orders=orders,
+            )
+            blind.append(_BARE_NOTE)
         if steps.memory is not None:
             memory = steps.memory
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
@@ -246,8 +266,10 @@ class _Attempt:
         requested: bool,
         reset_dynamo: bool,
         on_stage: Callable[[str], None] | None = None,
+        instrumented: bool = True,
     ):
         self.record, self.requested, self.reset_dynamo = record, requested, reset_dynamo
+        self.instrumented = instrumented
         self.stage = Stage(on_stage)
         self.warn: list[str] = []
         self.timing: dict[str, float] = {}
@@ -286,6 +308,7 @@ class _Attempt:
 
     def report(self) -> Report:
         return _assemble(
+            instrumented=self.instrumented,
             record=self.record,
             stage=self.stage,
             steps=self.steps,
@@ -311,6 +334,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
         requested=scenario.recipe is not None or scenario.compile.enabled,
         reset_dynamo=True,
         on_stage=on_stage,
+        instrumented=scenario.instrument,
     ) as a:
         stage, group = a.stage, a.stack
         try:
@@ -351,6 +375,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 steady_steps=scenario.steady_steps,
                 snapshot_path=scenario.memory_snapshot,
                 result=steps,
+                instrument=scenario.instrument,
             )
             ref_note = "" if ref_loss is None else f"the same model eager without AC: loss {ref_loss:.4f}"
 

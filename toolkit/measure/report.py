@@ -23,6 +23,13 @@ Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_in
 KINDS: tuple[str, ...] = typing.get_args(Kind)
 
 
+def _recipe_ac_mode(recipe: str) -> str:
+    """The AC mode a recipe applies ("recipe" for a name this toolkit does not know)."""
+    from ..transforms.recipes import RECIPES
+
+    return RECIPES[recipe].ac_mode if recipe in RECIPES else "recipe"
+
+
 @dataclass(frozen=True)
 class ScenarioRecord:
     """What was measured: a toolkit Scenario (`tk.run`) or a user's module or callable (`tk.measure`)."""
@@ -33,7 +40,7 @@ class ScenarioRecord:
     """"scenario" (`tk.run`) or "module" (`tk.measure` on a user's module or callable)."""
     recipe: str | None = None
     ac_mode: str = "none"
-    """The ACConfig mode ("recipe" when a recipe applied AC; "unknown" for a user's module)."""
+    """The ACConfig mode — for a recipe the mode it applies (`Recipe.ac_mode`) — or "unknown" for a user's module."""
     compile_scope: str = "none"
     backend: str = "eager"
     stack: Literal["toolkit", "torchtitan", "user"] = "toolkit"
@@ -43,6 +50,10 @@ class ScenarioRecord:
     """Expert-parallel degree (torchtitan's own EP)."""
     config: dict[str, Any] = field(default_factory=dict)
     """`Scenario.to_dict()` of a toolkit scenario (empty for a user's module): `to_scenario()` rebuilds it."""
+
+    def __post_init__(self) -> None:
+        if self.recipe and self.ac_mode == "recipe":  # written before recipes carried their AC mode
+            object.__setattr__(self, "ac_mode", _recipe_ac_mode(self.recipe))
 
     @classmethod
     def of(cls, scenario: Any) -> "ScenarioRecord":
@@ -54,7 +65,7 @@ class ScenarioRecord:
             name=scenario.label,
             measured="scenario",
             recipe=scenario.recipe,
-            ac_mode="recipe" if scenario.recipe else scenario.ac.mode,
+            ac_mode=_recipe_ac_mode(scenario.recipe) if scenario.recipe else scenario.ac.mode,
             compile_scope="recipe" if scenario.recipe else scope,
             backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
             stack=scenario.stack,
@@ -113,9 +124,14 @@ class Saved:
 @dataclass(frozen=True)
 class Recompute:
     ops: int = 0
-    """Forward ops re-executed during backward that the probes could see."""
+    """Forward ops re-executed eagerly during backward that the probes could see — the model's own ops only: the
+    recompute machinery's work is `bookkeeping`."""
     by_op: dict[str, int] = field(default_factory=dict)
     by_module: dict[str, int] = field(default_factory=dict)
+    bookkeeping: int = 0
+    """Ops the recompute machinery dispatched for itself, not the model's: torch.utils.checkpoint's `detach` of
+    each recomputed tensor it keeps, torch_remat's replay of a kept region (its saved inputs re-derived as views)."""
+    bookkeeping_by_op: dict[str, int] = field(default_factory=dict)
     compiled_reruns: dict[str, int] = field(default_factory=dict)
     """Compiled regions whose forward ran again during backward (AC(compile(x))), with how often."""
     in_compiled_backward: int = 0
@@ -284,7 +300,7 @@ def _legacy_scenario(d: dict[str, Any]) -> dict[str, Any]:
         "name": d.get("name", ""),
         "measured": "scenario",
         "recipe": recipe,
-        "ac_mode": "recipe" if recipe else (d.get("ac") or {}).get("mode", "none"),
+        "ac_mode": _recipe_ac_mode(recipe) if recipe else (d.get("ac") or {}).get("mode", "none"),
         "compile_scope": "recipe" if recipe else scope,
         "backend": d.get("recipe_backend", "aot_eager")
         if recipe
@@ -405,6 +421,7 @@ def format_report(r: Report) -> str:
     rerun = ", ".join(f"{k} x{v}" for k, v in sorted(rc.compiled_reruns.items()))
     lines.append(
         f"  recomputed in backward: {rc.ops} ops"
+        + (f" (+{rc.bookkeeping} of the checkpoint's own)" if rc.bookkeeping else "")
         + (f"; compiled regions re-run: {rerun}" if rerun else "")
         + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else "")
     )

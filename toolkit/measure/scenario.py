@@ -64,6 +64,10 @@ class Scenario:
     torchtitan's all-to-all token dispatcher, through its own `parallelize_qwen3` / `parallelize_deepseekv3`
     (which applies its AC, compile and FSDP2 as well, so `fsdp` is "blocks"). Needs `ep` ranks:
     `tk.run_distributed(scenario, nproc=ep)` or `python -m toolkit run --nproc ep`."""
+    instrument: bool = True
+    """False runs the step bare, with none of the toolkit's probes (no dispatch mode, saved-tensor hooks or
+    patches): only the outcome, the graphs and breaks Dynamo counts, and the gradients are measured — to check
+    whether a failure reproduces without the instrument (the matrix reruns every failing cell so)."""
 
     def __post_init__(self) -> None:
         own = "Scenario"
@@ -101,7 +105,7 @@ class Scenario:
                     f"is a {type(getattr(self, name)).__name__}, not a {cls.__name__}.",
                     f"pass {cls.__name__}(...).",
                 )
-        for name in ("check_numerics", "measure_memory"):
+        for name in ("check_numerics", "measure_memory", "instrument"):
             check_bool(own, name, getattr(self, name))
         for name in ("name", "recipe_backend"):
             if not isinstance(getattr(self, name), str):
@@ -254,6 +258,8 @@ class Scenario:
             out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
         if self.ep > 1:
             out["ep"] = self.ep
+        if not self.instrument:
+            out["instrument"] = False  # only when off: the cache keys of instrumented cells stay the same
         return {
             **out,
             "model": self.model.to_dict(),

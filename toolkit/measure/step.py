@@ -78,29 +78,33 @@ def measured_step(
     steady_steps: int = 0,
     snapshot_path: str | None = None,
     result: StepResult | None = None,
+    instrument: bool = True,
 ) -> StepResult:
     """Step 1 with probes, then a memory step and `steady_steps` bare steps. `result` is filled as the step goes,
-    so a failure in a later stage keeps what the earlier ones measured."""
+    so a failure in a later stage keeps what the earlier ones measured. `instrument=False` runs step 1 with none of
+    the probes (no dispatch mode, no saved-tensor hooks, no patches): only its loss, gradients, and the graphs and
+    breaks Dynamo's own counters saw — whether a failure happens without the instrument."""
     out = result if result is not None else StepResult()
     before = compat.counters_snapshot()
-    probes = Probes(model, inputs)
+    probes = Probes(model, inputs) if instrument else None
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     with torch_settings(model):
         counted = compat.counters_snapshot()
-        with probes.active():
+        with probes.active() if probes is not None else contextlib.nullcontext():
             stage("forward")
             if seed is not None:
                 torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
-            with probes.phase_scope("forward"):
+            with probes.phase_scope("forward") if probes is not None else contextlib.nullcontext():
                 output = forward()
             t_fwd = time.perf_counter()
-            out.census = probes.census(output)
+            if probes is not None:
+                out.census = probes.census(output)
             loss = loss_of(output)
             del output
             stage("backward")
             t_bwd = time.perf_counter()
-            with probes.phase_scope("backward"):
+            with probes.phase_scope("backward") if probes is not None else contextlib.nullcontext():
                 loss.backward()
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
     out.timings.update(
@@ -109,8 +113,12 @@ def measured_step(
     out.loss = float(loss.detach().float())
     del loss
     out.grads = _grads(model)
-    out.probes = probes.collect()
-    del probes
+    if probes is not None:
+        out.probes = probes.collect()
+        del probes
+    else:
+        out.compiled_total = compat.graphs_compiled(before)[0]
+        return out  # a bare run: nothing else to measure
 
     def sync():
         if device.type == "cuda":

@@ -55,6 +55,9 @@ class Recipe:
     name: str
     summary: str
     apply: Callable[..., nn.Module]
+    ac_mode: str
+    """The AC mode the recipe applies (`ACConfig.mode`): what a Report's `scenario.ac_mode` says, so that catalogue
+    signatures keyed on AC modes (C45, C46 on remat) match recipe runs too."""
     release: str | None = None
     """The torchtitan release the recipe claims to be; its real code is then the fidelity test's reference.
     None for historical recipes rebuilt from PRs, with no release to compare with."""
@@ -332,18 +335,21 @@ RECIPES: dict[str, Recipe] = {
             torchtitan_2025_09,
             layout="torchtitan_2025",
             stand_in_fsdp_hook=True,
+            ac_mode="per_submodule",
         ),
         Recipe(
             "torchtitan_2025_09_see_through",
             "the 2025-09 recipe with the isinstance test fixed to look under the wrapper",
             lambda model, backend="aot_eager": torchtitan_2025_09(model, backend=backend, see_through=True),
             layout="torchtitan_2025",
+            ac_mode="per_submodule",
         ),
         Recipe(
             "torchtitan_2025_12",
             "per-block SAC + #1895 compile of the MoE's children: SAC(compile(child))",
             torchtitan_2025_12,
             layout="torchtitan_2025",
+            ac_mode="selective_op",
         ),
         Recipe(
             "torchtitan_0_3_0",
@@ -351,12 +357,14 @@ RECIPES: dict[str, Recipe] = {
             "fullgraph=True: compile(SAC(block))",
             torchtitan_0_3_0,
             release="0.3.0",
+            ac_mode="selective_op",
         ),
         Recipe(
             "torchtitan_0_3_0_full_ac",
             "torchtitan 0.3.0 with FullAC: compile(AC(block))",
             lambda model, backend="aot_eager": torchtitan_0_3_0(model, backend=backend, ac="full"),
             release="0.3.0",
+            ac_mode="full",
         ),
         Recipe(
             "torchtitan_main",
@@ -365,6 +373,7 @@ RECIPES: dict[str, Recipe] = {
             "and the loss compiled as local functions with fullgraph=True",
             torchtitan_main,
             needs=("torch_remat",),
+            ac_mode="remat",
         ),
     )
 }

@@ -45,6 +45,8 @@ class ProbeRecord:
 
     recompute_by_op: dict[str, int]
     recompute_by_module: dict[str, int]
+    bookkeeping_by_op: dict[str, int]
+    """Ops the recompute machinery dispatched for itself (checkpoint's detaches, torch_remat's replays)."""
     compiled_reruns: dict[str, int]
     in_compiled_backward: int
     breaks: tuple[GraphBreak, ...]
@@ -101,6 +103,12 @@ class Probes:
                     )
         return t
 
+    def _enter_bookkeeping(self) -> None:
+        self.state.bookkeeping += 1
+
+    def _leave_bookkeeping(self) -> None:
+        self.state.bookkeeping -= 1
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Patches, hooks, saved-tensor hooks and the trace listener; the tracker runs only inside `phase_scope`."""
@@ -109,6 +117,7 @@ class Probes:
             stack.enter_context(_older_objects_frozen())
             stack.enter_context(self.compiled.patches())
             stack.enter_context(self.checkpoints.patches())
+            stack.enter_context(compat.recompute_bookkeeping(self._enter_bookkeeping, self._leave_bookkeeping))
             stack.enter_context(self.trace.listening())
             stack.enter_context(self.modules.hooks())
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
@@ -162,11 +171,14 @@ class Probes:
         ran = self.modules.ran_forward()
         without = sorted(n for n in ran if self.compiled.region_compiled_runs[n] == 0)
         blind = self.compiled.blind | self.checkpoints.blind | self.trace.blind
+        if self.checkpoints.saw_checkpoint and not compat.available("checkpoint_recompute_hook"):
+            blind.add("checkpoint_recompute_hook")
         if self.compiled.recompute_unknown():
             blind.add("compiled_fw_graph")
         return ProbeRecord(
             recompute_by_op=dict(sorted(self.tracker.recompute_by_op.items())),
             recompute_by_module=dict(sorted(self.tracker.recompute_by_module.items())),
+            bookkeeping_by_op=dict(sorted(self.tracker.bookkeeping_by_op.items())),
             compiled_reruns=dict(sorted(self.modules.compiled_reruns.items())),
             in_compiled_backward=int(self.compiled.in_compiled_backward()),
             breaks=tuple(GraphBreak(reason=r, file=f, line=ln) for r, f, ln in self.trace.breaks),

@@ -79,6 +79,9 @@ class StepState:
         """Compiled regions entered and not yet left, innermost last."""
         self.recomputing = 0
         """Depth of checkpointed functions re-running in backward."""
+        self.bookkeeping = 0
+        """Depth of the recompute machinery's own work now (checkpoint's detach of each recomputed tensor,
+        torch_remat's replay of a kept region): ops dispatched inside are not forward ops re-run."""
         self.held_inputs: dict[int, Held] = {}
         """Storages a checkpoint region holds to re-run its function (its inputs, the RNG state it stashed)."""
 

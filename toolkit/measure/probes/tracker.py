@@ -39,6 +39,8 @@ class Tracker(TorchDispatchMode):
         self.produced: dict[int, Produced] = {}
         self.recompute_by_op: Counter = Counter()
         self.recompute_by_module: Counter = Counter()
+        self.bookkeeping_by_op: Counter = Counter()
+        """Ops the recompute machinery dispatches for itself (not the model's forward ops run again)."""
         self.collectives: Counter = Counter()
         """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
 
@@ -65,8 +67,11 @@ class Tracker(TorchDispatchMode):
                         StorageWeakRef(st), module, op_name(func), tuple(t.shape), dtype_name(t), st.nbytes()
                     )
         elif state.in_recompute:
-            self.recompute_by_op[op_name(func)] += 1
-            self.recompute_by_module[state.module()] += 1
+            if state.bookkeeping:
+                self.bookkeeping_by_op[name] += 1
+            else:
+                self.recompute_by_op[name] += 1
+                self.recompute_by_module[state.module()] += 1
         return out
 
     def record(self, key: int, produced: Produced) -> None:
