@@ -147,6 +147,12 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "in-place state changes inside checkpoint regions are not seen, so a CheckpointError's side-effect cause "
         "cannot be named",
     ),
+    "checkpoint_policy_dict": (
+        "torch.utils.checkpoint.checkpoint(policy={op or name: CheckpointPolicy}) and torch.utils.checkpoint.name "
+        "(pytorch#186277)",
+        "ACConfig(mode='policy_dict'): SAC from a dict of ops and tensor names",
+        "",
+    ),
 }
 
 
@@ -291,6 +297,13 @@ def _find_checkpoint_hooks() -> _Found:
 def _find_op_schema() -> _Found:
     arg = torch.ops.aten.add_.Tensor._schema.arguments[0]
     return _Found(bool(arg.alias_info is not None and arg.alias_info.is_write), "add_'s self is not marked written")
+
+
+def _find_checkpoint_policy_dict() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    ok = "policy" in inspect.signature(ckpt.checkpoint).parameters and callable(getattr(ckpt, "name", None))
+    return _Found(ok, f"torch {torch.__version__} has no checkpoint(policy=...) / torch.utils.checkpoint.name")
 
 
 def _find_torch_remat() -> _Found:
@@ -618,6 +631,15 @@ def written_arguments(func: Any) -> tuple[Any, ...]:
             out = tuple(i for i, _ in written) + tuple(name for _, name in written)
         _written[func] = out
     return out
+
+
+def checkpoint_policy_dict(keys: tuple[str, ...]) -> dict[str, Any]:
+    """`checkpoint(policy=...)`'s dict (pytorch#186277) saving `keys` (op names, or names given with
+    `torch.utils.checkpoint.name`); what it does not name is recomputed. Only where `checkpoint_policy_dict` is
+    available."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return {key: CheckpointPolicy.MUST_SAVE for key in keys}
 
 
 def top_saved_tensors_hooks_are(pack: Callable) -> bool:
