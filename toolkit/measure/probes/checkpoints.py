@@ -61,17 +61,11 @@ class FrameRecord:
     compiled_recompute: dict[Any, int] = field(default_factory=dict)
 
 
-def _flat(out: Any) -> list[Any]:
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flat(o)]
-    return [out]
-
-
 class FrameObserver(compat.CheckpointObserver):
     """Keeps a `FrameRecord` per checkpoint region of the step and tells the shared state which region (forward)
     or recompute is running, so that the dispatch tracker attributes what it sees."""
 
-    def __init__(self, state: StepState, last_op: Callable[[], str], last_outputs: Callable[[], Any]):
+    def __init__(self, state: StepState, last_op: Callable[[], str], last_outputs: Callable[[], frozenset[int]]):
         self.state = state
         self.last_op = last_op
         self.last_outputs = last_outputs
@@ -96,8 +90,7 @@ class FrameObserver(compat.CheckpointObserver):
             str(x.device),
         )
         if region is None:
-            outs = self.last_outputs()
-            if key is not None and any(is_real(o) and o.untyped_storage()._cdata == key for o in _flat(outs)):
+            if key is not None and key in self.last_outputs():
                 meta = meta._replace(op=self.last_op())
             else:
                 state.pending_packs.append((packs, len(packs)))
@@ -165,7 +158,7 @@ class Checkpoints:
         self.sac_storages: list[Any] = []
         self.saw_checkpoint = False
         self.blind: set[str] = set()
-        self.observer = FrameObserver(state, lambda: "unknown", lambda: None)
+        self.observer = FrameObserver(state, lambda: "unknown", frozenset)
         self.observing = False
 
     @contextlib.contextmanager

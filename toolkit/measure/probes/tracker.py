@@ -81,7 +81,8 @@ class Tracker(TorchDispatchMode):
         """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
         self.last_op = "unknown"
         """The op dispatched last (a saved-tensor hook packing one of its outputs is packing for it)."""
-        self.last_outputs: Any = None
+        self.last_outputs: frozenset[int] = frozenset()
+        """Storage keys of the last op's outputs."""
         self.watched: set[int] = set()
         """Older tensors a checkpoint region wrote in place in the forward: reads of them in a recompute are noted."""
 
@@ -89,19 +90,22 @@ class Tracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         state = self.state
         name = op_name(func)
-        if state.in_pack:
-            return out  # a checkpoint pack hook's own ops (a recompute's detach): nobody's saved tensor
-        self.last_op = name
-        self.last_outputs = out
-        if state.pending_packs:
-            # Autograd saves an op's inputs before running it: packs noted since the last op are this op's.
-            for packs, i in state.pending_packs:
-                packs[i] = packs[i]._replace(op=name)
-            state.pending_packs.clear()
+        # A checkpoint pack hook's own ops (a recompute's detach) make nobody's saved tensor and decide nothing: left
+        # out of what explains a CheckpointError, still counted below like every op (recompute counts included).
+        if not state.in_pack:
+            self.last_op = name
+            # Storage keys, not the tensors: a reference would keep the op's outputs alive past their use and change
+            # what autograd and torch_remat do with them (what is measured).
+            self.last_outputs = frozenset(_keys(out))
+            if state.pending_packs:
+                # Autograd saves an op's inputs before running it: packs noted since the last op are this op's.
+                for packs, i in state.pending_packs:
+                    packs[i] = packs[i]._replace(op=name)
+                state.pending_packs.clear()
+            if state.frames or state.recomputes:
+                self._in_checkpoint(func, name, args, kwargs or {}, out)
         if name.startswith(_COLLECTIVE_PREFIXES):
             self.collectives[f"{state.phase}: {name}"] += 1
-        if state.frames or state.recomputes:
-            self._in_checkpoint(func, name, args, kwargs or {}, out)
         if state.phase == "forward":
             produced = self.produced
             module = None
