@@ -213,3 +213,20 @@ def test_inductor_estimate_equals_a_real_cpu_run(cfg, mode, scope, order):
     if mode == "remat":
         extra("torch_remat")
     _assert_exact(_compiled(cfg, mode, backend="inductor", scope=scope, order=order))
+
+
+def test_a_full_size_layer_compiles_on_fake_tensors_without_memory():
+    """Qwen3-30B-A3B's layer (grouped-query heads, QK norm, 128 experts) compiled whole under full AC: the partitioner
+    keeps the final norm's tensors and the block's input, each the size its shape gives, and nothing is allocated."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cfg = tk.LAYER_SHAPES["qwen3_30b_a3b_layer"]
+    compile = tk.CompileConfig(scope="blocks", fullgraph=True)
+    est = tk.estimate(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), compile=compile))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    T, D = cfg.batch * cfg.seq_len, cfg.dim
+    ids = -(-(T + 1) * 8 // CUDA_BLOCK) * CUDA_BLOCK  # the token ids are a view of the batch's S + 1 ids (int64)
+    # The final RMSNorm (CPU composite): two fp32 (T, D) intermediates, the bf16 product, the fp32 rsqrt; the block's
+    # checkpoint input, a bf16 (T, D) embedding output.
+    assert est.saved_by_module == {"norm": T * D * (4 + 4 + 2) + T * 4, "tok_embeddings": T * D * 2 + ids}
+    assert est.backend == "aot_eager" and est.graphs == 1
+    assert est.params_bytes > 2 * 2**30 and grown_mib < 512, grown_mib
