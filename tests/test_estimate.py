@@ -157,6 +157,29 @@ def _assert_exact(scenario):
     return est
 
 
+# torch 2.14: when torch_remat replays a block with a compiled region inside (AC(compile(x)), main's recipe), it sets a
+# null CPU storage into a placeholder for a skipped output, which a fake tensor refuses ("Attempted to set the storage
+# of a tensor on device meta ..."): the estimate raises, it does not return eager numbers. Not yet followed there.
+REMAT_INSIDE_214 = pytest.mark.xfail(
+    torch.__version__ >= "2.14", raises=RuntimeError, strict=True, reason="torch_remat placeholder on fake tensors"
+)
+
+
+def _params(cases):
+    """Each case with its id; remat around a compiled region is expected to raise on torch 2.14 (above)."""
+    return [
+        pytest.param(
+            cfg,
+            mode,
+            scope,
+            order,
+            id=f"{cfg.experts_impl}-{mode}-{scope if isinstance(scope, str) else '+'.join(scope)}-{order or 'default'}",
+            marks=REMAT_INSIDE_214 if mode == "remat" and scope not in ("model", "blocks") else (),
+        )
+        for cfg, mode, scope, order in cases
+    ]
+
+
 AOT_CASES = [
     *[(GROUPED, mode, "blocks", None) for mode in MODES],
     *[(MASKED, mode, "blocks", None) for mode in MODES],
@@ -172,10 +195,7 @@ AOT_CASES = [
 
 @pytest.mark.parametrize(
     "cfg,mode,scope,order",
-    AOT_CASES,
-    ids=[
-        f"{c.experts_impl}-{m}-{s if isinstance(s, str) else '+'.join(s)}-{o or 'default'}" for c, m, s, o in AOT_CASES
-    ],
+    _params(AOT_CASES),
 )
 def test_aot_eager_estimate_equals_a_real_cpu_run(cfg, mode, scope, order):
     if mode == "remat":
@@ -183,7 +203,9 @@ def test_aot_eager_estimate_equals_a_real_cpu_run(cfg, mode, scope, order):
     _assert_exact(_compiled(cfg, mode, scope=scope, order=order))
 
 
-@pytest.mark.parametrize("recipe", ["torchtitan_0_3_0", "torchtitan_0_3_0_full_ac", "torchtitan_main"])
+@pytest.mark.parametrize(
+    "recipe", ["torchtitan_0_3_0", "torchtitan_0_3_0_full_ac", pytest.param("torchtitan_main", marks=REMAT_INSIDE_214)]
+)
 def test_recipes_that_compile_estimate_as_they_run(recipe):
     if recipe == "torchtitan_main":
         extra("torch_remat")
