@@ -31,6 +31,8 @@ class Truth:
         self.model = model
         self.refs: dict[int, StorageWeakRef] = {}
         self.sac_storages: list = []
+        self.rng: set[int] = set()
+        """Storages of the RNG states stashed in the forward (host memory on a GPU; estimates leave them out)."""
         self.held = list(held)
         self._stack = contextlib.ExitStack()
 
@@ -55,6 +57,7 @@ class Truth:
         def get_rng_state(*a, **k):
             out = real_get_rng_state(*a, **k)
             self._add(out)
+            self.rng.add(out.untyped_storage()._cdata)
             return out
 
         self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
@@ -83,7 +86,12 @@ class Truth:
             params[p.untyped_storage()._cdata] = p
         return sum(_size_now(ref) for key, ref in self.refs.items() if key in params)
 
-    def bytes(self, output=None) -> int:
+    def bytes(self, output=None, *, rng: bool = True) -> int:
+        """Saved bytes; `rng=False` leaves out the stashed RNG states."""
+        return sum(self.sizes(output, rng=rng))
+
+    def sizes(self, output=None, *, rng: bool = True) -> list[int]:
+        """The size of each saved storage, largest first."""
         for storage in self.sac_storages:
             for entries in storage.values():
                 for entry in entries.values() if isinstance(entries, dict) else entries:
@@ -96,7 +104,10 @@ class Truth:
         for t in tree_leaves(output):
             if isinstance(t, torch.Tensor):
                 excluded.add(t.untyped_storage()._cdata)
-        return sum(_size_now(ref) for key, ref in self.refs.items() if key not in excluded)
+        if not rng:
+            excluded |= self.rng
+        sizes = [_size_now(ref) for key, ref in self.refs.items() if key not in excluded]
+        return sorted((n for n in sizes if n), reverse=True)
 
 
 @contextlib.contextmanager
@@ -120,3 +131,75 @@ def patch_sac_contexts(truth: Truth, *owners):
     finally:
         for owner, original in originals:
             owner.create_selective_checkpoint_contexts = original
+
+
+RNG_EVENT = "truth::rng_state"
+
+
+def cpu_peaks(step) -> tuple[int, int]:
+    """`(raw, outliving)`: the high-water mark of one call of `step()` above its start, replayed from the profiler's
+    CPU allocation events — every allocation (`raw`), and only those that outlive the aten op that made them
+    (`outliving`: no kernel-internal workspace, such as a bf16 GEMM's packing buffers or the CPU flash-attention
+    kernels' scratch, which a fake kernel never makes), leaving out RNG states too (`torch.get_rng_state`, host
+    memory on a GPU)."""
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    real_get_rng_state = torch.get_rng_state
+
+    def get_rng_state(*a, **k):
+        with record_function(RNG_EVENT):
+            return real_get_rng_state(*a, **k)
+
+    gc.collect()
+    torch.get_rng_state = get_rng_state
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+    finally:
+        torch.get_rng_state = real_get_rng_state
+    from torch._C._profiler import _EventType
+
+    allocs = []  # (time, size, ptr, outermost aten op or None, under the RNG event)
+
+    def walk(node, op, rng):
+        if node.tag == _EventType.Allocation:
+            f = node.extra_fields
+            if f.device.type == "cpu":
+                allocs.append((node.start_time_ns, f.alloc_size, f.ptr, op, rng))
+            return
+        if op is None and node.name.startswith("aten::"):
+            op = node
+        rng = rng or node.name == RNG_EVENT
+        for child in node.children:
+            walk(child, op, rng)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root, None, False)
+    allocs.sort(key=lambda a: a[0])
+    freed_at, open_ = {}, {}
+    for t, size, ptr, _op, _rng in allocs:
+        if size > 0:
+            open_[ptr] = t
+        elif ptr in open_:
+            freed_at[(ptr, open_.pop(ptr))] = t
+
+    def replay(skip) -> int:
+        live, total, peak = {}, 0, 0
+        for t, size, ptr, op, rng in allocs:
+            if size > 0:
+                if skip(t, ptr, op, rng):
+                    continue
+                live[ptr] = size
+                total += size
+            elif ptr in live:
+                total -= live.pop(ptr)
+            peak = max(peak, total)
+        return peak
+
+    def inside_op_or_rng(t, ptr, op, rng):
+        freed = freed_at.get((ptr, t))
+        return rng or (op is not None and freed is not None and freed <= op.end_time_ns)
+
+    return replay(lambda *a: False), replay(inside_op_or_rng)

@@ -6,9 +6,16 @@
 import resource
 
 import pytest
+import torch
+from _helpers import extra
+from _truth import Truth, cpu_peaks, patch_sac_contexts
 
 import toolkit as tk
 from toolkit.measure.estimate import CUDA_BLOCK
+from toolkit.models import loss_fn
+from toolkit.transforms import policies
+from toolkit.transforms.recipes import apply_recipe, reset
+from toolkit.transforms.settings import torch_settings
 
 # A checkpoint stashes the CPU RNG state (a 5056-byte CPU tensor) per call: real CPU runs count it, the estimate
 # does not (on CUDA it is host memory, not device memory).
@@ -64,8 +71,19 @@ def test_full_size_layers_in_seconds_without_memory():
 @pytest.mark.parametrize(
     "change,field",
     [
-        (dict(compile=tk.CompileConfig(scope="blocks")), "estimate.compile"),
-        (dict(recipe="torchtitan_0_3_0"), "estimate.recipe"),
+        (dict(recipe="torchtitan_2025_12"), "estimate.recipe"),
+        (dict(compile=tk.CompileConfig(scope="blocks", backend=lambda gm, inputs: gm)), "estimate.compile.backend"),
+        (
+            dict(compile=tk.CompileConfig(scope="blocks", backend="inductor", inductor_options={"max_autotune": True})),
+            "estimate.compile.inductor_options",
+        ),
+        (
+            dict(
+                model=tk.ModelConfig(experts_impl="masked", experts_graph_break=True),
+                compile=tk.CompileConfig(scope="moe"),
+            ),
+            "estimate.model.experts_graph_break",
+        ),
         (dict(model=tk.ModelConfig(experts_impl="for_loop")), "estimate.model.experts_impl"),
         (dict(model=tk.ModelConfig(experts_impl="masked", token_count="bincount")), "estimate.model.token_count"),
         (dict(model=tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")), "estimate.model.dtype"),
@@ -75,3 +93,162 @@ def test_what_fake_tensors_cannot_run_is_refused_up_front(change, field):
     scenario = tk.Scenario(**{"model": tk.ModelConfig(experts_impl="masked"), **change})
     with pytest.raises(tk.ConfigError, match=field.replace(".", r"\.") + ":.*Fix:"):
         tk.estimate(scenario)
+
+
+# --- Compiled estimates against a real CPU run of the same scenario -------------------------------------------------
+
+# grouped_mm experts in every block; masked experts in block 1 after a dense block 0.
+GROUPED = tk.ModelConfig(experts_impl="grouped_mm", dtype="bfloat16")
+MASKED = tk.ModelConfig(experts_impl="masked", moe_layers=(1,))
+MODES = ("none", "full", "selective_op", "selective_layer", "memory_budget", "remat")
+
+
+def _compiled(cfg, mode, backend="aot_eager", scope="blocks", order=None):
+    compile = tk.CompileConfig(scope=scope, backend=backend, order=order, fullgraph=True)
+    return tk.Scenario(model=cfg, ac=tk.ACConfig(mode=mode), compile=compile, name=f"{mode}/{backend}/{scope}/{order}")
+
+
+def _real_step(scenario):
+    """What a real CPU step of `scenario` keeps and peaks at, by means the estimate does not use: the sizes of the
+    storages an outer `saved_tensors_hooks` (plus SAC caches and checkpoint inputs) sees alive at the end of the
+    forward, RNG stashes left out (`_truth.Truth`), and the profiler's allocation events of a second step
+    (`_truth.cpu_peaks`; the first one compiles)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = tk.build_model(scenario.model)
+    if scenario.recipe is not None:
+        apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
+    else:
+        tk.prepare(model, ac=scenario.ac, compile=scenario.compile)
+    tokens, labels = tk.make_batch(scenario.model)
+
+    def step():
+        loss_fn(model(tokens), labels).backward()
+
+    try:
+        with torch_settings(model):  # the memory budget and the other process-wide settings the scenario sets
+            step()
+            model.zero_grad(set_to_none=True)
+            truth = Truth(model)
+            with patch_sac_contexts(truth, policies), truth:
+                out = model(tokens)
+                sizes = truth.sizes(out, rng=False)
+            del out
+            model.zero_grad(set_to_none=True)
+            raw, outliving = cpu_peaks(step)
+    finally:
+        reset(model)
+    return sizes, raw, outliving
+
+
+def _assert_exact(scenario):
+    est = tk.estimate(scenario, cuda_rounding=False)
+    sizes, raw, outliving = _real_step(scenario)
+    # Op for op: the same storages, each of the same size, kept for backward.
+    assert sorted((t.nbytes for t in est.saved_tensors), reverse=True) == sizes, scenario.label
+    assert est.saved_bytes == sum(sizes) == sum(est.saved_by_op.values()) == sum(est.saved_by_module.values())
+    # The peak is the real step's high-water mark of the storages that outlive the op making them; the profiler's raw
+    # figure is higher by what CPU kernels allocate and free inside one op (a bf16 GEMM's packing buffers, the CPU
+    # flash-attention kernel's scratch), which a fake kernel never makes and a CUDA kernel does not make alike.
+    # Measured: equal to the byte but for an 8-byte CPU scalar where only attention is compiled under eager SAC.
+    assert 0 <= outliving - est.peak_bytes <= 8 and outliving <= raw, (scenario.label, est.peak_bytes, outliving, raw)
+    backend = scenario.recipe_backend if scenario.recipe is not None else scenario.compile.backend_name
+    assert est.graphs >= 1 and est.backend == backend
+    return est
+
+
+# torch 2.14: when torch_remat replays a block with a compiled region inside (AC(compile(x)), main's recipe), it sets a
+# null CPU storage into a placeholder for a skipped output, which a fake tensor refuses ("Attempted to set the storage
+# of a tensor on device meta ..."): the estimate raises, it does not return eager numbers. Not yet followed there.
+REMAT_INSIDE_214 = pytest.mark.xfail(
+    torch.__version__ >= "2.14", raises=RuntimeError, strict=True, reason="torch_remat placeholder on fake tensors"
+)
+
+
+def _params(cases):
+    """Each case with its id; remat around a compiled region is expected to raise on torch 2.14 (above)."""
+    return [
+        pytest.param(
+            cfg,
+            mode,
+            scope,
+            order,
+            id=f"{cfg.experts_impl}-{mode}-{scope if isinstance(scope, str) else '+'.join(scope)}-{order or 'default'}",
+            marks=REMAT_INSIDE_214 if mode == "remat" and scope not in ("model", "blocks") else (),
+        )
+        for cfg, mode, scope, order in cases
+    ]
+
+
+AOT_CASES = [
+    *[(GROUPED, mode, "blocks", None) for mode in MODES],
+    *[(MASKED, mode, "blocks", None) for mode in MODES],
+    *[(MASKED, mode, "blocks", "ac_outside") for mode in ("full", "selective_op", "selective_layer", "memory_budget")],
+    (GROUPED, "selective_op", "blocks", "ac_outside"),
+    (GROUPED, "full", "model", None),
+    (GROUPED, "selective_op", "attention", None),
+    (GROUPED, "full", "moe", None),
+    (GROUPED, "remat", "moe", None),
+    (GROUPED, "selective_op", ("layers.1",), None),
+]
+
+
+@pytest.mark.parametrize(
+    "cfg,mode,scope,order",
+    _params(AOT_CASES),
+)
+def test_aot_eager_estimate_equals_a_real_cpu_run(cfg, mode, scope, order):
+    if mode == "remat":
+        extra("torch_remat")
+    _assert_exact(_compiled(cfg, mode, scope=scope, order=order))
+
+
+@pytest.mark.parametrize(
+    "recipe", ["torchtitan_0_3_0", "torchtitan_0_3_0_full_ac", pytest.param("torchtitan_main", marks=REMAT_INSIDE_214)]
+)
+def test_recipes_that_compile_estimate_as_they_run(recipe):
+    if recipe == "torchtitan_main":
+        extra("torch_remat")
+    _assert_exact(tk.Scenario(model=GROUPED, recipe=recipe, name=recipe))
+
+
+# Inductor: its own partitioner (joint-graph passes, its recomputable ops) and memory plan; each mode once, one order
+# each, both expert implementations across them (a real inductor compile builds C++ kernels: 10-20 s per graph).
+INDUCTOR_CASES = [
+    (GROUPED, "none", "blocks", None),
+    (GROUPED, "full", "blocks", None),
+    (MASKED, "selective_op", "blocks", None),
+    (GROUPED, "selective_layer", "blocks", "ac_outside"),
+    (MASKED, "memory_budget", "blocks", None),
+    (GROUPED, "remat", "blocks", None),
+    (GROUPED, "selective_op", "blocks", "ac_outside"),
+]
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize(
+    "cfg,mode,scope,order",
+    INDUCTOR_CASES,
+    ids=[f"{c.experts_impl}-{m}-{o or 'default'}" for c, m, s, o in INDUCTOR_CASES],
+)
+def test_inductor_estimate_equals_a_real_cpu_run(cfg, mode, scope, order):
+    if mode == "remat":
+        extra("torch_remat")
+    _assert_exact(_compiled(cfg, mode, backend="inductor", scope=scope, order=order))
+
+
+def test_a_full_size_layer_compiles_on_fake_tensors_without_memory():
+    """Qwen3-30B-A3B's layer (grouped-query heads, QK norm, 128 experts) compiled whole under full AC: the partitioner
+    keeps the final norm's tensors and the block's input, each the size its shape gives, and nothing is allocated."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cfg = tk.LAYER_SHAPES["qwen3_30b_a3b_layer"]
+    compile = tk.CompileConfig(scope="blocks", fullgraph=True)
+    est = tk.estimate(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), compile=compile))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    T, D = cfg.batch * cfg.seq_len, cfg.dim
+    ids = -(-(T + 1) * 8 // CUDA_BLOCK) * CUDA_BLOCK  # the token ids are a view of the batch's S + 1 ids (int64)
+    # The final RMSNorm (CPU composite): two fp32 (T, D) intermediates, the bf16 product, the fp32 rsqrt; the block's
+    # checkpoint input, a bf16 (T, D) embedding output.
+    assert est.saved_by_module == {"norm": T * D * (4 + 4 + 2) + T * 4, "tok_embeddings": T * D * 2 + ids}
+    assert est.backend == "aot_eager" and est.graphs == 1
+    assert est.params_bytes > 2 * 2**30 and grown_mib < 512, grown_mib

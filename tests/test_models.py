@@ -306,3 +306,30 @@ def test_model_config_json_round_trip():
 def test_config_is_keyword_only():
     with pytest.raises(TypeError):
         ModelConfig(2)  # type: ignore[misc]
+
+
+def test_grouped_query_attention_with_its_own_head_width_and_qk_norm():
+    """Qwen3's attention (32 query heads of 128 sharing 4 key/value heads, on a 2048-wide model, RMSNorm on each
+    head's q and k), small: the projections' shapes, and the output against the same weights run through plain
+    multi-head SDPA with each key/value head repeated for its queries."""
+    from toolkit.models.transformer import apply_rope, rope_cache
+
+    cfg = ModelConfig(dim=32, n_heads=4, n_kv_heads=2, attention_head_dim=16, qk_norm=True)
+    attn = tk.get_module(tk.build_model(cfg), "layers.0.attention")
+    assert (attn.wq.weight.shape, attn.wk.weight.shape, attn.wv.weight.shape) == ((64, 32), (32, 32), (32, 32))
+    assert attn.wo.weight.shape == (32, 64) and attn.q_norm.weight.shape == attn.k_norm.weight.shape == (16,)
+    torch.manual_seed(1)
+    x, rope = torch.randn(2, 8, 32), rope_cache(8, 16)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)  # not ones: the norm's weight must reach the output
+        q = attn.q_norm(attn.wq(x).view(2, 8, 4, 16))
+        k = attn.k_norm(attn.wk(x).view(2, 8, 2, 16)).repeat_interleave(2, dim=2)
+        v = attn.wv(x).view(2, 8, 2, 16).repeat_interleave(2, dim=2)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        o = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+        torch.testing.assert_close(attn(x, rope), attn.wo(o.transpose(1, 2).reshape(2, 8, 64)))
+    with pytest.raises(ConfigError, match="ModelConfig.n_kv_heads"):
+        ModelConfig(n_heads=4, n_kv_heads=3)
+    with pytest.raises(ConfigError, match="ModelConfig.n_kv_heads.*fused wqkv"):
+        ModelConfig(n_kv_heads=2, layout="torchtitan_main")
+    assert "n_kv_heads" not in ModelConfig().to_dict() and ModelConfig.from_dict(cfg.to_dict()) == cfg

@@ -131,6 +131,13 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "(on +cpu builds it cannot: AttributeError in backward, case C31)",
         "",
     ),
+    "inductor_on_fake": (
+        "torch._inductor: AsyncCompile.cpp_pybinding / cpp, PyCodeCache.load_by_key_path (modules_no_attr) and the "
+        "generated wrapper's empty_strided_cpu / reinterpret_tensor / assert_alignment",
+        "estimates through inductor: its decompositions, joint-graph passes, partitioner, fusion and memory plan run "
+        "for real on fake tensors, its C++ kernels are not built and its wrapper allocates fake buffers",
+        "estimates with backend='inductor' are refused (its generated code cannot be run on fake tensors)",
+    ),
     "respect_saved_tensors_hooks": (
         "torch.utils.checkpoint.checkpoint(respect_saved_tensors_hooks=...) (torch >= 2.14)",
         "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
@@ -283,6 +290,28 @@ def _find_fsdp_state() -> _Found:
     except ImportError as e:
         return _Found(False, str(e))
     return _Found(hasattr(FSDPModule, "_get_fsdp_state"), "FSDPModule has no _get_fsdp_state", FSDPModule)
+
+
+_WRAPPER_HELPERS = ("empty_strided_cpu", "reinterpret_tensor", "assert_alignment")
+
+
+def _find_inductor_on_fake() -> _Found:
+    from torch._inductor import async_compile, codecache
+    from torch._inductor.codegen import wrapper
+
+    ac, cache = async_compile.AsyncCompile, codecache.PyCodeCache
+    missing = [n for n in ("cpp_pybinding", "cpp") if not callable(getattr(ac, n, None))]
+    if not isinstance(cache.__dict__.get("load_by_key_path"), classmethod):
+        missing.append("PyCodeCache.load_by_key_path (a classmethod)")
+    if not isinstance(getattr(cache, "modules_no_attr", None), dict) or not isinstance(
+        getattr(cache, "modules", None), list
+    ):
+        missing.append("PyCodeCache.modules_no_attr / modules")
+    header = inspect.getsource(wrapper.PythonWrapperCodegen.write_header)
+    missing += [f"wrapper helper {n}" for n in _WRAPPER_HELPERS if f"{n} = torch._C._dynamo.guards." not in header]
+    if missing:
+        return _Found(False, f"torch._inductor lacks {', '.join(missing)}")
+    return _Found(True, value=(ac, cache))
 
 
 def _find_respect_saved_tensors_hooks() -> _Found:
@@ -843,6 +872,64 @@ def cuda_memory_history(enabled: bool) -> None:
 
 def cuda_dump_snapshot(path: str) -> None:
     torch.cuda.memory._dump_snapshot(path)
+
+
+class _KernelStub:
+    """Stands in for one generated C++ kernel: called with the buffers it would read and write, does nothing."""
+
+    def __init__(self, source_code: str):
+        self.source_code = source_code
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _fake_wrapper_helpers(namespace: dict[str, Any]) -> None:
+    """The wrapper's allocation helpers call the CPU allocator directly (past the dispatcher): make them dispatch,
+    so that under FakeTensorMode they make fake buffers of the same size, stride and dtype."""
+    namespace["empty_strided_cpu"] = lambda size, stride, dtype: torch.empty_strided(
+        size, stride, dtype=dtype, device="cpu"
+    )
+    namespace["reinterpret_tensor"] = lambda base, size, stride, offset: base.as_strided(
+        size, stride, base.storage_offset() + offset
+    )
+    namespace["assert_alignment"] = lambda *args, **kwargs: None  # a fake buffer has no address
+
+
+@contextlib.contextmanager
+def inductor_on_fake_tensors() -> Iterator[None]:
+    """While active, inductor compiles as always (decompositions, joint-graph passes, partitioner, lowering, fusion,
+    memory planning, wrapper code) but builds no kernel: each C++ kernel is a no-op, and the generated wrapper
+    (loaded fresh, never cached in or out of `PyCodeCache`) allocates its buffers through the dispatcher. Run on
+    fake tensors, a compiled step then allocates and frees exactly the buffers the real one would, with no memory.
+    Graph caches are off for the duration (a cached graph would skip the partition the estimate reads)."""
+    f = _found["inductor_on_fake"]
+    if not f.ok:
+        raise RuntimeError(blind_spot("inductor_on_fake"))
+    async_compile, cache = f.value
+    descriptor = cache.__dict__["load_by_key_path"]
+    original = descriptor.__func__
+
+    def load_by_key_path(cls, key, path, linemap=None, attrs=None, *, set_sys_modules=None):
+        kept = cls.modules_no_attr, cls.modules
+        cls.modules_no_attr, cls.modules = {}, []  # neither reuse a real module nor leave ours for a real run
+        try:
+            mod = original(cls, key, path, linemap, attrs, set_sys_modules=False)
+        finally:
+            cls.modules_no_attr, cls.modules = kept
+        if "empty_strided_cpu" in mod.__dict__:  # a graph's wrapper (kernels and other modules have none)
+            _fake_wrapper_helpers(mod.__dict__)
+        return mod
+
+    configs = compiler_configs()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(configs.inductor.patch(fx_graph_cache=False, compile_threads=1))
+        stack.enter_context(configs.functorch.patch(enable_autograd_cache=False))
+        stack.enter_context(patched(async_compile, "cpp_pybinding", lambda self, argtypes, source: _KernelStub(source)))
+        stack.enter_context(patched(async_compile, "cpp", lambda self, source: _KernelStub(source)))
+        cache.load_by_key_path = classmethod(load_by_key_path)
+        stack.callback(setattr, cache, "load_by_key_path", descriptor)
+        yield
 
 
 def dynamo_has_config(name: str) -> bool:

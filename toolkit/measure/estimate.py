@@ -1,23 +1,35 @@
-"""Full-size memory estimates without allocating: one training step on fake tensors, saved bytes per module and peak.
+"""Full-size memory estimates without allocating: one training step on fake tensors, eager or compiled, in seconds.
 
 `estimate(scenario)` builds the model under `FakeTensorMode` (shapes, dtypes and strides, no data), applies the
-scenario's activation checkpointing, runs forward, loss and backward, and follows every storage an op creates
-until it dies: what is alive when the forward ends is what the step keeps for backward (by module, by op), the
-high-water mark is the peak. With `cuda_rounding` each storage counts as the CUDA caching allocator rounds it (a
-multiple of 512 bytes), so the numbers are what `torch.cuda.max_memory_allocated` would add for the step.
+scenario's activation checkpointing and compile (or recipe) with the toolkit's own transforms, runs forward, loss
+and backward, and follows every storage an op creates until it dies: what is alive when the forward ends is what
+the step keeps for backward (by module, by op), the high-water mark is the peak. With `cuda_rounding` each storage
+counts as the CUDA caching allocator rounds it (a multiple of 512 bytes), so the numbers are what
+`torch.cuda.max_memory_allocated` would add for the step.
 
-Limits, checked before any work: no compile (fake tensors run the eager graph — `compile(AC(x))` with full AC saves
-the same; per-op SAC and memory budgets need the compiled run), and routed experts with static shapes
-(`grouped_mm`, or `masked`): fake tensors have no values, so data-dependent split sizes (`for_loop`,
-`nonzero`, `bincount` counts) cannot be known. Autograd never sums gradients in place into a tensor subclass, so
-where a parameter gets several gradient contributions (the `masked` experts' `w[e]` slices) the peak comes out a
-few percent high (3 % at the test size; `grouped_mm` agrees exactly). Attention saves what the CPU SDPA kernel saves;
-CUDA's flash / efficient kernels keep a different (smaller) set — compare with `benchmarks/gpu_validation.py` on a GPU.
+Compiled scopes run the real `torch.compile`: Dynamo traces the fake model, AOTAutograd builds the joint graph and
+the backend's own partitioner splits it — aot_eager's min-cut, or inductor's joint-graph passes and min-cut with
+inductor's decompositions and recomputable ops — so SAC policies traced into the graph, the memory budget's
+knapsack and remat regions are decided as in a real run. aot_eager's graphs then run op by op on fake tensors;
+inductor lowers, fuses and plans memory for real, builds no kernel, and its generated wrapper allocates fake
+buffers (`compat.inductor_on_fake_tensors`), so what a compiled step allocates and frees is what the estimate
+follows. Saved tensors inside a compiled graph are named by the partitioned graph's node (module, op).
+
+Limits, checked before any work: routed experts with static shapes (`grouped_mm`, or `masked`): fake tensors have
+no values, so data-dependent split sizes (`for_loop`, `nonzero`, `bincount` counts) cannot be known; a compile
+scope that graph-breaks (the experts' stand-in FSDP hook) is refused, and a step whose compile broke or fell back
+to eager raises instead of returning the eager graph's numbers. Autograd never sums gradients in place into a
+tensor subclass, so where a parameter gets several gradient contributions (the `masked` experts' `w[e]` slices)
+the peak comes out a few percent high (3 % at the test size; `grouped_mm` agrees exactly). Attention saves what
+the CPU SDPA kernel saves; CUDA's flash / efficient kernels keep a different (smaller) set, and inductor on CUDA
+generates Triton kernels with their own fusion — compare with `benchmarks/gpu_validation.py` on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import time
 from collections import Counter
@@ -32,15 +44,32 @@ from .. import compat
 from .._config import ConfigError
 from ..compat import TorchDispatchMode, tree_leaves
 from ..models import ModelConfig, build_model, loss_fn, make_batch
-from ..transforms import ACConfig, apply_ac
+from ..transforms import ACConfig, apply_ac, apply_compile
+from ..transforms.compile import resolve_scope
 from ..transforms.naming import module_names
+from ..transforms.recipes import apply_recipe, reset
+from ..transforms.settings import torch_settings
+from .local import capture_warnings
+from .probes.base import StepState
+from .probes.compiled import CompiledGraphs
+from .probes.modules import Modules
 from .report import fmt_bytes
 from .scenario import Scenario
+from .step import restoring_process_state
 
 CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of this many bytes."""
 
-# Shapes of published MoE layers (one block; attention stays the toolkit's multi-head attention, not MLA / GQA).
+ESTIMATE_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition", "inductor")
+"""Backends whose compiled step the estimate follows on fake tensors (a backend callable is refused)."""
+ESTIMATE_RECIPES = ("torchtitan_0_3_0", "torchtitan_0_3_0_full_ac", "torchtitan_main")
+"""Recipes whose compile the estimate follows: 0.3.0's whole-block compile, main's local compile."""
+# Inductor options that need real kernels (autotuning benchmarks them) or another wrapper language.
+_KERNEL_OPTIONS = ("cpp_wrapper", "freezing", "max_autotune", "max_autotune_gemm", "max_autotune_pointwise")
+
+# Shapes of published MoE layers, one block each, from their public configs. Attention is the toolkit's: DeepSeek-V3's
+# MLA is multi-head attention of width D here; Llama 4 and Qwen3 have their grouped-query heads (Llama 4's weightless
+# QK L2-norm is left out, Qwen3's RMSNorm QK norm is in). Sequence lengths are their pre-training lengths.
 LAYER_SHAPES: dict[str, ModelConfig] = {
     "deepseek_v3_layer": ModelConfig(
         n_layers=1,
@@ -64,6 +93,7 @@ LAYER_SHAPES: dict[str, ModelConfig] = {
         n_layers=1,
         dim=5120,
         n_heads=40,
+        n_kv_heads=8,
         ffn_hidden=16384,
         vocab_size=202048,
         seq_len=8192,
@@ -76,7 +106,40 @@ LAYER_SHAPES: dict[str, ModelConfig] = {
         score_func="sigmoid",
         experts_impl="grouped_mm",
     ),
+    "qwen3_30b_a3b_layer": ModelConfig(
+        n_layers=1,
+        dim=2048,
+        n_heads=32,
+        n_kv_heads=4,
+        attention_head_dim=128,
+        qk_norm=True,
+        ffn_hidden=6144,
+        vocab_size=151936,
+        seq_len=4096,
+        batch=1,
+        dtype="bfloat16",
+        n_experts=128,
+        top_k=8,
+        moe_hidden=768,
+        n_shared_experts=0,
+        score_func="softmax",
+        route_norm=True,
+        experts_impl="grouped_mm",
+    ),
 }
+
+
+@dataclass(frozen=True)
+class EstimatedTensor:
+    """One storage kept for backward: who made it, its size."""
+
+    module: str
+    op: str
+    """The op that made it (`aten.mm.default`, as a Report names it), or `input` for a step input."""
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    """Its size as counted (CUDA-rounded when the estimate rounds)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +157,12 @@ class Estimate:
     cuda_rounding: bool = True
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    saved_tensors: tuple[EstimatedTensor, ...] = ()
+    """Every storage in `saved_bytes`, largest first."""
+    backend: str = "eager"
+    """The compile backend followed ("eager": nothing compiled)."""
+    graphs: int = 0
+    """Graphs compiled in the step (forward + backward pairs count once)."""
 
     def __str__(self) -> str:
         name = self.scenario.get("name") or "scenario"
@@ -114,29 +183,59 @@ class Estimate:
     def from_json(cls, text: str) -> "Estimate":
         data = json.loads(text)
         data["notes"] = tuple(data.get("notes", ()))
+        data["saved_tensors"] = tuple(
+            EstimatedTensor(**{**t, "shape": tuple(t["shape"])}) for t in data.get("saved_tensors", ())
+        )
         return cls(**data)
+
+
+def _backend(scenario: Scenario) -> str:
+    """The backend the step compiles with ("eager" when nothing is compiled)."""
+    if scenario.recipe is not None:
+        return scenario.recipe_backend
+    return scenario.compile.backend_name if scenario.compile.enabled else "eager"
 
 
 def check(scenario: Scenario) -> list[str]:
     """Raise ConfigError for what fake tensors cannot run; return the notes that apply to the rest."""
     own = "estimate"
     m = scenario.model
-    if scenario.recipe is not None:
+    c = scenario.compile
+    if scenario.stack != "toolkit" or scenario.fsdp != "none":
+        raise ConfigError(
+            own,
+            "stack" if scenario.stack != "toolkit" else "fsdp",
+            "estimates build the toolkit's model on one fake device, without torchtitan's code or FSDP.",
+            "pass stack='toolkit' and fsdp='none'; measure those with tk.run.",
+        )
+    if scenario.recipe is not None and scenario.recipe not in ESTIMATE_RECIPES:
         raise ConfigError(
             own,
             "recipe",
-            f"recipe {scenario.recipe!r} compiles; estimates run the eager graph.",
-            "estimate the recipe's AC without compile (e.g. ACConfig(mode='selective_op')).",
+            f"recipe {scenario.recipe!r} replays a 2025 torchtitan whose compile graph-breaks or needs the FSDP hook.",
+            f"use one of {', '.join(ESTIMATE_RECIPES)}, or its AC and compile as ac=/compile=.",
         )
-    if scenario.compile.scope != "none":
+    backend = _backend(scenario)
+    field_name = "recipe_backend" if scenario.recipe is not None else "compile.backend"
+    if c.enabled and not isinstance(c.backend, str):
         raise ConfigError(
             own,
-            "compile",
-            "estimates run the eager graph on fake tensors, not a compiled one.",
-            "pass CompileConfig() (full AC saves the same compiled or not); measure compiled runs with tk.run.",
+            "compile.backend",
+            "a backend callable compiles in ways the estimate cannot follow on fake tensors.",
+            f"use one of {', '.join(ESTIMATE_BACKENDS)}.",
         )
-    if scenario.ac.mode == "memory_budget":
-        raise ConfigError(own, "ac.mode", "a memory budget only acts in compiled graphs.", "use tk.run for it.")
+    if backend not in ESTIMATE_BACKENDS:
+        raise ConfigError(own, field_name, f"{backend!r} is not a backend the estimate follows.", "use aot_eager.")
+    if backend == "inductor" and not compat.available("inductor_on_fake"):
+        raise ConfigError(own, field_name, compat.blind_spot("inductor_on_fake"), "use backend='aot_eager'.")
+    bad = [k for k, _ in c.inductor_options if k in _KERNEL_OPTIONS or k.startswith(("max_autotune", "benchmark"))]
+    if bad:
+        raise ConfigError(
+            own,
+            "compile.inductor_options",
+            f"{', '.join(bad)} need(s) real kernels (autotuning runs them) or a C++ wrapper, not fake tensors.",
+            "drop them: the estimate follows inductor's default code generation.",
+        )
     if m.has_moe:
         if m.experts_impl in ("for_loop", "nonzero"):
             raise ConfigError(
@@ -159,6 +258,13 @@ def check(scenario: Scenario) -> list[str]:
                 "torch._grouped_mm's meta kernel accepts only bfloat16 on CPU (C14).",
                 "use ModelConfig(dtype='bfloat16') or experts_impl='masked'.",
             )
+        if m.experts_graph_break and c.enabled and _compiles_experts(scenario):
+            raise ConfigError(
+                own,
+                "model.experts_graph_break",
+                f"compile scope {c.scope!r} covers the routed experts, whose stand-in FSDP hook breaks the graph.",
+                "drop experts_graph_break, or compile a scope that leaves the experts eager (e.g. 'attention').",
+            )
     if m.attention == "flex":
         raise ConfigError(
             own,
@@ -172,105 +278,203 @@ def check(scenario: Scenario) -> list[str]:
     ]
     if m.has_moe:
         notes.append(f"routed experts: {m.experts_impl}, static shapes (every token copy is computed, T·K rows)")
+    if backend == "inductor":
+        notes.append(
+            "inductor: its CPU (C++) lowering, fusion and memory plan, kernels not built; on CUDA Triton fuses "
+            "differently, so temporaries and the peak may differ (saved tensors follow the same partition)"
+        )
+    elif backend != "eager":
+        notes.append(f"{backend}: AOTAutograd's partition, graphs run op by op on fake tensors")
     return notes
+
+
+def _compiles_experts(scenario: Scenario) -> bool:
+    """The scenario's compile scope traces a block's routed experts (read off a meta model: no memory)."""
+    model = build_model(scenario.model.replace(device="meta"))
+    experts = [
+        f"layers.{i}.moe.{'experts' if scenario.model.layout == 'torchtitan_2025' else 'routed_experts'}"
+        for i in scenario.model.moe_layer_ids
+    ]
+    targets = resolve_scope(model, scenario.compile.scope)
+    return any(t == "" or e == t or e.startswith(t + ".") for t in targets for e in experts)
+
+
+@dataclass
+class _Storage:
+    ref: StorageWeakRef
+    nbytes: int
+    module: str
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
 
 
 class _Live(TorchDispatchMode):
     """Follows every storage an op creates, by module and op, and the high-water mark of what is alive."""
 
-    def __init__(self, round_to: int, stack: list[str], known: set[int]):
+    # Without these, Dynamo skips every frame run under the mode (compile silently off, C9) and inductor's
+    # `run_and_save_rng_state` raises (see probes/tracker.py).
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __init__(self, round_to: int, state: StepState, known: set[int]):
         super().__init__()
-        self.round_to, self.stack, self.known = round_to, stack, known  # known: parameters, buffers, inputs
-        self.live: dict[Any, tuple[StorageWeakRef, int, str, str]] = {}
+        self.round_to, self.state, self.known = round_to, state, known  # known: parameters, buffers, inputs
+        self.live: dict[int, _Storage] = {}
         self.total = self.peak = 0
+        self.fake = compat.not_real_tensor_types()
 
     def size(self, nbytes: int) -> int:
         return -(-nbytes // self.round_to) * self.round_to if self.round_to > 1 else nbytes
 
     def sweep(self) -> None:
-        for key in [k for k, (ref, *_rest) in self.live.items() if ref.expired()]:
-            self.total -= self.live.pop(key)[1]
+        for key in [k for k, s in self.live.items() if s.ref.expired()]:
+            self.total -= self.live.pop(key).nbytes
+
+    def add(self, t: torch.Tensor, op: str) -> None:
+        if not isinstance(t, self.fake):
+            return  # a real tensor among fake ones is host memory: the RNG state a compiled checkpoint stashes
+        st = t.untyped_storage()
+        ref = StorageWeakRef(st)
+        key = ref.cdata
+        if key not in self.live and key not in self.known and st.nbytes():
+            n = self.size(st.nbytes())
+            self.live[key] = _Storage(
+                ref, n, self.state.module(), op, str(t.dtype).replace("torch.", ""), tuple(t.shape)
+            )
+            self.total += n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.sweep()
-        op = func.overloadpacket.__name__
+        op = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                ref = StorageWeakRef(st)
-                if ref.cdata not in self.live and ref.cdata not in self.known and st.nbytes():
-                    n = self.size(st.nbytes())
-                    self.live[ref.cdata] = (ref, n, self.stack[-1] if self.stack else "", f"aten.{op}")
-                    self.total += n
+                self.add(t, op or (op := str(func)))
         self.peak = max(self.peak, self.total)
         return out
 
 
+class _CompiledSaves(CompiledGraphs):
+    """The probes' partition watch, on fake tensors: each storage a compiled forward saves is renamed after the
+    partitioned graph's node that made it (module relative to the compiled region, op)."""
+
+    def __init__(self, state: StepState, known_modules: set[str], live: _Live):
+        super().__init__(state, known_modules)
+        self.live = live
+
+    def on_save(self, saved_state: Any, ctx: Any, fw_outs: Any) -> None:
+        if self.state.phase != "forward":
+            return  # AC(compile(x)): the compiled forward re-runs in backward; its saves die with the recompute
+        meta = saved_state.metadata
+        region = self.state.region()
+        self.region_compiled_runs[region] += 1
+        self.graphs_run.add(id(meta))
+        rec = self.records.get(id(meta))
+        saved = [t for sl in compat.saved_slices(meta) for t in fw_outs[sl]]
+        for i, t in enumerate(saved):
+            if not isinstance(t, torch.Tensor):
+                continue
+            gs = rec.saved[i] if rec is not None and i < len(rec.saved) else None
+            entry = self.live.live.get(StorageWeakRef(t.untyped_storage()).cdata)
+            if entry is None or gs is None or gs.op == "input":
+                continue  # a graph input keeps the eager op that made it
+            entry.module, entry.op = self.resolve(region, gs.module), gs.op
+
+
+def _transform(scenario: Scenario, model: nn.Module) -> None:
+    if scenario.recipe is not None:
+        apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
+    else:
+        apply_ac(model, scenario.ac)
+        apply_compile(model, scenario.compile)
+
+
 def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cuda_rounding: bool = True) -> Estimate:
     """Measure one training step of `scenario` (or a ModelConfig with `ac`) on fake tensors; see the module doc."""
-    FakeTensorMode = compat.fake_tensor_mode_class()
     if isinstance(scenario, ModelConfig):
         scenario = Scenario(model=scenario, ac=ac or ACConfig(), name="estimate")
     elif ac is not None:
         scenario = dataclasses.replace(scenario, ac=ac)
     notes = check(scenario)
     t0 = time.perf_counter()
+    sink: list[str] = []
+    # A compiled estimate forgets Dynamo's graphs before and after, as tk.run does: a graph compiled on fake tensors
+    # (inductor's without kernels) must never serve a real step of the same model code, nor a real one this step.
+    compiled = _backend(scenario) != "eager" or scenario.compile.enabled
+    with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink):
+        est = _step(scenario, cuda_rounding, notes)
+    return dataclasses.replace(est, seconds=round(time.perf_counter() - t0, 3))
+
+
+def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate:
+    FakeTensorMode = compat.fake_tensor_mode_class()
     cfg = scenario.model.replace(device="cpu")
-    stack: list[str] = []
+    backend = _backend(scenario)
     # Built on the meta device (no init: trunc_normal_ needs values), then given fake CPU storages.
     model = build_model(cfg.replace(device="meta"))
     batch = make_batch(cfg)
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+    state = StepState()
+    with contextlib.ExitStack() as stack:
+        fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         model.to_empty(device="cpu")
-        batch = type(batch)(*(fake.from_tensor(t) for t in batch))
-        apply_ac(model, scenario.ac)
-        names = module_names(model)
+        tokens, labels = (fake.from_tensor(t) for t in batch)
+        _transform(scenario, model)
+        stack.callback(reset, model, dynamo=False)
+        if backend == "inductor":
+            stack.enter_context(compat.inductor_on_fake_tensors())
+        batch_keys = {StorageWeakRef(t.untyped_storage()).cdata for t in (tokens, labels)}
+        known = batch_keys | {
+            StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]
+        }
+        params_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        live = _Live(CUDA_BLOCK if cuda_rounding else 1, state, known)
+        graphs = _CompiledSaves(state, set(module_names(model).values()), live)
+        modules = Modules(model, state)
+        inputs: dict[int, _Storage] = {}
 
-        def enter(m, args):
-            stack.append(names.get(id(m), stack[-1] if stack else ""))
+        def pack(t):
+            # Tensors that existed before the step (the token ids) are saved too, e.g. by the embedding.
+            st = t.untyped_storage()
+            ref = StorageWeakRef(st)
+            if ref.cdata in batch_keys and ref.cdata not in inputs:
+                inputs[ref.cdata] = _Storage(
+                    ref, live.size(st.nbytes()), state.module(), "input", str(t.dtype).replace("torch.", ""), t.shape
+                )
+            return t
 
-        def leave(m, args, out):
-            if stack:
-                stack.pop()
-
-        hooks = [
-            nn.modules.module.register_module_forward_pre_hook(enter),
-            nn.modules.module.register_module_forward_hook(leave, always_call=True),
-        ]
-        try:
-            batch_keys = {StorageWeakRef(t.untyped_storage()).cdata for t in batch}
-            known = batch_keys | {
-                StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]
-            }
-            params_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
-            live = _Live(CUDA_BLOCK if cuda_rounding else 1, stack, known)
-            inputs: dict[int, tuple[StorageWeakRef, int, str, str]] = {}
-
-            def pack(t):
-                # Tensors that existed before the step (the token ids) are saved too, e.g. by the embedding.
-                st = t.untyped_storage()
-                ref = StorageWeakRef(st)
-                if ref.cdata in batch_keys and ref.cdata not in inputs:
-                    inputs[ref.cdata] = (ref, live.size(st.nbytes()), stack[-1] if stack else "", "input")
-                return t
-
-            with live, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compat.sac_bypasses_hooks_of(pack):
-                out = model(batch.tokens)
-                live.sweep()
-                out_key = StorageWeakRef(out.untyped_storage()).cdata
-                saved = {**{k: v for k, v in live.live.items() if k != out_key}, **inputs}
-                loss = loss_fn(out, batch.labels)
-                del out
-                loss.backward()
-        finally:
-            for h in hooks:
-                h.remove()
+        compat.skip_code(pack.__code__)
+        stack.enter_context(graphs.patches())
+        stack.enter_context(modules.hooks())
+        stack.enter_context(torch_settings(model))
+        counted = compat.counters_snapshot()
+        with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), compat.sac_bypasses_hooks_of(pack):
+            state.phase = "forward"
+            out = model(tokens)
+            gc.collect()  # a reference cycle is not kept for backward
+            live.sweep()
+            out_key = StorageWeakRef(out.untyped_storage()).cdata
+            saved = {**{k: v for k, v in live.live.items() if k != out_key}, **inputs}
+            state.phase = "backward"
+            loss = loss_fn(out, labels)
+            del out
+            loss.backward()
+            state.phase = "idle"
+        compiled, breaks = compat.graphs_compiled(counted)
+        _check_compiled(scenario, backend, modules, graphs, compiled, breaks)
+        notes += [compat.blind_spot(name) for name in sorted(graphs.blind)] + graphs.failures
     by_module: Counter = Counter()
     by_op: Counter = Counter()
-    for _ref, n, mod, op in saved.values():
-        by_module[mod] += n
-        by_op[op] += n
+    for s in saved.values():
+        by_module[s.module] += s.nbytes
+        by_op[s.op] += s.nbytes
+    tensors = sorted(
+        (EstimatedTensor(s.module, s.op, s.dtype, tuple(s.shape), s.nbytes) for s in saved.values()),
+        key=lambda t: (-t.nbytes, t.module, t.op),
+    )
     return Estimate(
         scenario={**scenario.to_dict(), "name": scenario.label},
         saved_bytes=sum(by_module.values()),
@@ -279,6 +483,39 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
         peak_bytes=live.peak,
         params_bytes=params_bytes,
         cuda_rounding=cuda_rounding,
-        seconds=round(time.perf_counter() - t0, 3),
         notes=tuple(notes),
+        saved_tensors=tuple(tensors),
+        backend=backend,
+        graphs=compiled,
     )
+
+
+def _check_compiled(
+    scenario: Scenario, backend: str, modules: Modules, graphs: _CompiledSaves, compiled: int, breaks: int
+) -> None:
+    """A compiled step that broke its graph or ran a region eagerly is an error, never the eager graph's numbers."""
+    if backend == "eager" and not (scenario.compile.enabled or scenario.recipe):
+        return
+    if breaks:
+        raise ConfigError(
+            "estimate",
+            "compile.scope",
+            f"the compiled step took {breaks} graph break(s); the estimate follows whole graphs only.",
+            "compile a scope without graph breaks (check it with tk.run), or pass fullgraph=True to see where.",
+        )
+    ran = modules.ran_forward()
+    eager = sorted(n for n in ran if graphs.region_compiled_runs[n] == 0) if backend != "eager" else []
+    if compiled == 0 or eager:
+        raise ConfigError(
+            "estimate",
+            "compile.scope",
+            f"compile fell back to eager ({', '.join(eager) or 'no graph compiled'}).",
+            "compile a scope Dynamo can trace (tk.run shows why it fell back).",
+        )
+
+
+def _identity(t):
+    return t
+
+
+compat.skip_code(_identity.__code__)

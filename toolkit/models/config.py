@@ -23,6 +23,10 @@ TokenCount = Literal["scatter", "histc", "bincount"]
 Layout = Literal["torchtitan_0_3_0", "torchtitan_main", "torchtitan_2025"]
 
 
+# Fields added after results were first recorded (left out of `to_dict` while at their defaults).
+_LATER_FIELDS = ("n_kv_heads", "attention_head_dim", "qk_norm")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A small transformer laid out like torchtitan's (llama3 dense blocks, DeepSeek/llama4-style MoE).
@@ -49,7 +53,16 @@ class ModelConfig:
     dim: int = 64
     """Model width D."""
     n_heads: int = 4
-    """Attention heads H; `dim` must be divisible by it and the head dim `dim // n_heads` must be even (RoPE)."""
+    """Attention heads H; without `head_dim`, `dim` must be divisible by it and `dim // n_heads` must be even
+    (RoPE)."""
+    n_kv_heads: int | None = None
+    """Key/value heads of grouped-query attention (Qwen3, Llama 4); None = `n_heads` (multi-head attention). Must
+    divide `n_heads`; the 0.3.0 and 2025 layouts only (main's fused `wqkv` is laid out per head, without GQA)."""
+    attention_head_dim: int | None = None
+    """Width Dh of one attention head, even; None = `dim // n_heads` (read it as `head_dim`). Set it where H·Dh is
+    not `dim` (Qwen3-30B-A3B: 32 heads of 128 on a 2048-wide model): `wq` is then D → H·Dh and `wo` H·Dh → D."""
+    qk_norm: bool = False
+    """RMSNorm over each head's queries and keys before RoPE (`attention.q_norm`, `attention.k_norm`; Qwen3)."""
     ffn_hidden: int = 128
     """Hidden width F of the dense SwiGLU `feed_forward` (dense blocks)."""
     vocab_size: int = 128
@@ -122,7 +135,8 @@ class ModelConfig:
             check_int(own, name, getattr(self, name), minimum)
         for name in ["layout", "dtype", "score_func", "experts_impl", "token_count", "attention"]:
             check_choice(own, name, getattr(self, name), literal_choices(ModelConfig, name))
-        if self.dim % self.n_heads:
+        self._check_heads()
+        if self.attention_head_dim is None and self.dim % self.n_heads:
             raise ConfigError(
                 own,
                 "dim",
@@ -130,7 +144,7 @@ class ModelConfig:
                 f"pick dim as a multiple of n_heads (e.g. dim={self.n_heads * max(1, self.dim // self.n_heads)}) "
                 "or change n_heads.",
             )
-        if (self.dim // self.n_heads) % 2:
+        if self.attention_head_dim is None and (self.dim // self.n_heads) % 2:
             raise ConfigError(
                 own,
                 "n_heads",
@@ -145,7 +159,7 @@ class ModelConfig:
                 f"use top_k <= {self.n_experts} or raise n_experts.",
             )
         # Truthy stand-ins ("yes", 1) would switch these on without saying so: only real bools pass.
-        for name in ("route_norm", "load_balance", "experts_graph_break"):
+        for name in ("route_norm", "load_balance", "experts_graph_break", "qk_norm"):
             check_bool(own, name, getattr(self, name))
         # inf scales every routing weight to inf (NaN loss); NaN noise compares False with everything, so the
         # `> 0` that enables it skips it and the run looks like no noise at all.
@@ -191,6 +205,37 @@ class ModelConfig:
                 "attention",
                 "FlexAttention has no backward on CPU in torch 2.13 (NotImplementedError in the first training step).",
                 "use attention='sdpa' on CPU, or device='cuda'.",
+            )
+
+    def _check_heads(self) -> None:
+        own = "ModelConfig"
+        if self.n_kv_heads is not None:
+            check_int(own, "n_kv_heads", self.n_kv_heads, 1)
+            if self.n_heads % self.n_kv_heads:
+                raise ConfigError(
+                    own,
+                    "n_kv_heads",
+                    f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}.",
+                    "pick a divisor of n_heads (each key/value head serves n_heads // n_kv_heads query heads).",
+                )
+        if self.attention_head_dim is not None:
+            check_int(own, "attention_head_dim", self.attention_head_dim, 2)
+            if self.attention_head_dim % 2:
+                raise ConfigError(
+                    own,
+                    "attention_head_dim",
+                    f"attention_head_dim={self.attention_head_dim} is odd; RoPE rotates pairs.",
+                    "use an even head width.",
+                )
+        custom = [n for n in ("n_kv_heads", "attention_head_dim") if getattr(self, n) is not None]
+        custom += ["qk_norm"] if self.qk_norm else []
+        if custom and self.layout == "torchtitan_main":
+            raise ConfigError(
+                own,
+                custom[0],
+                "the torchtitan_main layout's fused wqkv is laid out (H, 3, Dh) per head: multi-head attention of "
+                "width dim, no GQA, no head width of its own and no QK norm.",
+                "use layout='torchtitan_0_3_0' for grouped-query attention, attention_head_dim or QK norm.",
             )
 
     def _check_moe_layers(self) -> None:
@@ -248,7 +293,13 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        """Dh: `attention_head_dim`, or `dim // n_heads` when it is None."""
+        return self.attention_head_dim if self.attention_head_dim is not None else self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `n_kv_heads`, or `n_heads` when it is None."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
     def is_moe_layer(self, i: int) -> bool:
         v = self.moe_layers
@@ -293,7 +344,11 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return to_dict(self)
+        d = to_dict(self)
+        for name in _LATER_FIELDS:  # absent while unset, as before they existed: stored results keep their keys
+            if d[name] == getattr(ModelConfig, name):
+                d.pop(name)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":

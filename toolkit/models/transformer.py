@@ -64,47 +64,56 @@ class QKVLinear(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head causal self-attention with RoPE: `wq`, `wk`, `wv`, `wo` as in torchtitan 0.3.0, or main's
-    `qkv_linear.wqkv` and `wo`."""
+    """Causal self-attention with RoPE: `wq`, `wk`, `wv`, `wo` as in torchtitan 0.3.0 — multi-head, or grouped-query
+    with `n_kv_heads` (Hkv key/value heads), heads of `head_dim`, and optionally Qwen3's `q_norm` / `k_norm` — or
+    main's `qkv_linear.wqkv` and `wo`."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        D = cfg.dim
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        D, H, Hkv, Dh = cfg.dim, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = H, Hkv, Dh
         self.fused = cfg.layout == "torchtitan_main"
         if self.fused:
-            self.qkv_linear = QKVLinear(D, cfg.n_heads, cfg.head_dim)
+            self.qkv_linear = QKVLinear(D, H, Dh)
         else:
-            self.wq = Linear(D, D)
-            self.wk = Linear(D, D)
-            self.wv = Linear(D, D)
-        self.wo = Linear(D, D)
+            self.wq = Linear(D, H * Dh)
+            self.wk = Linear(D, Hkv * Dh)
+            self.wv = Linear(D, Hkv * Dh)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(Dh, eps=1e-6)
+            self.k_norm = nn.RMSNorm(Dh, eps=1e-6)
+        self.qk_norm = cfg.qk_norm
+        self.wo = Linear(H * Dh, D)
         self.kind = cfg.attention
         self._block_mask = None
 
     def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         B, S, D = x_BSD.shape
-        H, Dh = self.n_heads, self.head_dim
+        H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
         if self.fused:
             q, k, v = self.qkv_linear(x_BSD)
         else:
             q, k, v = (
                 self.wq(x_BSD).view(B, S, H, Dh),
-                self.wk(x_BSD).view(B, S, H, Dh),
-                self.wv(x_BSD).view(B, S, H, Dh),
+                self.wk(x_BSD).view(B, S, Hkv, Dh),
+                self.wv(x_BSD).view(B, S, Hkv, Dh),
             )
-        regions.needs(self, q, k)  # RoPE reads the projections with bare ops (v only reaches the kernel's region)
+        regions.needs(self, q, k)  # RoPE (and QK norm) read the projections with bare ops
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope_qk(q, k, rope)
         o_BHSD = regions.region(
             self, "inner_attention", self._attend, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         )
         regions.needs(self, o_BHSD)  # the head merge copies the kernel's output with a bare op
-        return self.wo(o_BHSD.transpose(1, 2).reshape(B, S, D))
+        return self.wo(o_BHSD.transpose(1, 2).reshape(B, S, H * Dh))
 
     def _attend(self, q, k, v):
+        # Each key/value head serves H // Hkv query heads; multi-head attention passes no flag (the same graph).
+        gqa = {"enable_gqa": True} if self.n_kv_heads != self.n_heads else {}
         if self.kind == "flex":
-            return self._flex(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self._flex(q, k, v, **gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
 
     def remat_regions(self, fqn: str) -> list[str]:
         return [regions.qualified(fqn, "inner_attention")]
@@ -113,13 +122,13 @@ class Attention(nn.Module):
         """In 0.3.0's draw order: wq, wk, wv, wo (main's wqkv holds the first three)."""
         return [self.qkv_linear.wqkv, self.wo] if self.fused else [self.wq, self.wk, self.wv, self.wo]
 
-    def _flex(self, q, k, v):
+    def _flex(self, q, k, v, **gqa):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         S = q.shape[-2]
         if self._block_mask is None or self._block_mask.shape[-2] != S:
             self._block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device=q.device)
-        return flex_attention(q, k, v, block_mask=self._block_mask)
+        return flex_attention(q, k, v, block_mask=self._block_mask, **gqa)
 
 
 class TransformerBlock(nn.Module):
@@ -189,7 +198,10 @@ class Transformer(nn.Module):
             else:
                 for lin in block.attention.projections():
                     nn.init.trunc_normal_(lin.weight, std=std)
-            for norm in (block.attention_norm, block.ffn_norm):
+            norms = [block.attention_norm, block.ffn_norm]
+            if block.attention.qk_norm:
+                norms += [block.attention.q_norm, block.attention.k_norm]
+            for norm in norms:
                 nn.init.ones_(norm.weight)
             if block.moe_enabled:
                 block.moe.init_weights(std)

@@ -2,7 +2,8 @@
 
 Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `classification`,
 `stage_text` (the status line: `done: fell_back_to_eager [silent failure] — …`), `status.value`, `summary.value`;
-`compare()` returns the comparison's text twin. Callbacks write into widgets and never print.
+`compare()` returns the comparison's text twin; `estimate()` estimates the scenario at the full size picked in
+`full_size` (`tk.LAYER_SHAPES`) on fake tensors, into `estimated`. Callbacks write into widgets and never print.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import ipywidgets as W
 from .. import compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
-from ..measure import Report, Scenario, check_structure, run
+from ..measure import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
+from ..measure import estimate as estimate_step
 from ..models import ModelConfig
 from ..stacks import torchtitan as titan
 from ..transforms import ACConfig, CompileConfig
@@ -166,6 +168,11 @@ class Explorer:
         self.compare_button = W.Button(description="Compare pinned", icon="columns")
         self.export_path = W.Text(value="repro", description="export to", style=style)
         self.export_button = W.Button(description="Export repro", icon="download")
+        # The same scenario at a published layer's size, estimated on fake tensors (no memory, eager or compiled).
+        self.full_size = W.Dropdown(options=list(LAYER_SHAPES), description="full size", style=style)
+        self.estimate_button = W.Button(description="Estimate at full size", icon="calculator")
+        self.estimated = W.HTML()
+        self.estimate_result: Estimate | None = None
         self.status = W.HTML()
         self.stage = W.HTML()
         self.summary = W.HTML()
@@ -186,6 +193,7 @@ class Explorer:
         self.pin_button.on_click(lambda _: self.pin())
         self.compare_button.on_click(lambda _: self.compare())
         self.export_button.on_click(lambda _: self._export_clicked())
+        self.estimate_button.on_click(lambda _: self.estimate())
         self._validate()
         ctl = self.controls
         self.widget = W.VBox(
@@ -207,12 +215,14 @@ class Explorer:
                 self.status,
                 W.HBox([self.run_button, self.pin_button, self.compare_button]),
                 W.HBox([self.export_path, self.export_button]),
+                W.HBox([self.full_size, self.estimate_button]),
                 self.stage,
                 self.summary,
                 self.breaks,
                 self.figures,
                 self.comparison,
                 self.comparison_figures,
+                self.estimated,
             ]
         )
 
@@ -359,6 +369,34 @@ class Explorer:
                 figs.append(display.recompute_figure(report))
             self.figures.outputs = tuple(_figure_output(fig) for fig in figs)
         return report
+
+    def estimate(self) -> Estimate | None:
+        """The scenario the controls describe, with the model of the layer picked in `full_size`, estimated on fake
+        tensors (`tk.estimate`, CUDA rounding); the result goes into `estimated` (and `self.estimate_result`), or why
+        the estimate cannot follow it."""
+        self._validate()
+        self.estimate_result = None
+        if self.scenario is None:
+            self.estimated.value = (
+                "<span style='color:#b30000'>nothing to estimate: the controls are not runnable</span>"
+            )
+            return None
+        name = self.full_size.value
+        self.estimate_button.disabled = True
+        self.estimated.value = f"estimating {_esc(name)} on fake tensors…"
+        try:
+            model = LAYER_SHAPES[name]
+            if self.scenario.recipe is not None:  # the recipe's own rules for its model (layout, dtype), as for a run
+                model = RECIPES[self.scenario.recipe].model_config(model, fsdp=self.scenario.fsdp)
+            est = estimate_step(dataclasses.replace(self.scenario, model=model, name=name))
+        except ConfigError as e:
+            self.estimated.value = f"<span style='color:#b30000'>cannot estimate: {_esc(str(e))}</span>"
+            return None
+        finally:
+            self.estimate_button.disabled = False
+        self.estimate_result = est
+        self.estimated.value = f"<pre>{_esc(str(est))} ({est.seconds:.0f} s)</pre>"
+        return est
 
     @property
     def stage_text(self) -> str:
