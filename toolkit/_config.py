@@ -40,6 +40,17 @@ def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[An
         )
 
 
+def check_strings(owner: str, field: str, value: Any, example: str, *, non_empty: bool = True) -> tuple[str, ...]:
+    """A tuple (or list) of strings, returned as a tuple; a lone string is refused, not split into characters: the
+    one home of every such check. `example` is what the fix suggests."""
+    if isinstance(value, str):
+        raise ConfigError(owner, field, "is a single string, not a tuple of strings.", f"pass ({value!r},).")
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and (v or not non_empty) for v in value):
+        kind = "non-empty strings" if non_empty else "strings"
+        raise ConfigError(owner, field, f"{value!r} is not a tuple of {kind}.", f"pass e.g. {example}.")
+    return tuple(value)
+
+
 def check_int(owner: str, field: str, value: Any, minimum: int | None = None) -> None:
     """A whole number (not a bool), at or above `minimum`: the one home of every such check."""
     at_least = f" >= {minimum}" if minimum is not None else ""

@@ -25,6 +25,7 @@ from .._config import (
     check_choice,
     check_int,
     check_object,
+    check_strings,
     from_dict,
     to_dict,
     warn_input,
@@ -335,22 +336,14 @@ class PerOpPolicy(Checkpointing):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        fqns = self.force_recompute_mm_shapes_by_fqns
-        if isinstance(fqns, str):
-            raise ConfigError(
-                "ACConfig",
-                "force_recompute_mm_shapes_by_fqns",
-                "is a single string, not a tuple.",
-                f"pass ({fqns!r},).",
-            )
-        if not isinstance(fqns, (tuple, list)) or not all(isinstance(f, str) for f in fqns):
-            raise ConfigError(
-                "ACConfig",
-                "force_recompute_mm_shapes_by_fqns",
-                f"{fqns!r} is not a tuple of strings.",
-                "pass e.g. ('moe.router.gate',), or () to force nothing.",
-            )
-        object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", tuple(fqns))
+        fqns = check_strings(
+            "ACConfig",
+            "force_recompute_mm_shapes_by_fqns",
+            self.force_recompute_mm_shapes_by_fqns,
+            "('moe.router.gate',), or () to force nothing",
+            non_empty=False,
+        )
+        object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", fqns)
         object.__setattr__(self, "extra_save_ops", ops_of("extra_save_ops", self.extra_save_ops))
 
     def context_fn(self, module, fqn):
@@ -551,17 +544,8 @@ class RematAC(ACConfig):
             raise ConfigError(own, "debug", REMAT_REFUSED["debug"], "drop debug (torchtitan main refuses it too).")
         check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
         for name in ("save_regions", "recompute_regions"):
-            patterns = getattr(self, name)
-            if isinstance(patterns, str):
-                raise ConfigError(own, name, "is a single string, not a tuple of patterns.", f"pass ({patterns!r},).")
-            if not isinstance(patterns, (tuple, list)) or not all(isinstance(p, str) and p for p in patterns):
-                raise ConfigError(
-                    own,
-                    name,
-                    f"{patterns!r} is not a tuple of non-empty strings.",
-                    "pass e.g. ('attention.*', 'moe.shared_experts.*'), or ().",
-                )
-            object.__setattr__(self, name, tuple(patterns))
+            patterns = check_strings(own, name, getattr(self, name), "('attention.*', 'moe.shared_experts.*'), or ()")
+            object.__setattr__(self, name, patterns)
         if not compat.available("torch_remat"):
             from .._extras import reason
 
@@ -597,19 +581,8 @@ class PolicyDictAC(Checkpointing):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        keys = self.policy_save
-        if (
-            isinstance(keys, str)
-            or not isinstance(keys, (tuple, list))
-            or not all(isinstance(k, str) and k for k in keys)
-        ):
-            raise ConfigError(
-                "ACConfig",
-                "policy_save",
-                f"{keys!r} is not a tuple of non-empty strings.",
-                "pass e.g. ('aten.mm.default', 'router_scores').",
-            )
-        object.__setattr__(self, "policy_save", tuple(keys))
+        keys = check_strings("ACConfig", "policy_save", self.policy_save, "('aten.mm.default', 'router_scores')")
+        object.__setattr__(self, "policy_save", keys)
         if not compat.available("checkpoint_policy_dict"):
             raise ConfigError(
                 "ACConfig",
