@@ -406,8 +406,26 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
     # (inductor's without kernels) must never serve a real step of the same model code, nor a real one this step.
     compiled = _backend(scenario) != "eager" or scenario.compile.enabled
     with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink):
-        est = _step(scenario, cuda_rounding, notes)
+        try:
+            est = _step(scenario, cuda_rounding, notes)
+        except RuntimeError as e:
+            if _REMAT_PLACEHOLDER in str(e) and compiled:
+                # torch 2.14's fake tensors refuse the real (null) storage torch_remat sets into the placeholder of a
+                # kept region's output when it replays a block with a compiled region inside: named, never eager.
+                raise ConfigError(
+                    "estimate",
+                    "ac.mode" if scenario.recipe is None else "recipe",
+                    f"torch_remat's recompute placeholder cannot be followed on fake tensors on torch "
+                    f"{torch.__version__} (a compiled region inside a remat block: {str(e).splitlines()[0][:120]}).",
+                    "estimate remat with the whole block compiled (scope='blocks' or 'model'), estimate on torch "
+                    "2.13, or measure it with tk.run.",
+                ) from e
+            raise
     return dataclasses.replace(est, seconds=round(time.perf_counter() - t0, 3))
+
+
+# What torch 2.14's fake tensors say when torch_remat sets a real storage into one (the placeholder above).
+_REMAT_PLACEHOLDER = "Attempted to set the storage of a tensor on device"
 
 
 def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate:
