@@ -149,7 +149,7 @@ class MatrixResult(MatrixViews):
     def backend_differences(self) -> list[tuple[Row, Row, list[str]]]:
         """Cells measured with both aot_eager and inductor whose classification or saved bytes differ:
         `(aot_eager row, inductor row, what differs)`."""
-        by = {dataclasses.replace(r.cell, backend="aot_eager"): r for r in self.rows if r.cell.backend == "aot_eager"}
+        by = {r.cell: r for r in self.rows if r.cell.backend == "aot_eager"}
         out = []
         for r in self.rows:
             if r.cell.backend != "inductor":

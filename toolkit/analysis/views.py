@@ -139,10 +139,8 @@ class MatrixViews:
         ]
         for e in entries:
             c = e["case"]
-            by = ", ".join(f"{n} {label}" for label, n in sorted(e["labels"].items(), key=lambda kv: -kv[1]))
+            by, others, verified = _case_counts(e)
             cells = "<br>".join(_md(r.cell.label) for r in e["rows"])
-            others = ", ".join(f"{t}: {n}" for t, n in e["other_releases"].items()) or "-"
-            verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "-"
             notebook = f"[{pathlib.Path(c.notebook).stem}](../../notebooks/{c.notebook})" if c.notebook else "-"
             upstream = (
                 ", ".join(f"[{u}]({link})" for u, link in zip(c.upstream, c.links))
@@ -405,10 +403,8 @@ class MatrixViews:
             for e in entries:
                 c = e["case"]
                 link = f'<a href="{_h.escape(c.links[0])}">{c.id}</a>' if c.links else c.id
-                by = ", ".join(f"{n} {lab}" for lab, n in sorted(e["labels"].items(), key=lambda kv: -kv[1]))
+                by, others, verified = _case_counts(e)
                 cells = "<br>".join(_h.escape(r.cell.label) for r in e["rows"])
-                others = ", ".join(f"{t}: {n}" for t, n in e["other_releases"].items()) or "-"
-                verified = ", ".join(f"{v} on {k}" for k, v in c.verified.items()) or "-"
                 parts.append(
                     f"<tr><td>{link} {_h.escape(c.title)}</td><td>{len(e['rows'])} ({by})<details><summary>cells"
                     f"</summary>{cells}</details></td><td>{others}</td><td>{verified}</td><td>{_h.escape(c.status)}"
@@ -476,6 +472,15 @@ class MatrixViews:
             f"<h1>AC × compile × MoE: the central list</h1><p>{len(self.rows)} cells; {env}.</p>"
             f'<div id="legend">{legend}</div>{plot}{"".join(parts)}</body></html>'
         )
+
+
+def _case_counts(entry: dict[str, Any]) -> tuple[str, str, str]:
+    """A `by_case()` entry's counts as the markdown and the page both show them: cells per classification (most
+    first), cells on other releases, the catalogue's verdict per release."""
+    by = ", ".join(f"{n} {label}" for label, n in sorted(entry["labels"].items(), key=lambda kv: -kv[1]))
+    others = ", ".join(f"{t}: {n}" for t, n in entry["other_releases"].items()) or "-"
+    verified = ", ".join(f"{v} on {k}" for k, v in entry["case"].verified.items()) or "-"
+    return by, others, verified
 
 
 _STAMP = "toolkit-matrix-stamp"
