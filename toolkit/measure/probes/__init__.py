@@ -158,6 +158,7 @@ class Probes:
             inputs=[self.inputs],
             output=output,
             produced=self.tracker.produced,
+            comm_buffers=self.tracker.comm_buffers,
             compiled=self.compiled.saves,
             packed=self.packed,
             packed_keys=self.packed_keys,

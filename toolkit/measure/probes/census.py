@@ -61,6 +61,7 @@ def take(
     inputs: Iterable[Any],
     output: Any,
     produced: dict[int, Produced],
+    comm_buffers: set[int] = frozenset(),
     compiled: dict[int, CompiledSave],
     packed: dict[int, Held],
     packed_keys: set[int],
@@ -70,7 +71,8 @@ def take(
 ) -> Census:
     """Every storage held for backward at the end of the forward, once: what the probes recorded of each
     (`produced` by an op, `compiled` graph saves, `packed` by autograd without a producer, `held_inputs` of
-    checkpoints, `sac_keys` cached by SAC, `remat_kinds` of torch_remat), parameters excluded."""
+    checkpoints, `sac_keys` cached by SAC, `remat_kinds` of torch_remat), parameters and the buffers of collectives
+    that nothing else holds (`comm_buffers`) excluded."""
     remat_kinds = remat_kinds or {}
     blind: list[str] = []
     params = parameter_storages(model, blind)
@@ -117,6 +119,10 @@ def take(
             if key in packed_keys
             else "other"
         )
+        if kind == "other" and key in comm_buffers:
+            # A collective's buffer (FSDP2's flat all-gather output) that nothing of autograd's holds: the process
+            # group drops it once its finished work is released, which on gloo can land just after the forward.
+            continue
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
     for key, (ref, module, shape, dtype, nbytes) in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.

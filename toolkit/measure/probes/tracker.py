@@ -43,6 +43,10 @@ class Tracker(TorchDispatchMode):
         """Ops the recompute machinery dispatches for itself (not the model's forward ops run again)."""
         self.collectives: Counter = Counter()
         """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
+        self.comm_buffers: set[int] = set()
+        """Storages a collective read or wrote in the forward. Once the collective is done, its process group may
+        still hold them for a moment (gloo's worker thread drops its reference to a finished work after `wait()`
+        returns), so one can be alive at the end of the forward with nothing of the model's holding it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -50,6 +54,8 @@ class Tracker(TorchDispatchMode):
         name = op_name(func)
         if name.startswith(_COLLECTIVE_PREFIXES):
             self.collectives[f"{state.phase}: {name}"] += 1
+            if state.phase == "forward":
+                self.comm_buffers.update(t.untyped_storage()._cdata for t in tensors(args) if is_real(t))
         if state.phase == "forward":
             produced = self.produced
             module = None
