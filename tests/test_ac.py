@@ -3,6 +3,7 @@
 apply_ac: names, exact gradients, the exact FLOP recompute ladder, torchtitan's per-op policy op by op, validation.
 """
 
+import inspect
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import FlopCounterMode
 
 import toolkit as tk
-from toolkit import ACConfig, ConfigError
+from toolkit import ACConfig, ConfigError, compat
 
 aten = torch.ops.aten
 
@@ -406,6 +407,7 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
         "memory_budget",
         "custom",
         "remat",
+        "policy_dict",
     ]
     assert type(ACConfig()) is NoAC and type(ACConfig(mode="full")) is FullAC and FullAC() == ACConfig(mode="full")
     assert type(ACConfig(mode="selective_op")) is SelectiveOpAC and isinstance(FullAC(), ACConfig)
@@ -424,8 +426,8 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
         "debug",
     )
     for mode, cls in MODES.items():
-        if mode in ("custom", "remat"):
-            continue  # a callable cannot travel through JSON; remat is checked in test_remat
+        if mode in ("custom", "remat") or (mode == "policy_dict" and not compat.available("checkpoint_policy_dict")):
+            continue  # a callable cannot travel through JSON; remat is checked in test_remat; policy_dict below
         cfg = cls()
         record = cfg.to_dict()
         assert list(record) == list(ACConfig().to_dict()) and record["mode"] == mode  # one record for every mode
@@ -462,3 +464,26 @@ def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg,
     monkeypatch.setattr(FullAC, "wrap", original)
     tk.apply_ac(model, ACConfig(mode="full"))
     assert tk.applied(model).ac_wrapped == ["layers.0", "layers.1"]
+
+
+def test_policy_dict_mode_needs_the_torch_that_has_it():
+    """pytorch#186277's `checkpoint(policy=dict)` / `name()`: a mode where torch has it, a ConfigError naming the
+    torch it needs where not (neither 2.13.0 nor 2.14.1 has it)."""
+    import torch.utils.checkpoint as ckpt
+
+    has = "policy" in inspect.signature(ckpt.checkpoint).parameters and callable(getattr(ckpt, "name", None))
+    assert compat.available("checkpoint_policy_dict") == has
+    if torch.__version__.split("+")[0] in ("2.13.0", "2.14.1"):
+        assert not has
+    if not has:
+        with pytest.raises(
+            ConfigError, match=r"ACConfig.mode: 'policy_dict' needs .*pytorch#186277.*newer than 2.14.1"
+        ):
+            ACConfig(mode="policy_dict")
+        with pytest.raises(ConfigError, match="ACConfig.policy_save"):
+            ACConfig(mode="policy_dict", policy_save="aten.mm.default")  # the shape is checked first
+        from toolkit.notebook.widgets import Explorer
+
+        assert "policy_dict" not in Explorer().controls["ac_mode"].options
+    with pytest.raises(ConfigError, match="policy_save"):
+        ACConfig(mode="full", policy_save=("aten.mm.default",))  # only its own mode reads it

@@ -37,7 +37,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 47)]
+    assert ids == [f"C{i}" for i in range(1, 53)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -54,10 +54,13 @@ def test_catalogue_lists_filters_and_renders():
         "C22",
         "C23",
         *(f"C{i}" for i in range(34, 45)),
+        "C50",
+        "C51",
+        "C52",
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 46
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 52
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
@@ -65,7 +68,17 @@ def test_catalogue_lists_filters_and_renders():
 
 def test_the_tables_say_what_a_repro_needs_its_notebook_and_each_releases_verdict():
     assert [c.id for c in catalogue.filter(needs="multi-rank")] == ["C39", "C43", "C44"]
-    assert {c.id for c in catalogue.filter(needs="gpu")} == {"C5", "C17", "C23", "C34", "C35", "C37"}
+    assert {c.id for c in catalogue.filter(needs="gpu")} == {
+        "C5",
+        "C17",
+        "C23",
+        "C34",
+        "C35",
+        "C37",
+        "C50",
+        "C51",
+        "C52",
+    }
     assert all(c.needs == "cpu" for c in catalogue.filter(cpu="reproduced") + catalogue.filter(cpu="plausible"))
     assert {c.cpu for c in catalogue.cases()} <= set(catalogue.CPU_STATUSES)
     rows = [[cell.strip() for cell in ln.strip("|").split("|")] for ln in catalogue.markdown().splitlines()[2:]]

@@ -22,8 +22,8 @@ def test_every_feature_is_available_on_the_releases_it_was_checked_on():
     if release not in compat.CHECKED_ON:
         pytest.skip(f"torch {release} is not one of the checked releases {compat.CHECKED_ON}")
     # Build- and package-dependent, not release-dependent: the CUDA build's storage placeholder (+cpu wheels lack
-    # it, C31) and the optional torch_remat package.
-    optional = ("cuda_snapshot", "storage_placeholder", "torch_remat")
+    # it, C31) and the optional torch_remat package; and checkpoint(policy=dict) (pytorch#186277), newer than both.
+    optional = ("cuda_snapshot", "storage_placeholder", "torch_remat", "checkpoint_policy_dict")
     missing = [f.name for f in compat.FEATURES.values() if not f.available and f.name not in optional]
     assert missing == [] or (missing == ["respect_saved_tensors_hooks"] and release == "2.13.0"), missing
     assert "respect_saved_tensors_hooks" in compat.FEATURES

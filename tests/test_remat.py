@@ -356,13 +356,13 @@ def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
     assert "moe:for_loop | recipe torchtitan_main | aot_eager" in [c.label for c in quick_cells()]
     assert Cell("moe:masked", "remat_selective").scenario().ac == SELECTIVE
     # A cell that does not use the new ACConfig fields keeps the key its results were stored under (computed
-    # here from the fields of before, without save_regions / recompute_regions).
+    # here from the fields of before, without save_regions / recompute_regions / policy_save).
     import hashlib
     import json
 
     sc = Cell("dense", "full", "blocks", True).scenario()
     data = sc.to_dict()
-    for k in ("save_regions", "recompute_regions"):
+    for k in ("save_regions", "recompute_regions", "policy_save"):
         data["ac"].pop(k)
     blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": "cpu"}, sort_keys=True)
     assert cell_key(sc) == hashlib.sha256(blob.encode()).hexdigest()[:16]

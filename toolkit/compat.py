@@ -148,6 +148,25 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "the checkpoint's own work during recompute (a detach per recomputed tensor), counted apart from forward ops",
         "the checkpoint's own detaches during recompute are counted among the forward ops re-run",
     ),
+    "checkpoint_hooks": (
+        "torch.utils.checkpoint._checkpoint_hook(frame) / _recomputation_hook(frame_ref, gid) (their pack_hook)",
+        "which op, module, shape, dtype and device made each tensor a checkpoint region saves, in the forward and in "
+        "the recompute (what a CheckpointError explanation names)",
+        "a CheckpointError is explained from its message alone (the position and metadata that diverged), not the "
+        "op, module or likely cause",
+    ),
+    "op_schema": (
+        "OpOverload._schema (arguments' alias_info.is_write)",
+        "in-place writes to tensors that existed before the step (state a recompute reads changed: a side effect)",
+        "in-place state changes inside checkpoint regions are not seen, so a CheckpointError's side-effect cause "
+        "cannot be named",
+    ),
+    "checkpoint_policy_dict": (
+        "torch.utils.checkpoint.checkpoint(policy={op or name: CheckpointPolicy}) and torch.utils.checkpoint.name "
+        "(pytorch#186277)",
+        "ACConfig(mode='policy_dict'): SAC from a dict of ops and tensor names",
+        "",
+    ),
 }
 
 # torch_remat's replay of a kept region during recompute (its saved inputs re-derived as views, its outputs
@@ -302,15 +321,47 @@ def _find_respect_saved_tensors_hooks() -> _Found:
     return _Found(ok, f"torch {torch.__version__} checkpoint() has no respect_saved_tensors_hooks")
 
 
+def _torch_original(cls: Any) -> Any:
+    """torch's own class where the toolkit has put a subclass of it in its place for a while."""
+    return getattr(cls, "_toolkit_original", cls)
+
+
 def _find_checkpoint_recompute_hook() -> _Found:
     import torch.utils.checkpoint as ckpt
 
-    cls = getattr(ckpt, "_recomputation_hook", None)
+    # While `observed_checkpoint_hooks` is active the module holds its subclass: detect torch's own class.
+    cls = _torch_original(getattr(ckpt, "_recomputation_hook", None))
     if cls is None:
         return _Found(False, "torch.utils.checkpoint has no _recomputation_hook")
     if "pack_hook" not in inspect.getsource(cls.__init__):
         return _Found(False, "_recomputation_hook.__init__ defines no pack_hook")
     return _Found(True, "", cls)
+
+
+def _find_checkpoint_hooks() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    fwd = _torch_original(getattr(ckpt, "_checkpoint_hook", None))
+    rec = _torch_original(getattr(ckpt, "_recomputation_hook", None))
+    base = torch.autograd.graph.saved_tensors_hooks
+    for cls, params in ((fwd, ["self", "frame"]), (rec, ["self", "target_frame_ref", "gid"])):
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            return _Found(False, "torch.utils.checkpoint lacks _checkpoint_hook / _recomputation_hook")
+        if list(inspect.signature(cls.__init__).parameters) != params:
+            return _Found(False, f"{cls.__name__}.__init__ takes {list(inspect.signature(cls.__init__).parameters)}")
+    return _Found(True, value=(ckpt, fwd, rec))
+
+
+def _find_op_schema() -> _Found:
+    arg = torch.ops.aten.add_.Tensor._schema.arguments[0]
+    return _Found(bool(arg.alias_info is not None and arg.alias_info.is_write), "add_'s self is not marked written")
+
+
+def _find_checkpoint_policy_dict() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    ok = "policy" in inspect.signature(ckpt.checkpoint).parameters and callable(getattr(ckpt, "name", None))
+    return _Found(ok, f"torch {torch.__version__} has no checkpoint(policy=...) / torch.utils.checkpoint.name")
 
 
 def _find_torch_remat() -> _Found:
@@ -544,6 +595,144 @@ class CheckpointCall:
 
     def call(self, original: Callable) -> Any:
         return original(*self.bound.args, **self.bound.kwargs)
+
+
+class CheckpointObserver:
+    """What `observed_checkpoint_hooks` tells: a region's frame made, entered and left in the forward, each tensor it
+    packs, then each recompute (a frame and its graph-task id) entered, packing and left; `pack_done` after each
+    pack (the hook's own ops, a recompute's `detach`, run in between). The default does nothing."""
+
+    def frame(self, frame: Any) -> None: ...
+    def forward_enter(self, frame: Any) -> None: ...
+    def forward_exit(self, frame: Any) -> None: ...
+    def forward_pack(self, frame: Any, x: torch.Tensor) -> None: ...
+    def recompute_enter(self, frame: Any, gid: Any) -> None: ...
+    def recompute_exit(self, frame: Any, gid: Any) -> None: ...
+    def recompute_pack(self, frame: Any, gid: Any, x: torch.Tensor) -> None: ...
+    def pack_done(self) -> None: ...
+
+
+def _observing_pack(inner: Callable, note: Callable[[torch.Tensor], None], done: Callable[[], None]) -> Callable:
+    """`inner` (a checkpoint's pack hook) with `note(x)` before and `done()` after; torch's own attributes on it
+    (2.14's `_checkpoint_internal`) carried over, so torch still recognises the hook as a checkpoint's."""
+
+    def pack_hook(x):
+        note(x)
+        try:
+            return inner(x)
+        finally:
+            done()
+
+    pack_hook.__dict__.update(getattr(inner, "__dict__", {}))
+    # Autograd calls pack hooks from inside compiled frames: Dynamo must neither trace this one nor what it calls
+    # (torch disables Dynamo on the recompute's own hook for that reason).
+    return torch.compiler.disable(pack_hook)
+
+
+@contextlib.contextmanager
+def observed_checkpoint_hooks(observer: CheckpointObserver) -> Iterator[bool]:
+    """While active, every non-reentrant checkpoint's saved-tensor hooks tell `observer` what they pack, forward and
+    recompute; the hooks themselves run unchanged. Yields False (observing nothing) where this torch lacks them."""
+    f = _found["checkpoint_hooks"]
+    if not f.ok:
+        yield False
+        return
+    ckpt, forward_cls, recompute_cls = f.value
+
+    class _ForwardHook(forward_cls):
+        def __init__(self, frame):
+            super().__init__(frame)
+            self._toolkit_frame = frame
+            observer.frame(frame)
+            self.pack_hook = _observing_pack(
+                self.pack_hook, lambda x: observer.forward_pack(frame, x), observer.pack_done
+            )
+
+        def __enter__(self):
+            observer.forward_enter(self._toolkit_frame)
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            try:
+                return super().__exit__(*exc)
+            finally:
+                observer.forward_exit(self._toolkit_frame)
+
+    class _RecomputeHook(recompute_cls):
+        def __init__(self, target_frame_ref, gid):
+            super().__init__(target_frame_ref, gid)
+            self._toolkit_ref, self._toolkit_gid = target_frame_ref, gid
+            self.pack_hook = _observing_pack(
+                self.pack_hook, lambda x: observer.recompute_pack(target_frame_ref(), gid, x), observer.pack_done
+            )
+
+        def __enter__(self):
+            observer.recompute_enter(self._toolkit_ref(), self._toolkit_gid)
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            try:
+                return super().__exit__(*exc)
+            finally:
+                observer.recompute_exit(self._toolkit_ref(), self._toolkit_gid)
+
+    _ForwardHook._toolkit_original, _RecomputeHook._toolkit_original = forward_cls, recompute_cls
+    for cls in (_ForwardHook, _RecomputeHook):
+        for method in ("__init__", "__enter__", "__exit__"):
+            skip_code(getattr(cls, method).__code__)
+    with patched(ckpt, "_checkpoint_hook", _ForwardHook), patched(ckpt, "_recomputation_hook", _RecomputeHook):
+        yield True
+
+
+def draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Does this call draw from torch's global RNG? Ops tagged `nondeterministic_seeded`, unless given a generator
+    of their own or a dropout probability of 0 (SDPA and dropout kernels carry the tag for their dropout)."""
+    if torch.Tag.nondeterministic_seeded not in (getattr(func, "tags", ()) or ()):
+        return False
+    if kwargs.get("generator") is not None:
+        return False
+    schema = getattr(func, "_schema", None) if _found["op_schema"].ok else None
+    if schema is not None:
+        for i, a in enumerate(schema.arguments):
+            if a.name in ("dropout_p", "p") and a.type.kind() == "FloatType":
+                value = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+                if value == 0:
+                    return False
+            if a.name == "train" and i < len(args) and args[i] is False:
+                return False
+            if a.name == "generator" and i < len(args) and args[i] is not None:
+                return False
+    return True
+
+
+_written: dict[Any, tuple[Any, ...]] = {}
+
+
+def written_arguments(func: Any) -> tuple[Any, ...]:
+    """The positions (ints) and keyword names (strs) of the arguments an op writes in place (`add_`'s self, an
+    `out=`); () for a functional op, or where this torch has no schema to read."""
+    out = _written.get(func)
+    if out is None:
+        out = ()
+        schema = getattr(func, "_schema", None) if _found["op_schema"].ok else None
+        if schema is not None:
+            written = [
+                (i, a.name)
+                for i, a in enumerate(schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            ]
+            out = tuple(i for i, _ in written) + tuple(name for _, name in written)
+        _written[func] = out
+    return out
+
+
+def checkpoint_policy_dict(keys: tuple[str, ...]) -> dict[str, Any]:
+    """`checkpoint(policy=...)`'s dict (pytorch#186277) saving `keys` (op names, or names given with
+    `torch.utils.checkpoint.name`); what it does not name is recomputed. Only where `checkpoint_policy_dict` is
+    available."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return {key: CheckpointPolicy.MUST_SAVE for key in keys}
 
 
 def top_saved_tensors_hooks_are(pack: Callable) -> bool:
@@ -1158,6 +1347,7 @@ def recompute_bookkeeping(enter: Callable[[], None], leave: Callable[[], None]) 
             cls = f.value
             original_init = cls.__init__
 
+            @functools.wraps(original_init)  # its signature stays the original's: `checkpoint_hooks` detects by it
             def init(self: Any, *args: Any, **kwargs: Any) -> None:
                 original_init(self, *args, **kwargs)
                 self.pack_hook = bracket(self.pack_hook)

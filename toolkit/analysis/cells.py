@@ -210,7 +210,7 @@ def valid(cell: Cell) -> str | None:
 
 # ACConfig fields added after results were first recorded: left out of the key while unset, so that the results
 # of every cell that does not use them stay valid.
-_LATER_AC_FIELDS = ("save_regions", "recompute_regions")
+_LATER_AC_FIELDS = ("save_regions", "recompute_regions", "policy_save")
 
 
 def cell_key(scenario: Scenario, device: str = "cpu") -> str:

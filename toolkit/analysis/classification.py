@@ -70,7 +70,12 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
     elif report.outcome == "error":
         flags.append("error")
         e = report.error
-        why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
+        d = report.checkpoint_error
+        if d is not None:
+            # Torch's message names a position; say what diverged and why, from what the probes saw.
+            why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {d.summary()}; likely cause: {d.cause_text()}"
+        else:
+            why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
     else:
         n = report.numerics
         if n.compared and not n.grads_match:

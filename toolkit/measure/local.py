@@ -30,6 +30,7 @@ from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import applied
 from . import numerics as _numerics
 from .environment import environment
+from .explain import explain, is_checkpoint_error
 from .report import (
     CompileInfo,
     Distributed,
@@ -207,6 +208,10 @@ def _assemble(
             blind.append(compat.blind_spot("profiler_allocations"))
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
         warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
+    divergence = None
+    if is_checkpoint_error(err):
+        divergence = explain(err, steps.checkpoints if steps is not None else None)
+        warn[:0] = divergence.warnings()  # the first warning lines say what diverged and why
     if compat.remat_placeholders_active():
         warn.append(_REMAT_STAND_IN_NOTE)
     t = steps.timings if steps is not None else {}
@@ -230,6 +235,7 @@ def _assemble(
         blind_spots=tuple(dict.fromkeys(blind)),
         distributed=dist_info,
         transforms=transforms,
+        checkpoint_error=divergence,
         timing=Timing(
             build_s=round(timing.get("build_s", 0.0), 4),
             apply_s=round(timing.get("apply_s", 0.0), 4),

@@ -244,6 +244,127 @@ class ErrorInfo:
     stage: str
 
 
+CAUSES: dict[str, str] = {
+    "rng_not_preserved": "RNG not preserved: the region draws random numbers and its recompute draws others",
+    "side_effect": "a side effect in the forward: state the region wrote in place was read again by the recompute",
+    "compile_switch": "a recompile or a switch between compiled and eager code between the forward and the recompute",
+    "routing_changed": "routing decisions differ between the forward and the recompute",
+    "token_count_changed": "a token count changed between the forward and the recompute",
+    "unknown": "not identified from what the probes saw",
+}
+"""The likely causes a CheckpointError explanation can name, most specific first (`CheckpointDivergence.cause`)."""
+EXPLAINED = ("CheckpointError explained:", "CheckpointError likely cause:")
+"""How the warnings a CheckpointError explanation puts first begin."""
+
+
+@dataclass(frozen=True)
+class DivergedTensor:
+    """One side (forward or recompute) of the saved tensor that diverged."""
+
+    op: str = "unknown"
+    """The op whose autograd node saved it ("compiled graph" when a compiled graph's runtime did)."""
+    module: str = ""
+    """Canonical name of the module running when it was saved ("" = the model itself)."""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    device: str = ""
+
+    def text(self) -> str:
+        """`float32[30, 64] on cpu`."""
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}] on {self.device}"
+
+    def origin(self) -> str:
+        """`aten.mm.default in layers.0.moe`."""
+        return f"{self.op} in {self.module or '<model>'}"
+
+
+@dataclass(frozen=True)
+class RoutingChange:
+    """A routing decision (`topk`) that came out differently in the recompute than in the forward."""
+
+    module: str = ""
+    op: str = ""
+    tokens: int = 0
+    """Rows of the decision (tokens routed)."""
+    changed: int = 0
+    """Tokens whose set of selected experts differs."""
+    counts_forward: tuple[int, ...] = ()
+    """Tokens per expert in the forward (a count op's output where the region has one, else from the decision)."""
+    counts_recompute: tuple[int, ...] = ()
+
+    def text(self) -> str:
+        counts = (
+            f"; tokens per expert {list(self.counts_forward)} -> {list(self.counts_recompute)}"
+            if self.counts_forward != self.counts_recompute
+            else ""
+        )
+        where = f"{self.module or '<model>'} ({self.op})"
+        return f"{self.changed} of {self.tokens} tokens chose other experts in {where}{counts}"
+
+
+@dataclass(frozen=True)
+class CheckpointDivergence:
+    """Why a `torch.utils.checkpoint.CheckpointError` was raised: which saved tensor of which region diverged between
+    the forward and the recompute, and the likely cause, from what the probes saw during the step (nothing re-run)."""
+
+    region: str = ""
+    """The checkpointed region (its wrapper's name, or the module that called `checkpoint`; "" = the model)."""
+    position: int | None = None
+    """Index of the first diverged tensor among those the region saved, as torch's message counts them."""
+    diverged: int = 0
+    """How many saved tensors differ (a count mismatch included)."""
+    saved_forward: int = 0
+    """Tensors the region saved in the forward."""
+    saved_recompute: int = 0
+    """Tensors its recompute saved before the check (0 when only the message was seen)."""
+    forward: DivergedTensor | None = None
+    recompute: DivergedTensor | None = None
+    cause: str = "unknown"
+    """A key of `CAUSES`."""
+    evidence: tuple[str, ...] = ()
+    """What the probes saw that points to the cause, one sentence each."""
+    routing: RoutingChange | None = None
+    seen_by: Literal["probes", "message"] = "probes"
+    """"probes": from what the probes recorded of the region; "message": from torch's error message alone (this
+    torch lacks the checkpoint hooks the probes read, or the region was not seen)."""
+
+    def summary(self) -> str:
+        """One sentence: where it diverged, with the forward's and the recompute's shape, dtype and device."""
+        where = self.region or "<model>"
+        count = (
+            f"saved {self.saved_forward} tensors in the forward, {self.saved_recompute} in the recompute; "
+            if self.saved_recompute and self.saved_recompute != self.saved_forward
+            else ""
+        )
+        if self.position is None or self.forward is None:
+            return f"checkpointed region {where}: {count or 'the recompute saved different tensors than the forward'}"
+        rec = (
+            f"{self.recompute.text()} in the recompute"
+            + (f" ({self.recompute.origin()})" if self.recompute.origin() != self.forward.origin() else "")
+            if self.recompute is not None
+            else "nothing in the recompute"
+        )
+        return (
+            f"checkpointed region {where} {count}saved tensor {self.position} ({self.forward.origin()}) is "
+            f"{self.forward.text()} in the forward, {rec}"
+        )
+
+    def cause_text(self) -> str:
+        return CAUSES.get(self.cause, self.cause) + (f" ({self.routing.text()})" if self.routing else "")
+
+    def warnings(self) -> list[str]:
+        """The Report's first warning lines (`EXPLAINED`): the summary and the likely cause."""
+        return [f"{EXPLAINED[0]} {self.summary()}", f"{EXPLAINED[1]} {self.cause_text()}"]
+
+    def lines(self) -> list[str]:
+        """The explanation as report lines (summary, cause, evidence)."""
+        out = [f"diverged: {self.summary()}", f"likely cause: {self.cause_text()}"]
+        out += [f"seen: {e}" for e in self.evidence]
+        if self.seen_by == "message":
+            out.append("seen: torch's error message only (the probes did not see the region's saved tensors)")
+        return out
+
+
 @dataclass(frozen=True)
 class Report:
     outcome: Outcome = "ok"
@@ -261,6 +382,8 @@ class Report:
     """What this Report cannot see on this torch (a private API missing or changed), one sentence each."""
     distributed: Distributed = field(default_factory=Distributed)
     transforms: Transforms = field(default_factory=Transforms)
+    checkpoint_error: CheckpointDivergence | None = None
+    """When the step raised a CheckpointError: which saved tensor diverged and the likely cause."""
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -392,11 +515,13 @@ def format_report(r: Report) -> str:
     lines.append(f"{title}: {r.outcome}")
     if r.error is not None:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
+    if r.checkpoint_error is not None:
+        lines += [f"  {line}" for line in r.checkpoint_error.lines()]
     # An input that ran but did nothing of what it says (InputWarning) leads, before any number it may explain.
     inputs = [w for w in r.warnings if w.startswith(INPUT_WARNING)]
     for w in inputs:
         lines.append(f"  input: {w[len(INPUT_WARNING) :].splitlines()[0][:300]}")
-    others = [w for w in r.warnings if not w.startswith(INPUT_WARNING)]
+    others = [w for w in _shown_warnings(r) if not w.startswith(INPUT_WARNING)]
     if r.outcome in ("crashed", "timeout") and r.error is None:
         return "\n".join(lines)
     measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss is not None
@@ -462,6 +587,11 @@ def format_report(r: Report) -> str:
     for w in others[:3]:
         lines.append(f"  warning: {w.splitlines()[0][:140]}")
     return "\n".join(lines)
+
+
+def _shown_warnings(r: Report) -> list[str]:
+    """The warnings the summary lists: a CheckpointError's explanation has its own lines above them."""
+    return [w for w in r.warnings if not (r.checkpoint_error is not None and w.startswith(EXPLAINED))]
 
 
 def short_path(path: str) -> str:

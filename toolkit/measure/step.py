@@ -52,6 +52,8 @@ class StepResult:
     """Graphs compiled over every step run here (recompiles in later steps included)."""
     memory: Memory | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    checkpoints: Any = None
+    """When the probed step failed: what the probes kept of its checkpoint regions (`explain.CheckpointView`)."""
 
 
 def _output_bytes(out: Any) -> int:
@@ -91,21 +93,27 @@ def measured_step(
     t0 = time.perf_counter()
     with torch_settings(model):
         counted = compat.counters_snapshot()
-        with probes.active() if probes is not None else contextlib.nullcontext():
-            stage("forward")
-            if seed is not None:
-                torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
-            with probes.phase_scope("forward") if probes is not None else contextlib.nullcontext():
-                output = forward()
-            t_fwd = time.perf_counter()
+        try:
+            with probes.active() if probes is not None else contextlib.nullcontext():
+                stage("forward")
+                if seed is not None:
+                    torch.manual_seed(seed)  # the same RNG stream as the reference run (router noise, dropout)
+                with probes.phase_scope("forward") if probes is not None else contextlib.nullcontext():
+                    output = forward()
+                t_fwd = time.perf_counter()
+                if probes is not None:
+                    out.census = probes.census(output)
+                loss = loss_of(output)
+                del output
+                stage("backward")
+                t_bwd = time.perf_counter()
+                with probes.phase_scope("backward") if probes is not None else contextlib.nullcontext():
+                    loss.backward()
+        except Exception:
+            # Kept for the Report (a CheckpointError is explained from it); the step's failure stands.
             if probes is not None:
-                out.census = probes.census(output)
-            loss = loss_of(output)
-            del output
-            stage("backward")
-            t_bwd = time.perf_counter()
-            with probes.phase_scope("backward") if probes is not None else contextlib.nullcontext():
-                loss.backward()
+                out.checkpoints = probes.checkpoint_view(model)
+            raise
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
     out.timings.update(
         first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0, first_backward_s=time.perf_counter() - t_bwd

@@ -89,10 +89,14 @@ class Explorer:
                 style=style,
             ),
             # "custom" needs a policy function, which a dropdown cannot give.
-            # "remat" only where torch_remat is installed.
+            # "remat" only where torch_remat is installed, "policy_dict" where torch has it.
             "ac_mode": W.Dropdown(
                 options=[
-                    mode for mode in MODES if mode != "custom" and (mode != "remat" or compat.available("torch_remat"))
+                    mode
+                    for mode in MODES
+                    if mode != "custom"
+                    and (mode != "remat" or compat.available("torch_remat"))
+                    and (mode != "policy_dict" or compat.available("checkpoint_policy_dict"))
                 ],
                 value=ac.mode if ac.mode != "custom" else "none",
                 description="AC mode",

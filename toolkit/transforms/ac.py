@@ -35,7 +35,17 @@ from .policies import custom_context, per_op_context, save_ops_context
 from .remat import REMAT_FULL, REMAT_SELECTIVE
 from .settings import Applied, applied, forget, record
 
-ACMode = Literal["none", "full", "selective_op", "selective_layer", "per_submodule", "memory_budget", "custom", "remat"]
+ACMode = Literal[
+    "none",
+    "full",
+    "selective_op",
+    "selective_layer",
+    "per_submodule",
+    "memory_budget",
+    "custom",
+    "remat",
+    "policy_dict",
+]
 
 
 # main's reasons, word for word, for the two options its remat configs refuse.
@@ -556,9 +566,58 @@ def _linears(block: nn.Module) -> list[str]:
     return [canonical_name(n) for n, m in block.named_modules() if isinstance(m, nn.Linear)]
 
 
+@dataclass(frozen=True, kw_only=True)
+class PolicyDictAC(Checkpointing):
+    """Each block checkpointed with torch's dict policy (pytorch#186277): `checkpoint(policy={key: MUST_SAVE})`, the
+    keys op names or tensor names given with `torch.utils.checkpoint.name()`, everything else recomputed. Only on a
+    torch that has the API (`compat`'s `checkpoint_policy_dict`); elsewhere the config is refused."""
+
+    mode: Literal["policy_dict"] = "policy_dict"
+    IGNORES: ClassVar[str] = "its blocks get the dict policy"
+    uses_sac: ClassVar[bool] = True
+    policy_save: tuple[str, ...] = ("aten.mm.default", "aten.topk.default")
+    """The policy's MUST_SAVE keys: op names ("aten.mm.default", "aten::mm", the packet "aten.mm") or names given
+    with `torch.utils.checkpoint.name(tensor, name)` in the model's code; the rest is recomputed."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        keys = check_strings("ACConfig", "policy_save", self.policy_save, "('aten.mm.default', 'router_scores')")
+        object.__setattr__(self, "policy_save", keys)
+        if not compat.available("checkpoint_policy_dict"):
+            raise ConfigError(
+                "ACConfig",
+                "mode",
+                f"'policy_dict' needs torch.utils.checkpoint.checkpoint(policy=...) and torch.utils.checkpoint.name() "
+                f"(pytorch#186277); torch {torch.__version__} has neither.",
+                "use a torch that includes pytorch#186277 (newer than 2.14.1), or per-op SAC: mode='selective_op', or "
+                "mode='custom' with save_ops.",
+            )
+
+    def wrap(self, module, fqn, *, selective=None):
+        if selective is False:
+            return super().wrap(module, fqn, selective=False)
+        return compat.checkpoint_wrapper(
+            module,
+            preserve_rng_state=self.preserve_rng_state,
+            determinism_check=self.determinism_check,
+            early_stop=self.early_stop,
+            policy=compat.checkpoint_policy_dict(self.policy_save),
+        )
+
+
 MODES: dict[str, type[ACConfig]] = {
     c.own_mode(): c
-    for c in (NoAC, FullAC, SelectiveOpAC, SelectiveLayerAC, PerSubmoduleAC, MemoryBudgetAC, CustomAC, RematAC)
+    for c in (
+        NoAC,
+        FullAC,
+        SelectiveOpAC,
+        SelectiveLayerAC,
+        PerSubmoduleAC,
+        MemoryBudgetAC,
+        CustomAC,
+        RematAC,
+        PolicyDictAC,
+    )
 }
 
 # Every option of every mode, with the value the JSON record gives one that a mode does not read.
@@ -578,6 +637,7 @@ JSON_FIELDS: dict[str, Any] = {
     "save_regions": None,
     "recompute_regions": None,
     "wrap_inductor_compiled_regions": False,
+    "policy_save": None,
 }
 # What files written before options became mode-specific hold for an option whatever the mode: accepted (and
 # dropped) for a mode that does not read it.
@@ -740,6 +800,7 @@ __all__ = [
     "NoAC",
     "Checkpointing",
     "FullAC",
+    "PolicyDictAC",
     "PerOpPolicy",
     "SelectiveOpAC",
     "SelectiveLayerAC",

@@ -81,6 +81,8 @@ class Probes:
         self.tracker = Tracker(self.state)
         self.compiled = CompiledGraphs(self.state, set(self.modules.names.values()))
         self.checkpoints = Checkpoints(self.state, self.modules.names, self.tracker.record, own_pack=Probes._pack)
+        self.checkpoints.observer.last_op = lambda: self.tracker.last_op
+        self.checkpoints.observer.last_outputs = lambda: self.tracker.last_outputs
         self.trace = TraceEvents(self.state)
         self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
         self.packed_keys: set[int] = set()
@@ -165,6 +167,25 @@ class Probes:
             held_inputs=self.state.held_inputs,
             sac_keys=self.checkpoints.sac_cached_keys(),
             remat_kinds=self.remat_kinds,
+        )
+
+    def checkpoint_view(self, model: nn.Module):
+        """What the probes kept of the step's checkpoint regions, for explaining a CheckpointError (plain records;
+        call it after the failing step)."""
+        from ..explain import CheckpointView
+
+        names = {}
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            t = compat.local_tensor(t)
+            if is_real(t):
+                names.setdefault(t.untyped_storage()._cdata, name)
+        obs = self.checkpoints.observer
+        return CheckpointView(
+            records=tuple(obs.records),
+            last_recompute=obs.last_recompute,
+            observing=self.checkpoints.observing,
+            backward_recompiles=tuple(self.trace.backward_recompiles),
+            names=names,
         )
 
     def collect(self) -> ProbeRecord:

@@ -84,6 +84,20 @@ class StepState:
         torch_remat's replay of a kept region): ops dispatched inside are not forward ops re-run."""
         self.held_inputs: dict[int, Held] = {}
         """Storages a checkpoint region holds to re-run its function (its inputs, the RNG state it stashed)."""
+        self.frames: list[Any] = []
+        """Checkpoint regions (their `FrameRecord`s) whose forward is running, innermost last."""
+        self.recomputes: list[tuple[Any, Any]] = []
+        """(FrameRecord, graph task id) of the checkpoint recomputes running now, innermost last."""
+        self.compiled_saves: dict[int, str] = {}
+        """Storage key → compiled region of the tensors the compiled graph that ran last inside a checkpoint region is
+        saving and has not packed yet ("" = a compiled function, not a module); emptied when the region's forward or
+        recompute ends."""
+        self.in_pack = 0
+        """Inside a checkpoint's pack hook: the ops it dispatches itself are not the model's."""
+        self.pending_packs: list[tuple[list, int]] = []
+        """Packs of an op's inputs (autograd saves them before the op runs), waiting for that op's name."""
+        self.checkpoint_options: dict[str, Any] = {}
+        """The options of the checkpoint call whose frame is about to be made."""
 
     def hold(self, t: torch.Tensor) -> None:
         """Note that a checkpoint region holds `t` until its recompute."""

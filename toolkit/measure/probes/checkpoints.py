@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +19,128 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ... import compat
 from ...compat import tree_leaves
 from .base import Produced, StepState, dtype_name, is_real, storage_key
+
+COMPILED_OP = "compiled graph"
+"""The op a saved tensor is attributed to when a compiled graph's runtime saved it (its own ops are not seen)."""
+
+
+class Packed(NamedTuple):
+    """One tensor a checkpoint region packed (forward) or re-packed (recompute): who made it, and its metadata."""
+
+    op: str
+    """The op dispatched last before autograd saved it (the op whose backward needs it), or `COMPILED_OP`."""
+    module: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+@dataclass
+class FrameRecord:
+    """What the probes saw of one non-reentrant checkpoint region: what it packed in the forward and in each
+    recompute, and what could make the two differ (random ops, in-place writes to older tensors, routing
+    decisions, compiled code). Plain metadata, except the routing decisions' small index tensors."""
+
+    region: str
+    """The module running when the region began (its CheckpointWrapper's name, or the caller of `checkpoint`)."""
+    preserve_rng_state: bool | None = None
+    forward: list[Packed] = field(default_factory=list)
+    recomputes: dict[Any, list[Packed]] = field(default_factory=dict)
+    """Graph-task id → what the recompute packed, in order."""
+    random_ops: list[tuple[str, str]] = field(default_factory=list)
+    """(module, op) of the ops drawing from torch's global RNG in the forward."""
+    mutated: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Storage key → (module, op) of in-place writes in the forward to tensors that existed before the step."""
+    reads: list[tuple[str, str, int]] = field(default_factory=list)
+    """(module, op, storage key) of recompute ops reading a tensor the forward wrote in place."""
+    routing: list[tuple[str, str, torch.Tensor]] = field(default_factory=list)
+    """(module, op, indices) of each routing decision (`topk`) and token count the forward made."""
+    routing_recompute: dict[Any, list[tuple[str, str, torch.Tensor]]] = field(default_factory=dict)
+    compiled_forward: int = 0
+    """Compiled graphs that ran inside the region in the forward."""
+    compiled_recompute: dict[Any, int] = field(default_factory=dict)
+
+
+class FrameObserver(compat.CheckpointObserver):
+    """Keeps a `FrameRecord` per checkpoint region of the step and tells the shared state which region (forward)
+    or recompute is running, so that the dispatch tracker attributes what it sees."""
+
+    def __init__(self, state: StepState, last_op: Callable[[], str], last_outputs: Callable[[], frozenset[int]]):
+        self.state = state
+        self.last_op = last_op
+        self.last_outputs = last_outputs
+        self.records: list[FrameRecord] = []
+        self.by_frame: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.last_recompute: tuple[FrameRecord, Any] | None = None
+        """The region recomputed last, and its graph task: the one a CheckpointError is about."""
+
+    def _pack(self, packs: list[Packed], x: torch.Tensor) -> None:
+        """Note `x` packed: the compiled graph's when that graph is saving it, the last op's when `x` is one of its
+        outputs, else (an input autograd saves before the op runs) the next op's."""
+        state = self.state
+        state.in_pack += 1
+        key = x.untyped_storage()._cdata if is_real(x) else None
+        # Popped: the graph's node packs each once; a later eager op saving the same tensor is that op's save.
+        region = state.compiled_saves.pop(key, None) if key is not None else None
+        meta = Packed(
+            COMPILED_OP if region is not None else "unknown",
+            (region or state.module()) if region is not None else state.module(),
+            tuple(x.shape),
+            dtype_name(x),
+            str(x.device),
+        )
+        if region is None:
+            if key is not None and key in self.last_outputs():
+                meta = meta._replace(op=self.last_op())
+            else:
+                state.pending_packs.append((packs, len(packs)))
+        packs.append(meta)
+
+    def pack_done(self):
+        self.state.in_pack -= 1
+
+    def frame(self, frame):
+        opts = self.state.checkpoint_options
+        region = opts.get("region")
+        rec = FrameRecord(self.state.module() if region is None else region, opts.get("preserve_rng_state"))
+        self.state.checkpoint_options = {}
+        self.by_frame[frame] = rec
+        self.records.append(rec)
+
+    def forward_enter(self, frame):
+        self.state.frames.append(self.by_frame.get(frame))
+
+    def forward_exit(self, frame):
+        self.state.compiled_saves = {}
+        if self.state.frames:
+            self.state.frames.pop()
+
+    def forward_pack(self, frame, x):
+        rec = self.by_frame.get(frame)
+        if rec is not None and self.state.phase == "forward":
+            self._pack(rec.forward, x)
+        else:
+            self.state.in_pack += 1
+
+    def recompute_enter(self, frame, gid):
+        rec = self.by_frame.get(frame) if frame is not None else None
+        if rec is not None:
+            rec.recomputes.setdefault(gid, [])
+            rec.routing_recompute.setdefault(gid, [])
+            self.last_recompute = (rec, gid)
+        self.state.recomputes.append((rec, gid))
+
+    def recompute_exit(self, frame, gid):
+        self.state.compiled_saves = {}
+        if self.state.recomputes:
+            self.state.recomputes.pop()
+
+    def recompute_pack(self, frame, gid, x):
+        rec = self.by_frame.get(frame) if frame is not None else None
+        if rec is not None:
+            self._pack(rec.recomputes.setdefault(gid, []), x)
+        else:
+            self.state.in_pack += 1
 
 
 class Checkpoints:
@@ -34,6 +158,8 @@ class Checkpoints:
         self.sac_storages: list[Any] = []
         self.saw_checkpoint = False
         self.blind: set[str] = set()
+        self.observer = FrameObserver(state, lambda: "unknown", frozenset)
+        self.observing = False
 
     @contextlib.contextmanager
     def patches(self) -> Iterator[None]:
@@ -51,6 +177,7 @@ class Checkpoints:
             else:
                 self.blind.add("sac_mode")
             stack.enter_context(compat.patched(torch, "get_rng_state", self._get_rng_state(torch.get_rng_state)))
+            self.observing = stack.enter_context(compat.observed_checkpoint_hooks(self.observer))
             yield
 
     def _generator(self, original, sig):
@@ -64,11 +191,21 @@ class Checkpoints:
                 for t in tree_leaves(call.inputs):
                     probes.state.hold(t)
                 compat.keep_sac_legacy_under(call, probes.own_pack)
+                # Read by the frame the generator makes next (the options a CheckpointError explanation weighs).
+                probes.state.checkpoint_options = {
+                    "preserve_rng_state": call.option("preserve_rng_state"),
+                    "region": probes._region_of(call.fn),
+                }
             # The generator calls `fn` only to recompute: a call of the wrapper means backward is re-running it.
             call.fn = probes._recompute_wrapper(call.fn)
             return (yield from call.call(original))
 
         return generator
+
+    def _region_of(self, fn) -> str | None:
+        """The canonical name of the module a checkpoint call runs (a module, or one's bound method), if any."""
+        owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+        return self.names.get(id(owner)) if isinstance(owner, nn.Module) else None
 
     def _recompute_wrapper(self, fn):
         owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)

@@ -141,9 +141,30 @@ class CompiledGraphs:
                     f"the tensors a compiled graph saved in this step (reading them failed: "
                     f"{type(e).__name__}: {e}); saved bytes may be too low"
                 )
+            graphs.note_checkpoint_run(saved_state, fw_outs)
             return original(saved_state, ctx, fw_outs)
 
         return save_from_forward
+
+    def note_checkpoint_run(self, saved_state: Any, fw_outs: Any) -> None:
+        """A compiled graph ran inside a checkpoint region's forward or recompute: counted on its `FrameRecord`, and
+        the storages it is about to save noted, so that the region sees them packed as the graph's (autograd packs
+        them when the graph's autograd.Function returns, after the last eager op)."""
+        state = self.state
+        if state.phase == "forward" and state.frames and state.frames[-1] is not None:
+            state.frames[-1].compiled_forward += 1
+        elif state.phase == "backward" and state.recomputes and state.recomputes[-1][0] is not None:
+            rec, gid = state.recomputes[-1]
+            rec.compiled_recompute[gid] = rec.compiled_recompute.get(gid, 0) + 1
+        else:
+            return
+        region = state.region()
+        state.compiled_saves = {
+            t.untyped_storage()._cdata: region
+            for sl in compat.saved_slices(saved_state.metadata)
+            for t in fw_outs[sl]
+            if is_real(t)
+        }
 
     def on_save(self, saved_state: Any, ctx: Any, fw_outs: Any) -> None:
         state = self.state

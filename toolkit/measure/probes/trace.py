@@ -22,6 +22,8 @@ class TraceEvents(logging.Handler):
         self.state = state
         self.breaks: list[tuple[str, str, int]] = []
         self.recompiles: list[str] = []
+        self.backward_recompiles: list[str] = []
+        """Recompile reasons of frames compiled while backward ran (a checkpoint's recompute among them)."""
         self.compile_s = 0.0
         self.region_graphs: Counter = Counter()
         self.blind: set[str] = set()
@@ -44,6 +46,8 @@ class TraceEvents(logging.Handler):
             if isinstance(cm, dict):
                 if cm.get("recompile_reason"):
                     self.recompiles.append(str(cm["recompile_reason"]))
+                    if self.state.phase == "backward":
+                        self.backward_recompiles.append(str(cm["recompile_reason"]))
                 t = cm.get("entire_frame_compile_time_s")
                 if isinstance(t, (int, float)):
                     self.compile_s += float(t)

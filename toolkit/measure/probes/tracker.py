@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ... import compat
 from ...compat import TorchDispatchMode
 from .base import Produced, StepState, dtype_name, is_real, tensors
 
 _op_names: dict[Any, str] = {}
 _COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.")
+# The ops whose outputs are a routing decision or a token count: compared between a region's forward and its
+# recompute when a CheckpointError needs explaining.
+ROUTING_OPS = ("aten.topk.default",)
+COUNT_OPS = ("aten.bincount.default", "aten.histc.default")
 
 
 def op_name(func) -> str:
@@ -19,6 +25,38 @@ def op_name(func) -> str:
     if name is None:
         name = _op_names[func] = str(func)
     return name
+
+
+class _OpInfo(NamedTuple):
+    random: bool
+    """Tagged `nondeterministic_seeded`: may draw from the global RNG (`compat.draws_random` says if a call does)."""
+    written: tuple[Any, ...]
+    """The arguments it writes in place (`compat.written_arguments`)."""
+    routing: int
+    """Which output holds a routing decision or a count (-1: none)."""
+
+
+_infos: dict[Any, _OpInfo] = {}
+
+
+def _info(func, name: str) -> _OpInfo:
+    info = _infos.get(func)
+    if info is None:
+        tags = getattr(func, "tags", ()) or ()
+        routing = 1 if name in ROUTING_OPS else 0 if name in COUNT_OPS else -1
+        info = _infos[func] = _OpInfo(
+            torch.Tag.nondeterministic_seeded in tags, compat.written_arguments(func), routing
+        )
+    return info
+
+
+def _keys(value: Any) -> list[int]:
+    """Storage keys of the real tensors in an op argument (a tensor, or a list of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value.untyped_storage()._cdata] if is_real(value) else []
+    if isinstance(value, (list, tuple)):
+        return [k for v in value for k in _keys(v)]
+    return []
 
 
 class Tracker(TorchDispatchMode):
@@ -47,11 +85,31 @@ class Tracker(TorchDispatchMode):
         """Storages a collective read or wrote in the forward. Once the collective is done, its process group may
         still hold them for a moment (gloo's worker thread drops its reference to a finished work after `wait()`
         returns), so one can be alive at the end of the forward with nothing of the model's holding it."""
+        self.last_op = "unknown"
+        """The op dispatched last (a saved-tensor hook packing one of its outputs is packing for it)."""
+        self.last_outputs: frozenset[int] = frozenset()
+        """Storage keys of the last op's outputs."""
+        self.watched: set[int] = set()
+        """Older tensors a checkpoint region wrote in place in the forward: reads of them in a recompute are noted."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         state = self.state
         name = op_name(func)
+        # A checkpoint pack hook's own ops (a recompute's detach) make nobody's saved tensor and decide nothing: left
+        # out of what explains a CheckpointError, still counted below like every op (recompute counts included).
+        if not state.in_pack:
+            self.last_op = name
+            # Storage keys, not the tensors: a reference would keep the op's outputs alive past their use and change
+            # what autograd and torch_remat do with them (what is measured).
+            self.last_outputs = frozenset(_keys(out))
+            if state.pending_packs:
+                # Autograd saves an op's inputs before running it: packs noted since the last op are this op's.
+                for packs, i in state.pending_packs:
+                    packs[i] = packs[i]._replace(op=name)
+                state.pending_packs.clear()
+            if state.frames or state.recomputes:
+                self._in_checkpoint(func, name, args, kwargs or {}, out)
         if name.startswith(_COLLECTIVE_PREFIXES):
             self.collectives[f"{state.phase}: {name}"] += 1
             if state.phase == "forward":
@@ -79,6 +137,41 @@ class Tracker(TorchDispatchMode):
                 self.recompute_by_op[name] += 1
                 self.recompute_by_module[state.module()] += 1
         return out
+
+    def _in_checkpoint(self, func, name: str, args, kwargs, out) -> None:
+        """What could make a region's recompute differ from its forward, as the ops go by (`FrameRecord`)."""
+        state, info = self.state, _info(func, name)
+        module = state.module()
+        routing = None
+        if info.routing >= 0:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if info.routing < len(outs) and is_real(outs[info.routing]):
+                routing = (module, name, outs[info.routing].detach().clone())
+        if state.phase == "forward" and state.frames and state.frames[-1] is not None:
+            rec = state.frames[-1]
+            if info.random and compat.draws_random(func, args, kwargs):
+                rec.random_ops.append((module, name))
+            for w in info.written:
+                value = (
+                    args[w] if isinstance(w, int) and w < len(args) else kwargs.get(w) if isinstance(w, str) else None
+                )
+                for key in _keys(value):
+                    old = self.produced.get(key)
+                    if old is None or old.ref.expired():  # it existed before the step: state, not an activation
+                        rec.mutated.setdefault(key, (module, name))
+                        self.watched.add(key)
+            if routing is not None:
+                rec.routing.append(routing)
+        elif state.phase == "backward" and state.recomputes:
+            rec, gid = state.recomputes[-1]
+            if rec is None:
+                return
+            if routing is not None:
+                rec.routing_recompute.setdefault(gid, []).append(routing)
+            if self.watched and not info.written:
+                for key in _keys(list(args) + list(kwargs.values())):
+                    if key in self.watched:
+                        rec.reads.append((module, name, key))
 
     def record(self, key: int, produced: Produced) -> None:
         """A storage made outside the dispatcher's sight (e.g. the RNG state a checkpoint stashes)."""
