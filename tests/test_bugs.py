@@ -325,3 +325,32 @@ def test_cases_check_skips_a_repro_whose_optional_package_is_missing(monkeypatch
     assert main(["cases", "--check", "C30", "C27"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("C30 skipped: its repro needs torch_remat") and "C27 reproduced on torch" in out
+
+
+def test_a_sweep_without_torch_remat_says_which_cells_it_leaves_out(monkeypatch, capsys, tmp_path):
+    """The matrix without torch_remat leaves out the remat cells and main's recipe, and says so with the install
+    line (the quick sweep was 40 cells with it, 39 without, and nothing said why); `--only remat` says it too, and
+    `env` gives the install line of every missing extra."""
+    from toolkit import compat
+    from toolkit.__main__ import main
+    from toolkit.analysis.cells import full_cells, quick_cells
+
+    with_remat = (len(quick_cells()), len(full_cells()))
+    monkeypatch.setitem(sys.modules, "torch_remat", None)
+    monkeypatch.setitem(compat._FINDERS, "torch_remat", lambda: compat._Found(False, "removed"))
+    compat.refresh()
+    try:
+        assert (len(quick_cells()), len(full_cells())) < with_remat
+        assert main(["matrix", "--dry-run", "--out", str(tmp_path / "o")]) == 0
+        err = capsys.readouterr().err
+        assert "left out: the remat cells and recipe torchtitan_main, which needs torch_remat" in err
+        assert 'pip install -e ".[dev]"' in err
+        with pytest.raises(SystemExit):
+            main(["matrix", "--only", "remat", "--dry-run", "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert "matches no cell of the quick sweep; left out: the remat cells" in err
+        assert main(["env"]) == 0
+        assert "optional: needs torch_remat (not installed" in capsys.readouterr().out
+    finally:
+        monkeypatch.undo()
+        compat.refresh()

@@ -20,7 +20,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_every_feature_is_available_on_the_releases_it_was_checked_on():
     release = torch.__version__.split("+")[0]
     if release not in compat.CHECKED_ON:
-        pytest.skip(f"torch {release} is not one of the checked releases {compat.CHECKED_ON}")
+        # A release nobody checked yet is still a supported torch (README's install takes the newest): whatever it
+        # lacks must be named — a blind-spot sentence for the Report, never a silent zero.
+        for f in compat.FEATURES.values():
+            assert f.available or (f.without and f.api), f.name
+        assert f"checked on {', '.join(compat.CHECKED_ON)}" in compat.table()
+        return
     # Build- and package-dependent, not release-dependent: the CUDA build's storage placeholder (+cpu wheels lack
     # it, C31) and the optional torch_remat package; and checkpoint(policy=dict) (pytorch#186277), newer than both.
     optional = ("cuda_snapshot", "storage_placeholder", "torch_remat", "checkpoint_policy_dict")

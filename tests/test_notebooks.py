@@ -43,6 +43,36 @@ def test_committed_outputs_carry_no_machine_or_checkout_specifics(path):
         assert "execution" not in json.dumps([c.get("metadata", {}) for c in cells(path)])
 
 
+def sanitized(text: str) -> str:
+    """`text` as nbval compares it: every rule of notebooks/sanitize.cfg applied."""
+    import configparser
+
+    cfg = configparser.RawConfigParser()  # as nbval reads it: "%" is literal
+    cfg.read(ROOT / "notebooks" / "sanitize.cfg")
+    for section in cfg.sections():
+        text = re.sub(cfg[section]["regex"], cfg[section]["replace"], text)
+    return text
+
+
+BUILD = re.compile(r"\b\d+\.\d+\.\d+\+(cpu|cu\d+|rocm[\d.]*|xpu)\b")
+"""A torch build string (2.13.0+cpu, 2.14.1+cu130): it names the wheel the notebook last ran on."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_compared_outputs_name_no_torch_build(path):
+    """nbval compares every output not marked NBVAL_IGNORE_OUTPUT: after the sanitizer, none may name the torch build
+    or release it ran on (README's install takes the CUDA build, CI stage 2 the CPU one; both must pass)."""
+    for cell in cells(path):
+        source = "".join(cell.get("source", ""))
+        if cell["cell_type"] != "code" or "NBVAL_IGNORE_OUTPUT" in source or "NBVAL_SKIP" in source:
+            continue
+        for out in cell.get("outputs", []):
+            text = out.get("text") or out.get("data", {}).get("text/plain", "")
+            text = sanitized("".join(text) if isinstance(text, list) else text)
+            assert not BUILD.search(text), f"{path.name}: a torch build in a compared output: {text[:300]}"
+            assert "torch.__version__" not in text
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_nbval_markers_are_alone_on_their_line(path):
     """nbval reads a marker only when the comment is the marker and nothing else: `# NBVAL_IGNORE_OUTPUT (why)` is

@@ -57,6 +57,8 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     body = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert body.index("install_cmd=$(python3 .ci/readme.py install)") < body.index('eval "$install_cmd"')
     first_venv = body.index("python3 -m venv .ci-venv-readme")
+    # A reused checkout is made new first: no kernels compiled, no matrix cells or findings cached by an earlier run.
+    assert body[first_venv - 1] == 'rm -rf .ci-venv-readme .inductor-cache-readme matrix-out "$TOOLKIT_FINDINGS"'
     # Nothing installs into the fresh venv between its creation and README's commands.
     assert body[first_venv + 1 : first_venv + 6] == [
         "(",

@@ -3,6 +3,7 @@ dispatch mode of the test's own (not the toolkit's probes); the checkpoint's boo
 
 import pytest
 import torch
+from _helpers import extra
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import toolkit as tk
@@ -130,7 +131,7 @@ def _remat_forward_ops(cfg, save, recompute) -> int:
 def test_remat_recomputes_the_forward_ops_outside_the_regions_it_keeps(policy):
     """torch_remat replays every forward op of a block except those inside kept regions; its own work (checkpoint's
     detaches, the replay of kept regions — their saved inputs re-derived as views) is bookkeeping."""
-    pytest.importorskip("torch_remat", reason='needs torch_remat: pip install -e ".[dev]"')
+    extra("torch_remat")
     cfg = tk.ModelConfig(experts_impl="masked")
     ac = tk.ACConfig.remat_full() if policy == "full" else tk.ACConfig.remat_selective()
     expected = _remat_forward_ops(cfg, ac.save_regions, ac.recompute_regions)

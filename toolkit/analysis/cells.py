@@ -174,6 +174,26 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
     return _dedupe(cells)
 
 
+def left_out() -> list[str]:
+    """One line per optional package that is not installed and whose cells the toolkit sweeps therefore leave out
+    (the sweep says so instead of shrinking without a word)."""
+    from .._extras import available, reason
+
+    recipes: dict[str, list[str]] = {}
+    for name, r in RECIPES.items():
+        for module in r.needs:
+            if not available(module):
+                recipes.setdefault(module, []).append(name)
+    if not available("torch_remat"):
+        recipes.setdefault("torch_remat", [])
+    out = []
+    for module, names in recipes.items():
+        what = ["the remat cells"] if module == "torch_remat" else []
+        what += [f"recipe {n}" for n in names]
+        out.append(f"left out: {' and '.join(what)}, which {reason(module)}")
+    return out
+
+
 TORCHTITAN_BLOCKS = ("titan:qwen3_moe", "titan:deepseek_v3")
 
 

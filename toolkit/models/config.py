@@ -203,7 +203,8 @@ class ModelConfig:
             raise ConfigError(
                 own,
                 "attention",
-                "FlexAttention has no backward on CPU in torch 2.13 (NotImplementedError in the first training step).",
+                "FlexAttention has no backward on CPU (torch 2.13.0 and 2.14.1; NotImplementedError in the first "
+                "training step).",
                 "use attention='sdpa' on CPU, or device='cuda'.",
             )
 
@@ -244,8 +245,7 @@ class ModelConfig:
         if isinstance(v, str):
             check_choice(own, "moe_layers", v, ("all", "none"))
         elif isinstance(v, int) and not isinstance(v, bool):
-            if v < 1:
-                raise ConfigError(own, "moe_layers", f"every-k value {v} is below 1.", "pass k >= 1, 'all' or 'none'.")
+            check_int(own, "moe_layers", v, 1)  # every k-th layer
         elif isinstance(v, tuple):
             bad = [i for i in v if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
             if bad:

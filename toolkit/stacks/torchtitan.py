@@ -3,9 +3,9 @@
 torchtitan 0.3.0 in the loop: its own Qwen3-MoE / DeepSeek-V3 at tiny sizes, its loss, and its own AC, compile and FSDP
 applied in the order its `parallelize_*` uses.
 
-Optional: `pip install -e ".[torchtitan]"` plus `pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3
-triton==3.9.0` (torchtitan's own dependencies would replace torch; these are all its model and parallelize code
-imports). On CPU, inner attention is swapped for SDPA (FlexAttention has no CPU backward); with CUDA, flex stays.
+Optional: `INSTALL` (`pip install -e ".[torchtitan]"`, or `.ci/run`'s `--no-deps` route that README gives, which
+installs only what torchtitan's model and parallelize code import and leaves torch alone). On CPU, inner attention
+is swapped for SDPA (FlexAttention has no CPU backward); with CUDA, flex stays.
 
 What torchtitan changes for the rest of the process when applied — Dynamo's LRU switch off (`FullAC` /
 `SelectiveAC.apply`), `capture_scalar_outputs` and `skip_fwd_side_effects_in_bwd_under_checkpoint` on
@@ -25,11 +25,12 @@ from typing import Any, Callable, Iterator, Literal
 import torch
 from torch import nn
 
-from .._config import ConfigError, check_choice, check_int, from_dict, to_dict
+from .._config import ConfigError, check_bool, check_choice, check_int, from_dict, to_dict
+from .._extras import EXTRAS
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
-INSTALL = 'pip install -e ".[torchtitan]" && pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3 triton==3.9.0'
+INSTALL = EXTRAS["torchtitan"].install  # the one install line for torchtitan (toolkit/_extras.py)
 
 
 def available() -> bool:
@@ -114,8 +115,7 @@ class TorchtitanConfig:
             check_int(own, name, getattr(self, name), minimum)
         check_choice(own, "dtype", self.dtype, ("float32", "bfloat16"))
         check_choice(own, "device", self.device, ("cpu", "cuda"))
-        if not isinstance(self.shared_experts, bool):
-            raise ConfigError(own, "shared_experts", f"{self.shared_experts!r} is not a bool.", "pass True or False.")
+        check_bool(own, "shared_experts", self.shared_experts)
         if self.top_k > self.n_experts:
             raise ConfigError(
                 own,

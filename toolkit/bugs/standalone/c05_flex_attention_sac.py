@@ -10,7 +10,7 @@ compiled (an Inductor frame, no eager-flex warning) and what the policy saw, wit
 `fix()` is the model-compile-on order, compile(SAC(block)) with the block calling a compiled flex (catalogue C17):
 the inner compile is inlined into one graph and the policy sees the `flex_attention` HOP at trace time.
 
-CPU: `bug()`/`fix()` return {"skipped": ...}: in torch 2.13 `flex_attention()` raises NotImplementedError
+CPU: `bug()`/`fix()` return {"skipped": ...}: in torch 2.13 and 2.14 `flex_attention()` raises NotImplementedError
 ("FlexAttention does not support backward on CPU") as soon as a CPU input requires grad, in eager, aot_eager and
 inductor alike. `variant_cpu()` shows that this is a front-end check: with it patched out, eager and aot_eager flex
 backward run on CPU and match SDPA, and the model-compile-on path runs with aot_eager, while Inductor's CPU flex
@@ -46,8 +46,8 @@ B, N, S, A = 2, 4, 256, 64
 D = N * A
 
 CPU_REASON = (
-    "FlexAttention has no backward on CPU in torch 2.13: flex_attention() raises NotImplementedError when a "
-    "CPU input requires grad"
+    "FlexAttention has no backward on CPU (torch 2.13.0 and 2.14.1): flex_attention() raises NotImplementedError "
+    "when a CPU input requires grad"
 )
 
 _EAGER_FLEX_WARNING = "flex_attention_performance"
