@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from _helpers import grads
+from _helpers import extra, grads
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import FlopCounterMode
@@ -438,6 +438,41 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
     tk.remove_ac(model)
     with pytest.raises(ConfigError, match="ACConfig.mode: FullAC is mode 'full', not 'none'"):
         FullAC(mode="none")
+
+
+# Records as the flat ACConfig wrote them (c304631, before each mode had a config of its own): files and the
+# matrix's cache keys hold these, so the per-mode configs must write them byte for byte.
+FLAT_RECORDS = {
+    "full": '{"debug": false, "determinism_check": "default", "early_stop": false, "extra_save_ops": [], '
+    '"force_recompute_mm_shapes_by_fqns": null, "layer_every": null, "memory_budget": null, "mode": "full", '
+    '"policy": null, "preserve_rng_state": true, "recompute_regions": null, "save_ops": null, "save_regions": null, '
+    '"submodule_ac": null, "wrap_inductor_compiled_regions": false}',
+    "selective_op": '{"debug": false, "determinism_check": "default", "early_stop": false, "extra_save_ops": [], '
+    '"force_recompute_mm_shapes_by_fqns": ["moe.router.gate"], "layer_every": null, "memory_budget": null, '
+    '"mode": "selective_op", "policy": null, "preserve_rng_state": true, "recompute_regions": null, '
+    '"save_ops": null, "save_regions": null, "submodule_ac": null, "wrap_inductor_compiled_regions": false}',
+    "remat": '{"debug": null, "determinism_check": "default", "early_stop": null, "extra_save_ops": [], '
+    '"force_recompute_mm_shapes_by_fqns": null, "layer_every": null, "memory_budget": null, "mode": "remat", '
+    '"policy": null, "preserve_rng_state": false, "recompute_regions": [], "save_ops": null, "save_regions": [], '
+    '"submodule_ac": null, "wrap_inductor_compiled_regions": false}',
+    "remat_selective": '{"debug": null, "determinism_check": "default", "early_stop": null, "extra_save_ops": [], '
+    '"force_recompute_mm_shapes_by_fqns": null, "layer_every": null, "memory_budget": null, "mode": "remat", '
+    '"policy": null, "preserve_rng_state": false, "recompute_regions": ["*routed_experts.w13.*"], '
+    '"save_ops": null, "save_regions": ["*"], "submodule_ac": null, "wrap_inductor_compiled_regions": false}',
+}
+
+
+@pytest.mark.parametrize("name", list(FLAT_RECORDS))
+def test_each_mode_writes_the_record_the_flat_config_wrote(name):
+    """A remat config wrote `"debug": false` for a while, which changed the cache key of all 106 remat cells of the
+    full sweep (their cached results were measured again); every mode's record is pinned here."""
+    if name.startswith("remat"):
+        extra("torch_remat")
+    cfg = ACConfig.remat_selective() if name == "remat_selective" else ACConfig(mode=name)
+    record = cfg.to_dict()
+    assert record.pop("policy_save") is None  # added since (the dict policy), and left out of cache keys while unset
+    assert json.dumps(record, sort_keys=True) == FLAT_RECORDS[name]
+    assert ACConfig.from_dict(json.loads(FLAT_RECORDS[name])) == cfg
 
 
 def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg, monkeypatch):

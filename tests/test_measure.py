@@ -502,3 +502,22 @@ def test_unreadable_fsdp_state_is_named(monkeypatch):
     blind = []
     parameter_storages(model, blind)
     assert blind and "their state could not be read" in blind[0]
+
+
+def test_a_transform_that_cannot_be_undone_after_the_step_is_a_report_warning(monkeypatch):
+    """`run` undoes AC and compile on its model after the step; when that fails the measurement stands, and the
+    Report says the model was left transformed instead of swallowing the error."""
+    import sys
+
+    local = sys.modules["toolkit.measure.local"]
+
+    def broken_reset(model, **kwargs):
+        raise RuntimeError("checkpoint wrapper already removed")
+
+    monkeypatch.setattr(local, "reset", broken_reset)
+    report = tk.run(Scenario(model=ModelConfig(n_layers=1), ac=ACConfig(mode="full"), steady_steps=0))
+    assert report.ok, report.error
+    assert any(
+        w.startswith("could not undo the transforms after the step (RuntimeError: checkpoint wrapper already removed)")
+        for w in report.warnings
+    ), report.warnings

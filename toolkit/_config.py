@@ -88,14 +88,25 @@ def check_bool(owner: str, field: str, value: Any) -> None:
 
 
 def check_number(
-    owner: str, field: str, value: Any, *, minimum: float, inclusive: bool = True, example: str = "1.0"
+    owner: str,
+    field: str,
+    value: Any,
+    *,
+    minimum: float,
+    maximum: float | None = None,
+    inclusive: bool = True,
+    example: str = "1.0",
 ) -> None:
-    """A finite real number at or above `minimum` (above it when not `inclusive`): NaN and inf never pass,
-    since every comparison with NaN is False and a check written as `value < 0` would let it through."""
+    """A finite real number at or above `minimum` (above it when not `inclusive`) and, given one, at or below
+    `maximum`: NaN and inf never pass, since every comparison with NaN is False and a check written as
+    `value < 0` would let it through."""
     import math
 
+    within = f" between {minimum} and {maximum}" if maximum is not None else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(owner, field, f"{value!r} is not a finite number.", f"pass e.g. {example}.")
+        raise ConfigError(owner, field, f"{value!r} is not a finite number{within}.", f"pass e.g. {example}.")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ConfigError(owner, field, f"{value!r} is not between {minimum} and {maximum}.", f"pass e.g. {example}.")
     if value < minimum or (not inclusive and value == minimum):
         bound = f">= {minimum}" if inclusive else f"> {minimum}"
         raise ConfigError(owner, field, f"{value!r} is not {bound}.", f"pass e.g. {example}.")

@@ -1058,6 +1058,8 @@ def lru_cache_enabled() -> bool | None:
             ev._set_lru_cache = _tracking_setter(ev._set_lru_cache)
         return _lru_tracked
     except Exception:
+        # The probe compiles, so any backend error can land here. What is returned is not stale: either None (never
+        # read: unknown) or the value the wrapped setter has tracked through every change since the last read.
         return _lru_tracked
     finally:
         counters_restore(counted)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..measure.report import Report, fmt_bytes, short_paths
+from ..transforms.ac import MODES
 from . import catalogue
 
 # Most severe first.
@@ -42,7 +43,8 @@ EXPLAIN = {
 SILENT = tuple(label for label in SEVERITY if label not in ("works", "error", "crashed", "timeout"))
 # The classifications that need the same setup run without AC (and with full AC): `reference_scenarios`.
 NEED_REFERENCES = ("sac_not_applied", "ac_saves_nothing")
-_SELECTIVE = ("selective_op", "custom", "per_submodule")
+# The modes whose policy decides op by op (per_submodule's does with submodule_ac="selective"): their own configs say.
+_SELECTIVE = tuple(mode for mode, config in MODES.items() if config.uses_sac)
 
 
 @dataclass(frozen=True)

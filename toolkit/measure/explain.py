@@ -8,27 +8,13 @@ own message still gives the position and the metadata that diverged (`seen_by="m
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from .probes.checkpoints import COMPILED_OP, FrameRecord, Packed
+from .probes.checkpoints import COMPILED_OP, CheckpointView, FrameRecord, Packed
 from .probes.tracker import ROUTING_OPS
 from .report import CheckpointDivergence, DivergedTensor, RoutingChange
-
-
-class CheckpointView(NamedTuple):
-    """What the probes kept of the step's checkpoint regions when it failed (`Probes.checkpoint_view`)."""
-
-    records: tuple[FrameRecord, ...]
-    last_recompute: tuple[FrameRecord, Any] | None
-    """The region recomputed last and its graph task: the one the error is about."""
-    observing: bool
-    """The probes saw the regions' saved tensors (this torch has the hooks they read)."""
-    backward_recompiles: tuple[str, ...]
-    """Dynamo's recompile reasons for frames compiled while backward ran (recomputes included)."""
-    names: dict[int, str]
-    """Storage key → name of the model's parameters and buffers (to name state written in place)."""
 
 
 def is_checkpoint_error(err: BaseException | None) -> bool:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError, check_int
+from .._config import ConfigError, check_bool, check_int
 from ..compat import tree_leaves
 from ..models import build_model, make_batch
 from ..models import loss_fn as model_loss_fn
@@ -57,6 +57,8 @@ class _LogCapture(logging.Handler):
         try:
             self.sink.append(f"{record.name}: {record.getMessage().strip()}")
         except Exception:
+            # A log record whose message cannot be formatted is torch's bug, not the step's: a handler must not
+            # raise into the code that logged (logging's own rule), and the Report keeps the other warnings.
             pass
 
 
@@ -559,8 +561,7 @@ def measure(
             "pass an nn.Module or a function of the inputs.",
         )
     for opt, value in (("cold", cold), ("measure_memory", measure_memory)):
-        if not isinstance(value, bool):
-            raise ConfigError(own, opt, f"{value!r} is not a bool.", "pass True or False.")
+        check_bool(own, opt, value)
     check_int(own, "steady_steps", steady_steps, 0)
     call_kwargs = {**(forward_kwargs or {}), **kwargs}
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()

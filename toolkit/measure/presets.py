@@ -5,6 +5,7 @@ from __future__ import annotations
 from .._config import ConfigError
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
+from ..transforms.recipes import RECIPES
 from .scenario import Scenario
 
 _MOE = ModelConfig()
@@ -31,8 +32,13 @@ PRESETS: dict[str, Scenario] = {
             compile=CompileConfig(scope="blocks", fullgraph=True),
         ),
         Scenario(name="dense_selective_ac", model=_MOE.replace(moe_layers="none"), ac=ACConfig(mode="selective_op")),
-        Scenario(name="torchtitan_0_3_0", model=_MOE, recipe="torchtitan_0_3_0"),
-        Scenario(name="pr2052", model=_MOE_2025.replace(experts_graph_break=True), recipe="torchtitan_2025_09"),
+        Scenario(
+            name="torchtitan_0_3_0", model=RECIPES["torchtitan_0_3_0"].model_config(_MOE), recipe="torchtitan_0_3_0"
+        ),
+        # The recipe says what it needs of the model (its era's layout, the stand-in FSDP hook): not written here.
+        Scenario(
+            name="pr2052", model=RECIPES["torchtitan_2025_09"].model_config(_MOE_2025), recipe="torchtitan_2025_09"
+        ),
     )
 }
 

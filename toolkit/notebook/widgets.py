@@ -38,6 +38,8 @@ STACKS = {
     "titan:qwen3_moe": "torchtitan Qwen3-MoE",
     "titan:deepseek_v3": "torchtitan DeepSeek-V3",
 }
+# The controls named after an ACConfig option: each is enabled, and read, only for the modes whose config has it.
+AC_OPTION_CONTROLS = ("layer_every", "submodule_ac", "memory_budget")
 # The controls torchtitan's own transforms have no use for (its model, its AC modes, its compile of whole blocks).
 TOOLKIT_ONLY = (
     "block",
@@ -262,12 +264,8 @@ class Explorer:
                 fsdp=v["fsdp"],
             )
         mode = v["ac_mode"]
-        # Only the options the chosen mode reads: ACConfig refuses the others.
-        options = {
-            "selective_layer": {"layer_every": v["layer_every"]},
-            "per_submodule": {"submodule_ac": v["submodule_ac"]},
-            "memory_budget": {"memory_budget": v["memory_budget"]},
-        }.get(mode, {})
+        # Only the options the chosen mode reads (its config says which): ACConfig refuses the others.
+        options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
         ac = (
             ACConfig.remat_selective()
             if mode == "remat" and v["remat_policy"] == "selective"
@@ -300,9 +298,8 @@ class Explorer:
         ):
             ctl[name].disabled = recipe
         mode = ctl["ac_mode"].value
-        ctl["layer_every"].disabled = recipe or mode != "selective_layer"
-        ctl["submodule_ac"].disabled = recipe or mode != "per_submodule"
-        ctl["memory_budget"].disabled = recipe or mode != "memory_budget"
+        for name in AC_OPTION_CONTROLS:
+            ctl[name].disabled = recipe or name not in MODES[mode].options()
         ctl["remat_policy"].disabled = recipe or mode != "remat"
         moe = ctl["block"].value == "moe"
         for name in ("n_experts", "top_k", "experts_impl"):

@@ -24,6 +24,7 @@ from .._config import (
     check_bool,
     check_choice,
     check_int,
+    check_number,
     check_object,
     check_strings,
     from_dict,
@@ -491,14 +492,14 @@ class MemoryBudgetAC(ACConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        m = self.memory_budget
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:  # NaN fails too
-            raise ConfigError(
-                "ACConfig",
-                "memory_budget",
-                f"{m!r} is not between 0 and 1.",
-                "pass e.g. 0.5 (0 = recompute everything, 1 = runtime-optimal).",
-            )
+        check_number(
+            "ACConfig",
+            "memory_budget",
+            self.memory_budget,
+            minimum=0,
+            maximum=1,
+            example="0.5 (0 = recompute everything, 1 = runtime-optimal)",
+        )
 
     def _apply(self, model, layer_items, rec, undo):
         rec.functorch_config["activation_memory_budget"] = float(self.memory_budget)
@@ -550,6 +551,11 @@ class RematAC(ACConfig):
             from .._extras import reason
 
             raise ConfigError(own, "mode", f"'remat' {reason('torch_remat')}", "install it, or pick another mode.")
+
+    def to_dict(self) -> dict[str, Any]:
+        # `debug` can only be False here (main's configs refuse True): records written before the modes had classes
+        # of their own hold null for it, and the remat cells' cache keys must not change.
+        return super().to_dict() | {"debug": None}
 
     def _apply(self, model, layer_items, rec, undo):
         from .remat import apply_remat, check_patterns, region_names

@@ -50,7 +50,8 @@ def reset(model: nn.Module, *, dynamo: bool = True) -> nn.Module:
 @dataclass(frozen=True)
 class Recipe:
     """A named way of applying AC and compile together, as a project did it at some point — and what it needs of
-    the model and the environment, said once here for the matrix, the Explorer and `run`."""
+    the model and the environment, said once here for the matrix, the Explorer and the presets (`model_config`).
+    `run` measures a Scenario's model as given: a recipe on another layout is the user's experiment, not refused."""
 
     name: str
     summary: str

@@ -32,7 +32,7 @@ from ...transforms.naming import has_checkpoint
 from ..report import GraphBreak
 from . import census as _census
 from .base import Held, StepState, dtype_name, is_real
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, CheckpointView
 from .compiled import CompiledGraphs
 from .modules import Modules
 from .trace import TraceEvents
@@ -84,7 +84,7 @@ class Probes:
         self.checkpoints.observer.last_op = lambda: self.tracker.last_op
         self.checkpoints.observer.last_outputs = lambda: self.tracker.last_outputs
         self.trace = TraceEvents(self.state)
-        self.packed: dict[int, tuple[StorageWeakRef, str, tuple, str, int]] = {}
+        self.packed: dict[int, Held] = {}
         self.packed_keys: set[int] = set()
         self.remat_kinds: dict[int, str] = {}
         """Storage key → why torch_remat packed it ("checkpoint_input" / "remat_save"), for tensors it packed."""
@@ -172,8 +172,6 @@ class Probes:
     def checkpoint_view(self, model: nn.Module):
         """What the probes kept of the step's checkpoint regions, for explaining a CheckpointError (plain records;
         call it after the failing step)."""
-        from ..explain import CheckpointView
-
         names = {}
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             t = compat.local_tensor(t)

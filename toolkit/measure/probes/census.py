@@ -124,25 +124,19 @@ def take(
             # group drops it once its finished work is released, which on gloo can land just after the forward.
             continue
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
-    for key, (ref, module, shape, dtype, nbytes) in packed.items():
+    for key, h in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
-        if key in rows or key in params or ref.expired():
+        if key in rows or key in params or h.ref.expired():
             continue
         kind = "checkpoint_input" if key in held_inputs else remat_kinds.get(key, "autograd")
-        add(key, module, "input" if key in input_keys else "unknown", shape, dtype, _now(ref, nbytes), kind)
-    for key, (ref, module, shape, dtype, nbytes) in held_inputs.items():
+        op = "input" if key in input_keys else "unknown"
+        add(key, h.module, op, h.shape, h.dtype, _now(h.ref, h.nbytes), kind)
+    for key, h in held_inputs.items():
         # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
-        if key in rows or key in params or ref.expired() or key in produced:
+        if key in rows or key in params or h.ref.expired() or key in produced:
             continue
-        add(
-            key,
-            module,
-            "input" if key in input_keys else "unknown",
-            shape,
-            dtype,
-            _now(ref, nbytes),
-            "checkpoint_input",
-        )
+        op = "input" if key in input_keys else "unknown"
+        add(key, h.module, op, h.shape, h.dtype, _now(h.ref, h.nbytes), "checkpoint_input")
     tensors = tuple(sorted(rows.values(), key=lambda t: (t.module, t.op, -t.bytes, t.shape)))
     output_saved = any(k in output_keys for k in rows)
     if not compat.available("storage_weak_ptr"):

@@ -61,6 +61,20 @@ class FrameRecord:
     compiled_recompute: dict[Any, int] = field(default_factory=dict)
 
 
+class CheckpointView(NamedTuple):
+    """What the probes kept of the step's checkpoint regions when it failed (`Probes.checkpoint_view`)."""
+
+    records: tuple[FrameRecord, ...]
+    last_recompute: tuple[FrameRecord, Any] | None
+    """The region recomputed last and its graph task: the one the error is about."""
+    observing: bool
+    """The probes saw the regions' saved tensors (this torch has the hooks they read)."""
+    backward_recompiles: tuple[str, ...]
+    """Dynamo's recompile reasons for frames compiled while backward ran (recomputes included)."""
+    names: dict[int, str]
+    """Storage key → name of the model's parameters and buffers (to name state written in place)."""
+
+
 class FrameObserver(compat.CheckpointObserver):
     """Keeps a `FrameRecord` per checkpoint region of the step and tells the shared state which region (forward)
     or recompute is running, so that the dispatch tracker attributes what it sees."""
