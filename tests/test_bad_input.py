@@ -15,6 +15,7 @@ import time
 import nbformat
 import pytest
 import torch
+from _helpers import extra
 from torch import nn
 
 import toolkit as tk
@@ -22,6 +23,7 @@ from toolkit import cli
 from toolkit._config import InputWarning
 from toolkit.analysis import sweeps
 from toolkit.analysis.cells import Cell
+from toolkit.analysis.executors import LocalExecutor
 from toolkit.analysis.sweeps import merge_into, read_results, sweep
 from toolkit.measure.isolate import crashed_report, timeout_report
 from toolkit.models import regions
@@ -72,6 +74,12 @@ API = [
      tk.ConfigError, "vocab_size", "a token id is 1000000"),
     ("vocab_size=2**40", lambda: tk.build_model(tk.ModelConfig(vocab_size=2**40)),
      tk.ConfigError, "vocab_size", "vocab_size=1099511627776 makes"),
+    ("n_experts=2**22 (booked under the experts' hidden size)",
+     lambda: tk.build_model(tk.ModelConfig(n_experts=2**22)), tk.ConfigError, "n_experts", "n_experts=4194304 makes"),
+    ("n_layers=10**6", lambda: tk.build_model(tk.ModelConfig(n_layers=10**6)),
+     tk.ConfigError, "n_layers", "n_layers=1000000 makes"),
+    ("make_batch seq_len=2**40", lambda: tk.make_batch(tk.ModelConfig(seq_len=2**40)),
+     tk.ConfigError, "seq_len", "seq_len=1099511627776 makes a batch of 2 x 1099511627776 tokens"),
     ("measure(nn.Identity())", lambda: tk.measure(nn.Identity(), torch.randn(3)),
      tk.ConfigError, "module_or_fn", "Identity has no parameters"),
     ("loss_fn returning a float", lambda: tk.measure(nn.Linear(3, 3), torch.randn(2, 3), loss_fn=lambda o: 1.0),
@@ -84,6 +92,13 @@ API = [
      tk.ConfigError, "backends", "'inductor' is not a compile backend"),
     ("sweep executor=local partition=gpu", lambda: sweep(executor="local", partition="gpu", out="unused"),
      tk.ConfigError, "partition", "is an option of executor='submitit', not of executor='local'"),
+    ("sweep executor=submitit workers=4", lambda: sweep([DENSE], executor="submitit", workers=4, out="unused"),
+     tk.ConfigError, "workers", "is an option of executor='local'; submitit runs the cells as jobs of its own"),
+    ("sweep executor=ray warm=False", lambda: sweep([DENSE], executor="ray", warm=False, out="unused"),
+     tk.ConfigError, "warm", "is an option of executor='local'; ray runs the cells as jobs of its own"),
+    ("sweep Executor instance plus options",
+     lambda: sweep([DENSE], executor=LocalExecutor(workers=2), workers=3, out="unused"),
+     tk.ConfigError, "workers", "is given beside an Executor instance (LocalExecutor)"),
     ("sweep out=''", lambda: sweep([DENSE], out="", progress=False, runner=_fast),
      tk.ConfigError, "out", "'' names no folder"),
     ("sweep retry_timeouts='no'", lambda: sweep([DENSE], out="unused", retry_timeouts="no", runner=_fast),
@@ -105,6 +120,11 @@ API = [
     ("run(isolate=True, timeout_s=nan)", lambda: tk.run(tk.Scenario(), isolate=True, timeout_s=float("nan")),
      tk.ConfigError, "timeout_s", "nan is not a positive number of seconds"),
     ("repro.export path ''", lambda: tk.repro.export(_REPORT(), ""), tk.ConfigError, "path", "'' is empty"),
+    ("repro.export path as bytes", lambda: tk.repro.export(_REPORT(), b"bundle"), tk.ConfigError, "path",
+     "b'bundle' is bytes, not text"),
+    ("repro.export under a file",
+     lambda: pathlib.Path("afile").write_text("mine") and tk.repro.export(_REPORT(), "afile/sub"),
+     tk.ConfigError, "path", "cannot make the folder 'afile'"),
 ]  # fmt: skip
 
 
@@ -115,7 +135,9 @@ def test_bad_api_input_is_refused_naming_the_field_and_the_fix(call, exc, field,
         call()
     assert e.value.field == field, str(e.value)
     assert words in str(e.value) and "Fix:" in str(e.value), str(e.value)
-    assert list(tmp_path.iterdir()) == [], "a refused input wrote something"
+    # "afile" is what a row may put there itself (a file where the path wants a folder): left as it was.
+    assert [p.name for p in tmp_path.iterdir() if p.name != "afile"] == [], "a refused input wrote something"
+    assert not (tmp_path / "afile").exists() or (tmp_path / "afile").read_text() == "mine"
 
 
 # Inputs that run but do nothing of what they say: an InputWarning, and the Report's lines right after its title.
@@ -136,7 +158,7 @@ WARNED = [
 @pytest.mark.parametrize("ac, field, words", [c[1:] for c in WARNED], ids=[c[0] for c in WARNED])
 def test_an_input_that_does_nothing_is_warned_and_leads_the_report(ac, field, words):
     if ac.mode == "remat":
-        pytest.importorskip("torch_remat")
+        extra("torch_remat")
     scenario = tk.Scenario(model=TINY, ac=ac, check_numerics=False, measure_memory=False, steady_steps=0)
     report = tk.run(scenario)
     assert report.ok, report
@@ -258,9 +280,13 @@ def test_undecodable_torn_and_junk_lines_are_skipped_counted_and_named(tmp_path)
         b'{"torn": ',
         b'{"key": "0123456789abcdef", "cell": {"block": "dense", "ac": "none", "scope": "none"}, "report": {}}',
     ]
+    # A real record with a field the reader relies on spoiled: `timeouts` (which made resume die with a TypeError)
+    # and `limit_s` (NaN compared as "shorter" with every limit).
+    record = json.loads(good.splitlines()[0])
+    junk += [json.dumps({**record, "timeouts": "x"}).encode(), json.dumps({**record, "limit_s": float("nan")}).encode()]
     results.write_bytes(b"\n".join(junk) + b"\n" + good)
     records, skipped = read_results(results)
-    assert len(records) == 1 and [s.line for s in skipped] == [1, 2, 3, 4, 5, 6]
+    assert len(records) == 1 and [s.line for s in skipped] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert [s.why for s in skipped] == [
         "not UTF-8 (byte 0xff at column 1)",
         "its cell does not hold the fields of a Cell",
@@ -268,6 +294,8 @@ def test_undecodable_torn_and_junk_lines_are_skipped_counted_and_named(tmp_path)
         "not a record (an object with key, cell and report)",
         "not JSON (a torn or foreign line)",
         "its report has no outcome",
+        "timeouts 'x' is not a whole number >= 0",
+        "limit_s nan is not a positive number of seconds",
     ]
     # Resume reads it (it used to die with UnicodeDecodeError) and runs nothing.
     calls = []
@@ -275,7 +303,7 @@ def test_undecodable_torn_and_junk_lines_are_skipped_counted_and_named(tmp_path)
     assert calls == [] and [r.classification.label for r in result.rows] == ["works"]
     # --merge reads it the same way and says what it skipped.
     added, bad = merge_into(tmp_path / "b", [results])
-    assert added == 1 and [s.line for s in bad[str(results)]] == [1, 2, 3, 4, 5, 6]
+    assert added == 1 and [s.line for s in bad[str(results)]] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert len(read_results(tmp_path / "b" / "results.jsonl")[0]) == 1
 
 
@@ -339,6 +367,8 @@ def _files(tmp: pathlib.Path) -> dict:
     )
     (tmp / "none.json").write_text('{"compile": {"scope": "none", "fullgraph": true}}')
     (tmp / "findings.jsonl").write_text('{"case": "C2", "torch": "2.13.0", "reproduced": true}\n[1, 2]\n')
+    (tmp / "undecodable.jsonl").write_bytes(b'\xff\xfe\n{"case": "C2", "torch": "2.13.0", "reproduced": true}\n')
+    (tmp / "no-verdict.jsonl").write_text('{"case": "C2"}\n{"case": "C2", "torch": "2.13.0", "reproduced": true}\n')
     (tmp / "a-folder").mkdir()
     (tmp / "junk.jsonl").write_bytes(b'{"key":"k","cell":{},"report":{}}\n\xff\n')
     return {}
@@ -358,10 +388,15 @@ CLI = [
     ("cases --check BOGUS", ["cases", "--check", "BOGUS"], {}, 2, "no standalone repro for BOGUS"),
     ("a findings file with a non-object line", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "findings.jsonl"}, 2,
      "'findings.jsonl' line 2 holds '[1, 2]', not a finding"),
+    ("a findings file with a line that is not UTF-8", ["cases", "--findings"],
+     {"TOOLKIT_FINDINGS": "undecodable.jsonl"}, 2, "'undecodable.jsonl' line 1 holds"),
+    ("a finding without its torch and verdict", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "no-verdict.jsonl"}, 2,
+     "'no-verdict.jsonl' line 1 holds '{\"case\": \"C2\"}', not a finding"),
     ("TOOLKIT_FINDINGS naming a folder", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "a-folder"}, 2,
      "TOOLKIT_FINDINGS: 'a-folder' is a folder, not a findings file"),
     ("matrix --out ''", ["matrix", "--out", ""], {}, 2, "sweep.out: '' names no folder"),
-    ("matrix --backends bogus", ["matrix", "--backends", "bogus", "--out", "o"], {}, 2, "bogus"),
+    ("matrix --backend bogus", ["matrix", "--backend", "bogus", "--out", "o"], {}, 2,
+     "argument --backend: invalid choice: 'bogus'"),
     ("matrix --merge of a folder", ["matrix", "--merge", "a-folder", "--out", "o"], {}, 2,
      "'a-folder' is not a file"),
     ("matrix --timeout-s nan", ["matrix", "--timeout-s", "nan", "--out", "o"], {}, 2, "--timeout-s"),
@@ -394,6 +429,11 @@ def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     )
     assert "line 2: not UTF-8 (byte 0xff at column 1)" in out.stderr
     assert "merged 0 records into o/results.jsonl (2 lines skipped: not records)" in out.stderr
+    # --dry-run reads the --merge files the same way (it only checked that they exist), and writes nothing.
+    dry = _cli("matrix", "--merge", "junk.jsonl", "--out", "d", "--dry-run", *only, cwd=tmp_path)
+    assert dry.returncode == 0 and "Traceback" not in dry.stderr, dry.stderr
+    assert "--merge junk.jsonl: skipped 2 lines that are not a record" in dry.stderr
+    assert "would first merge 0 records from 1 results file(s)" in dry.stdout and not (tmp_path / "d").exists()
 
 
 def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_path):
@@ -433,6 +473,21 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == cli.EXIT_INTERRUPTED == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "interrupted" in err
+
+
+@pytest.mark.parametrize("delay_s", [0.3, 1.0, 2.0])
+def test_ctrl_c_while_the_command_line_starts_is_quiet(delay_s):
+    """`python -m toolkit` imports the package (and torch, 2-3 s here) before `__main__` can catch anything: Ctrl-C
+    then printed a raw KeyboardInterrupt traceback. At each delay the interrupt lands in the import or in the
+    command; either way the command stops with one line and exit 130 (or finishes, if it was quicker)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "toolkit", "cases"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (p.returncode, err.strip()) in ((130, "interrupted"), (0, "")), (p.returncode, err)
 
 
 def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():

@@ -305,6 +305,7 @@ def _matrix_command(argv: list[str]) -> int:
     from ._config import ConfigError
     from ._extras import available, reason
     from .analysis import sweeps
+    from .analysis.cells import left_out as left_out_cells
     from .analysis.executors import make
 
     parser = _matrix_parser()
@@ -314,6 +315,9 @@ def _matrix_command(argv: list[str]) -> int:
         cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
     except (ConfigError, ImportError) as e:
         parser.error(f"--stack {args.stack}: {e}")
+    left_out = left_out_cells() if args.stack != "torchtitan" else []
+    for line in left_out:
+        print(line, file=sys.stderr)
     if args.only:
         try:
             pattern = re.compile(args.only)
@@ -321,7 +325,10 @@ def _matrix_command(argv: list[str]) -> int:
             parser.error(f"--only: {e}")
         cells = [c for c in cells if pattern.search(c.label)]
         if not cells:
-            parser.error(f"--only {args.only!r} matches no cell of the {'full' if args.full else 'quick'} sweep")
+            parser.error(
+                f"--only {args.only!r} matches no cell of the {'full' if args.full else 'quick'} sweep"
+                + "".join(f"; {line}" for line in left_out)
+            )
     options: dict = {}
     if args.executor == "submitit":
         options = dict(
@@ -340,9 +347,14 @@ def _matrix_command(argv: list[str]) -> int:
             ex = make(args.executor, workers=args.workers, warm=not args.cold, **options)
             if args.executor in ("submitit", "ray") and not available(args.executor):
                 raise _UsageError(f"--executor {args.executor} {reason(args.executor)}")
+            merging = 0
             for src in args.merge:
                 if not os.path.isfile(src):
                     raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
+                records, skipped = sweeps.read_results(src)  # read as --merge would, nothing written
+                merging += len(records)
+                if skipped:
+                    print(f"--merge {sweeps.skipped_text(src, skipped)}", file=sys.stderr)
             runnable, pending = sweeps.plan(
                 cells, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts
             )
@@ -350,7 +362,11 @@ def _matrix_command(argv: list[str]) -> int:
                 f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left "
                 f"out), {len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in "
                 f"{os.path.join(args.out, sweeps.RESULTS)}"
-                + (f"; would first merge {len(args.merge)} results file(s)" if args.merge else "")
+                + (
+                    f"; would first merge {merging} records from {len(args.merge)} results file(s)"
+                    if args.merge
+                    else ""
+                )
                 + ". Nothing was run."
             )
             return 0
@@ -600,10 +616,12 @@ def _main(argv: list[str] | None) -> int:
         return _cases_command(args)
     if args.command == "env":
         from . import compat
+        from ._extras import EXTRAS, available, reason
         from .measure import environment
 
         print("\n".join(f"{k}: {v}" for k, v in environment().items()))
         print(compat.table())
+        print("\n".join(f"optional: {reason(m)}" for m in EXTRAS if not available(m)) or "optional: all installed")
         return 0
     if args.command == "demo":
         import torch

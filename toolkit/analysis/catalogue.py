@@ -218,18 +218,29 @@ def record(finding) -> None:
 
 
 def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
-    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins. A torn line
-    (an interrupted write) is skipped; a line that is JSON but not a finding is refused, naming the file and line."""
+    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins. A torn last
+    line (an interrupted append) is skipped; any other line that is not a finding (not UTF-8, not JSON, or without
+    its case, torch and verdict) is refused, naming the file and line."""
     out: dict[str, dict[str, str]] = {}
     path = findings_path()
     if not path.exists():
         return out
-    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+    lines = path.read_bytes().splitlines()
+    for n, raw in enumerate(lines, 1):
         try:
             f = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if not isinstance(f, dict) or not isinstance(f.get("case"), str):
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue  # the last line, torn by an interrupted append
+            f = None
+        except UnicodeDecodeError:
+            f = None
+        if (
+            not isinstance(f, dict)
+            or not isinstance(f.get("case"), str)
+            or not isinstance(f.get("torch"), str)
+            or not isinstance(f.get("reproduced"), bool)
+        ):
             raise ConfigError(
                 "TOOLKIT_FINDINGS",
                 "",
@@ -239,8 +250,8 @@ def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
                 "at another file.",
             )
         if case_id is None or f["case"] == case_id:
-            release = torch_release(str(f.get("torch", "?")))
-            out.setdefault(f["case"], {})[release] = "reproduced" if f.get("reproduced") else "not reproduced"
+            release = torch_release(f["torch"])
+            out.setdefault(f["case"], {})[release] = "reproduced" if f["reproduced"] else "not reproduced"
     return out
 
 

@@ -402,9 +402,31 @@ def make(
                 "a custom runner only runs on this machine.",
                 "drop runner=, or use executor='local'.",
             )
+        given = [*options, *(["workers"] if workers != 1 else []), *(["warm"] if warm is not True else [])]
+        if given:
+            raise ConfigError(
+                "sweep",
+                given[0],
+                f"is given beside an Executor instance ({type(executor).__name__}), which has its options already "
+                "and would ignore it.",
+                f"set it on the executor, e.g. {type(executor).__name__}({given[0]}=...), and drop it here.",
+            )
         return executor
     if isinstance(executor, str) and executor in _CLASSES:
         _check_options(executor, options)
+    if executor in ("submitit", "ray"):
+        from .._extras import EXTRAS, available
+
+        local_only = [*(["workers"] if workers != 1 else []), *(["warm"] if warm is not True else [])]
+        if local_only:
+            raise ConfigError(
+                "sweep",
+                local_only[0],
+                f"is an option of executor='local'; {executor} runs the cells as jobs of its own and would ignore it.",
+                f"drop {local_only[0]}=, or use executor='local'.",
+            )
+        if not available(executor):  # before the sweep makes its folder
+            raise ConfigError("sweep", "executor", f"{executor} is not installed.", EXTRAS[executor].install + ".")
     if executor == "local":
         return LocalExecutor(workers=workers, warm=warm, runner=runner)
     if runner is not None:

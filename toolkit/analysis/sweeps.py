@@ -78,9 +78,15 @@ def _record(raw: bytes) -> dict:
         raise ValueError("its report has no outcome")
     if not isinstance(report.get("environment"), dict) or not isinstance(report["environment"].get("torch"), str):
         raise ValueError("its report does not say which torch measured it")
-    limit = rec.get("limit_s")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
-        raise ValueError(f"limit_s {limit!r} is not a number of seconds")
+    try:
+        check_seconds("record", "limit_s", rec.get("limit_s"))
+    except ConfigError as e:
+        raise ValueError(f"limit_s {e.problem.rstrip('.')}") from None
+    if "timeouts" in rec:
+        try:
+            check_int("record", "timeouts", rec["timeouts"], 0)
+        except ConfigError as e:
+            raise ValueError(f"timeouts {e.problem.rstrip('.')}") from None
     try:
         rec["_cell"], rec["_report"] = Cell(**cell), Report.from_dict(report)
     except (ValueError, KeyError, TypeError, AttributeError) as e:

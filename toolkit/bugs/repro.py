@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from .._config import ConfigError
+from .._config import ConfigError, check_bool
 from ..analysis.classification import classify
 from ..measure.environment import environment
 from ..measure.report import Report
@@ -58,7 +58,11 @@ def bundle_base(path: str | os.PathLike, report: Report, case: str | None = None
     inside it; a path ending in one of the bundle's own suffixes (`x.py`) names the bundle by that file; any other
     suffix is part of the name (`my.bundle.v2` → `my.bundle.v2.py`, never `my.bundle.py`)."""
     text = os.fspath(path)
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        raise ConfigError(
+            "repro.export", "path", f"{path!r} is bytes, not text.", "pass the path as a str or a pathlib.Path."
+        )
+    if not text.strip():
         raise ConfigError(
             "repro.export", "path", f"{path!r} is empty.", "pass a file name such as 'repro-out/c2', or a folder."
         )
@@ -102,7 +106,7 @@ def _check_targets(targets: dict[str, pathlib.Path], overwrite: bool) -> None:
 
 def _markdown_text(text: str) -> str:
     """`text` as inert markdown: one line, HTML escaped, markdown's punctuation backslashed."""
-    one_line = " ".join(str(text).split())
+    one_line = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())  # no NUL, no controls
     return re.sub(r"([\\`*_\[\]()|])", r"\\\1", html.escape(one_line, quote=True))
 
 
@@ -161,8 +165,7 @@ def export(
     (ConfigError, before anything is written)."""
     import nbformat
 
-    if not isinstance(overwrite, bool):
-        raise ConfigError("repro.export", "overwrite", f"{overwrite!r} is not a bool.", "pass True or False.")
+    check_bool("repro.export", "overwrite", overwrite)
     if case is not None:
         shown = classify(report).cases
         if case not in shown:
@@ -174,7 +177,15 @@ def export(
     targets = _targets(bundle_base(path, report, case), trace)
     _check_targets(targets, overwrite)
     py, ipynb, env = targets[".py"], targets[".ipynb"], targets[".env.json"]
-    py.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        py.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a folder of the path should be, a read-only place
+        raise ConfigError(
+            "repro.export",
+            "path",
+            f"cannot make the folder {str(py.parent)!r} ({e.strerror or e}).",
+            "pass another path.",
+        ) from None
     setup, check = _script(report, scenario, case)
     py.write_text(setup + check)
     nb = nbformat.v4.new_notebook()

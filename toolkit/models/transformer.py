@@ -242,12 +242,51 @@ def check_fits(cfg: ModelConfig) -> None:
     need = sum(parts.values()) * (2 if cfg.dtype == "bfloat16" else 4)
     if need <= have:
         return
-    field = max(parts, key=parts.get)
+    field = _largest_cause(cfg) or max(parts, key=parts.get)
     raise ConfigError(
         "ModelConfig",
         field,
         f"{field}={getattr(cfg, field)} makes {sum(parts.values()):.3g} parameters ({need / 2**30:.3g} GiB in "
         f"{cfg.dtype}), more than the {have / 2**30:.3g} GiB of {cfg.device_type} memory here.",
+        f"lower {field} (the default is {ModelConfig.__dataclass_fields__[field].default}), or estimate full sizes "
+        "on fake tensors with tk.estimate(...).",
+    )
+
+
+_SIZE_FIELDS = ("vocab_size", "dim", "n_layers", "ffn_hidden", "moe_hidden", "n_experts", "n_shared_experts")
+
+
+def _largest_cause(cfg: ModelConfig) -> str | None:
+    """The size field above its default whose default alone would remove the most parameters (`n_experts=2**22`
+    multiplies the experts' weights, which `param_counts` books under `moe_hidden`), or None."""
+    total = sum(cfg.param_counts().values())
+    best, best_drop = None, 0
+    for name in _SIZE_FIELDS:
+        default = ModelConfig.__dataclass_fields__[name].default
+        if getattr(cfg, name) <= default:
+            continue
+        try:
+            drop = total - sum(cfg.replace(**{name: default}).param_counts().values())
+        except ConfigError:  # the default does not fit the rest (a layer list, top_k): not the one to lower
+            continue
+        if drop > best_drop:
+            best, best_drop = name, drop
+    return best
+
+
+def _check_batch_fits(cfg: ModelConfig) -> None:
+    """Refuse a batch whose token ids alone exceed this machine's memory (int64, plus its copies for inputs and
+    labels), naming the field, before the allocator fails without one."""
+    have = _memory_of("cpu")
+    need = 3 * cfg.batch * (cfg.seq_len + 1) * 8
+    if have is None or need <= have:
+        return
+    field = "seq_len" if cfg.seq_len >= cfg.batch else "batch"
+    raise ConfigError(
+        "ModelConfig",
+        field,
+        f"{field}={getattr(cfg, field)} makes a batch of {cfg.batch} x {cfg.seq_len} tokens ({need / 2**30:.3g} GiB of "
+        f"token ids), more than the {have / 2**30:.3g} GiB of memory here.",
         f"lower {field} (the default is {ModelConfig.__dataclass_fields__[field].default}), or estimate full sizes "
         "on fake tensors with tk.estimate(...).",
     )
@@ -298,6 +337,7 @@ def build_model(cfg: ModelConfig | None = None) -> Transformer:
 def make_batch(cfg: ModelConfig | None = None, *, seed: int | None = None) -> Batch:
     """A deterministic random batch for `cfg` (seeded by `cfg.seed + 1` unless `seed` is given)."""
     cfg = cfg or ModelConfig()
+    _check_batch_fits(cfg)
     g = torch.Generator().manual_seed(cfg.seed + 1 if seed is None else seed)
     ids = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.seq_len + 1), generator=g)
     ids = ids.to(cfg.device)
