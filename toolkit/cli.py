@@ -276,7 +276,7 @@ def _matrix_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--executor", choices=EXECUTORS, default="local", help="where cells run (default local)")
     loc = parser.add_argument_group("--executor local")
-    loc.add_argument("--workers", type=count(1), default=max(1, min(2, os.cpu_count() or 1)))
+    loc.add_argument("--workers", type=count(1), help="cells side by side (default: 2, or 1 on a 1-core machine)")
     loc.add_argument("--cold", action="store_true", help="a fresh Python per cell instead of the warm fork server")
     sub = parser.add_argument_group("--executor submitit (Slurm; without Slurm, local processes)")
     sub.add_argument("--cluster", choices=["slurm", "local", "debug"], help="default: slurm if sbatch is found")
@@ -310,6 +310,8 @@ def _matrix_command(argv: list[str]) -> int:
 
     parser = _matrix_parser()
     args = parser.parse_args(argv)
+    if args.workers is None:  # local's option: the cluster executors run each cell as a job of its own
+        args.workers = max(1, min(2, os.cpu_count() or 1)) if args.executor == "local" else 1
     backends = args.backend or ["aot_eager"]
     try:
         cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
