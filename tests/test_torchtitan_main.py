@@ -1,8 +1,5 @@
 """The `torchtitan_main` recipe against torchtitan main's code, rebuilt here apart from the toolkit's model.
 
-The `torchtitan_main` recipe against torchtitan main's code as main wrote it, rebuilt here independently of the
-toolkit's model.
-
 main cannot be installed (no complete tree after 2026-08, a nightly torch, torch_remat from git), so its MoE block
 is written below from its files, read in repository pytorch/torchtitan at:
 - `torchtitan/distributed/activation_checkpoint.py`, `torchtitan/protocols/module.py`, `docs/remat.md` at
@@ -12,9 +9,17 @@ is written below from its files, read in repository pytorch/torchtitan at:
   `GroupedLinear`s, `TokenChoiceTopKRouter` with the unqualified `routing_decision` region);
 - `torchtitan/distributed/local_compile.py` at 2350f753348e (`@local_compile`: `torch.compile(fn,
   fullgraph=True, **kw)`), with SwiGLU's `recompile_limit=16` from main's `models/common/activation.py`.
-Two places follow main's docs where that moe.py reads a region's output with a bare op and no marker (the router
-gate's output into the score function): the marker main's docs require is added, as the research note's
-measurement did. The weights are the toolkit's main-layout model's, loaded by name with `strict=True` (so the
+Where main's files disagree, this block follows the remat design of docs/remat.md, activation_checkpoint.py and
+protocols/module.py at 03d9819f3416, which is consistent in itself, and not moe.py at 00a4c147699f, which is
+older remat code (stored files do not order the two commits):
+- moe.py wraps each routed projection in an outer region, `moe.routed_experts.w13` / `.w2`, and its
+  GroupedLinear declares none; the docs have GroupedLinear declare `<fqn>.grouped_mm` and forbid wrapping it again.
+  Under the selective config's `*routed_experts.w13.*` the outer name matches nothing (fnmatch), so that moe.py
+  would save w13; the docs' `moe.routed_experts.w13.grouped_mm` is what the pattern recomputes.
+- moe.py adds the shared expert with a bare `+` and counts tokens on every forward, replay included (its TODO
+  says AC double counts); the docs make the add the kept region `moe.shared_add` and the count ignore replay.
+- moe.py reads the router gate's output with a bare op and no `recompute_needs_tensor`; the marker the docs
+  require is added. The weights are the toolkit's main-layout model's, loaded by name with `strict=True` (so the
 names are main's too). The truth is `_truth.Truth` (outer saved-tensor hooks, parameters excluded); recompute is
 counted with torch_remat's own `is_recomputing()`; graphs with a counting backend. On a +cpu torch build the
 reference borrows the toolkit's stand-in for torch_remat's placeholder (C31), which fabricates only the replay

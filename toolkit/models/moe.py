@@ -392,8 +392,10 @@ class RoutedExperts(nn.Module):
 
 
 class MainRoutedExperts(nn.Module):
-    """torchtitan main's `moe.routed_experts` (models/common/moe.py at 00a4c147699f): dispatch → `w13` grouped
-    linear [E, 2, F, D] → `activation_fn` (bare) → `w2` [E, D, F] → combine (bare)."""
+    """torchtitan main's `moe.routed_experts` (its names from models/common/moe.py at 00a4c147699f): dispatch → `w13`
+    grouped linear [E, 2, F, D] → `activation_fn` (bare) → `w2` [E, D, F] → combine (bare). Its regions are the
+    GroupedLinears' own `<fqn>.grouped_mm`, as docs/remat.md at 03d9819f3416 has them; that moe.py wraps w13 and w2
+    in outer regions instead (older remat code, see tests/test_torchtitan_main.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

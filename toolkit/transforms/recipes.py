@@ -290,7 +290,9 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
 
 
 # The torchtitan main commits the `torchtitan_main` recipe and the "torchtitan_main" layout were read at
-# (repository pytorch/torchtitan; tests/test_torchtitan_main.py rebuilds main's block from the same files).
+# (repository pytorch/torchtitan; tests/test_torchtitan_main.py rebuilds main's block from the same files). The names
+# are moe.py's; the regions follow the remat design at 03d9819f3416 where moe.py at 00a4c147699f, older remat code,
+# differs (outer w13/w2 regions, a bare shared add, a token count that counts the replay): the test's docstring.
 MAIN_COMMITS = {
     "distributed/activation_checkpoint.py, protocols/module.py, docs/remat.md": "03d9819f3416",
     "models/common/moe.py": "00a4c147699f",
