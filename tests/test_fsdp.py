@@ -172,6 +172,26 @@ def test_fsdp2_world_size_two_under_torchrun(tmp_path):
     assert [r["saved"] for r in ranks[0]["rows"]] == [r["saved"] for r in ranks[1]["rows"]]
 
 
+@pytest.mark.parametrize("order", ["compile_outside", "ac_outside"])
+def test_c50s_configuration_runs_on_one_and_two_gloo_ranks(order):
+    """C50 (Modalities#361: FSDP2 + full AC + compile raised a CheckpointError on a metadata mismatch, bf16 on 8 CUDA
+    ranks) as far as CPU goes: the dense model, FSDP2 per block, full AC, each block compiled in either order, on 1 and
+    2 gloo ranks — no CheckpointError, the same saved bytes per rank; the catalogue's "not reproduced" rests on this."""
+    scenario = tk.Scenario(
+        model=tk.ModelConfig(moe_layers="none"),
+        ac=tk.ACConfig(mode="full"),
+        compile=tk.CompileConfig(scope="blocks", order=order),
+        fsdp="blocks",
+        steady_steps=1,
+    )
+    alone = tk.run(scenario)
+    assert alone.ok and alone.compile.graphs >= 1, alone
+    merged = tk.run_distributed(scenario, nproc=2, timeout_s=600)
+    assert merged.ok, merged.stderr_tail
+    assert [r.saved.total_bytes for r in merged.ranks] == [alone.saved.total_bytes] * 2
+    assert tk.catalogue.get("C50").verified == {"2.13.0": "not reproduced", "2.14.1": "not reproduced"}
+
+
 @pytest.mark.parametrize("stack", ["toolkit", "torchtitan"])
 def test_two_ranks_merged_into_one_view(stack):
     """`run_distributed` / `run --nproc 2`: each rank's Report side by side, FSDP2's collectives seen in both
