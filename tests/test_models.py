@@ -72,13 +72,32 @@ def test_the_main_layout_has_torchtitan_mains_names_exactly():
         "layers.1.moe.expert_bias_E",
         "layers.1.moe.router.tokens_per_expert_E",
     ]
-    modules = {n for n, _ in tk.named_modules(model)}
-    assert {
+    modules = [n for n, _ in tk.named_modules(model)]
+    block = ["attention_norm", "attention", "attention.qkv_linear", "attention.qkv_linear.wqkv", "attention.wo"]
+    block += ["ffn_norm"]
+    assert modules == [
+        "",
+        "tok_embeddings",
+        "layers",
+        "layers.0",
+        *(f"layers.0.{n}" for n in block),
+        "layers.0.feed_forward",
+        "layers.0.feed_forward.w13",
+        "layers.0.feed_forward.w2",
+        "layers.1",
+        *(f"layers.1.{n}" for n in block),
+        "layers.1.moe",
+        "layers.1.moe.router",
+        "layers.1.moe.router.gate",
+        "layers.1.moe.routed_experts",
         "layers.1.moe.routed_experts.w13",
         "layers.1.moe.routed_experts.w2",
-        "layers.1.attention.qkv_linear",
-    } <= modules
-    assert not any("inner_experts" in n or n.endswith((".wq", ".wk", ".wv", ".w1", ".w3")) for n in modules)
+        "layers.1.moe.shared_experts",
+        "layers.1.moe.shared_experts.w13",
+        "layers.1.moe.shared_experts.w2",
+        "norm",
+        "lm_head",
+    ]
     # The activation and the dispatcher are plain objects beside the grouped linears, as in main.
     routed = model.layers["1"].moe.routed_experts
     assert {type(routed.activation_fn).__name__, type(routed.token_dispatcher).__name__} == {
