@@ -27,6 +27,7 @@ _REPORT_KEYS = {
     "break_reason_contains",
     "recompute_op_contains",
     "warning_contains",
+    "fsdp",
 }
 
 
@@ -98,6 +99,8 @@ class Case:
         if "recipe" in sig and scen.recipe != sig["recipe"]:
             return False
         if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
+            return False
+        if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
             return False
         if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
             return False
