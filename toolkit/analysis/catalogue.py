@@ -28,6 +28,7 @@ _REPORT_KEYS = {
     "recompute_op_contains",
     "warning_contains",
     "fsdp",
+    "max_graph_breaks",
 }
 
 
@@ -101,6 +102,8 @@ class Case:
         if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
             return False
         if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
+            return False
+        if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
             return False
         if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
             return False
