@@ -29,6 +29,7 @@ _REPORT_KEYS = {
     "warning_contains",
     "fsdp",
     "max_graph_breaks",
+    "recompile_reason_contains",
 }
 
 
@@ -104,6 +105,10 @@ class Case:
         if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
             return False
         if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
+            return False
+        if "recompile_reason_contains" in sig and not _shows(
+            " ".join(report.compile.recompiles), sig["recompile_reason_contains"]
+        ):
             return False
         if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
             return False
