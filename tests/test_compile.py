@@ -337,3 +337,21 @@ def test_inductor_compiles_a_checkpointed_dense_block(dense_cfg):
     g, gr = grads(model), grads(ref)
     for k in gr:
         torch.testing.assert_close(g[k], gr[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_the_instrument_compiles_none_of_its_own_code_into_the_models_counts(ac):
+    """A model compiled whole whose blocks graph-break runs them eagerly under Dynamo's frame callback; autograd then
+    calls the probes' pack hook there, and Dynamo compiled what the hook calls (`is_real`): the Report counted 2 more
+    graphs and a recompile on a Parameter than the model had. Checked against Dynamo's own counters in a bare run."""
+    s = tk.Scenario(
+        model=tk.ModelConfig(experts_impl="for_loop"),
+        ac=tk.ACConfig(mode=ac),
+        compile=tk.CompileConfig(scope="model"),
+        steady_steps=0,
+        check_numerics=False,
+        measure_memory=False,
+    )
+    probed, bare = tk.run(s), tk.run(s.replace(instrument=False))
+    assert (probed.compile.graphs, probed.compile.graph_breaks) == (bare.compile.graphs, bare.compile.graph_breaks)
+    assert not any("is_real" in r or "probes" in r for r in probed.compile.recompiles), probed.compile.recompiles

@@ -835,6 +835,12 @@ def graphs_compiled(before: dict[str, dict[str, int]]) -> tuple[int, int]:
 _to_skip: list[Any] = []
 
 
+def dynamo_disabled(fn: Callable) -> Callable:
+    """`fn` run with Dynamo off, for it and everything it calls (`torch.compiler.disable`): for the probes' hooks that
+    autograd calls from inside frames Dynamo is running."""
+    return torch.compiler.disable(fn)
+
+
 def skip_code(code: Any) -> None:
     """Keep Dynamo from tracing `code`, from the next `apply_skips()` on (the probes call it as they start):
     registering imports Dynamo, which importing a module that declares its hooks must not."""

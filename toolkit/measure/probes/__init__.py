@@ -122,7 +122,12 @@ class Probes:
             stack.enter_context(compat.recompute_bookkeeping(self._enter_bookkeeping, self._leave_bookkeeping))
             stack.enter_context(self.trace.listening())
             stack.enter_context(self.modules.hooks())
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _identity))
+            # Autograd calls the pack hook from inside frames Dynamo is running (a compiled model that fell back to
+            # eager included): disabled recursively, so that neither the hook nor what it calls (`is_real`, …) is
+            # compiled — a skipped code object alone still let Dynamo compile its callees, and the instrument's own
+            # graphs and recompiles were counted as the model's ('model' scope: 2 graphs, 1 recompile on `is_real`).
+            pack = compat.dynamo_disabled(self._pack)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _identity))
             # A warm AOTAutograd cache skips the partition we read; the graphs themselves are unchanged.
             stack.enter_context(compat.compiler_configs().functorch.patch(enable_autograd_cache=False))
             yield
@@ -235,7 +240,8 @@ def _older_objects_frozen() -> Iterator[None]:
 
 
 # Autograd calls the saved-tensor hooks from inside frames Dynamo is running; it then tries to compile the hook's
-# own frame, fails on `untyped_storage()` and reports a "graph break" in the probes. Never trace our own hooks.
+# own frame, fails on `untyped_storage()` and reports a "graph break" in the probes. Never trace our own hooks (the
+# pack hook is also disabled recursively where it is installed, `Probes.active`).
 for _code in (Probes._pack.__code__, _identity.__code__):
     compat.skip_code(_code)
 
