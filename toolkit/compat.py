@@ -738,7 +738,12 @@ def checkpoint_policy_dict(keys: tuple[str, ...]) -> dict[str, Any]:
 def top_saved_tensors_hooks_are(pack: Callable) -> bool:
     """The innermost saved-tensor hooks a SAC cache would route through (torch >= 2.14) are `pack`'s."""
     hooks = current_saved_tensors_hooks()
-    return hooks is not None and getattr(hooks[0], "__func__", hooks[0]) is pack
+    if hooks is None:
+        return False
+    hook = hooks[0]
+    while hasattr(hook, "__wrapped__"):  # the probes install their pack hook wrapped in torch.compiler.disable
+        hook = hook.__wrapped__
+    return getattr(hook, "__func__", hook) is pack
 
 
 def keep_sac_legacy_under(call: CheckpointCall, pack: Callable) -> None:
