@@ -257,3 +257,26 @@ def test_a_full_size_layer_compiles_on_fake_tensors_without_memory():
     assert est.saved_by_module == {"norm": T * D * (4 + 4 + 2) + T * 4, "tok_embeddings": T * D * 2 + ids}
     assert est.backend == "aot_eager" and est.graphs == 1
     assert est.params_bytes > 2 * 2**30 and grown_mib < 512, grown_mib
+
+
+def test_a_compiled_step_that_breaks_or_runs_eager_at_run_time_is_refused(monkeypatch):
+    """What the up-front checks cannot see (a graph break in user code, Dynamo switched off) is caught after the
+    fake step: an error naming compile.scope, never the eager graph's numbers under a compiled label."""
+    from toolkit.models.transformer import Attention
+
+    attend = Attention._attend
+
+    def breaking(self, q, k, v):
+        torch._dynamo.graph_break()
+        return attend(self, q, k, v)
+
+    cfg = tk.ModelConfig(experts_impl="masked")
+    monkeypatch.setattr(Attention, "_attend", breaking)
+    broken = tk.Scenario(model=cfg, compile=tk.CompileConfig(scope="blocks", backend="aot_eager"))
+    with pytest.raises(tk.ConfigError, match=r"estimate\.compile\.scope:.*graph break.*Fix:"):
+        tk.estimate(broken)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # every compiled region runs its eager code
+    skipped = tk.Scenario(model=cfg, compile=tk.CompileConfig(scope="attention", backend="aot_eager"))
+    with pytest.raises(tk.ConfigError, match=r"estimate\.compile\.scope:.*fell back to eager.*Fix:"):
+        tk.estimate(skipped)

@@ -13,6 +13,7 @@ PKG = ROOT / "toolkit"
 LAYERS = [
     "_config",
     "_extras",
+    "_interrupt",
     "compat",
     "models",
     "stacks",

@@ -10,11 +10,21 @@ import sys as _sys
 
 
 def _as_command() -> bool:
-    """This package is being imported on the way to the command line (`python -m toolkit`, whose package import
-    runs while `sys.argv[0]` is still "-m", or the `toolkit` script)."""
+    """This package is being imported on the way to the command line: `python -m toolkit` (its package import runs
+    while `sys.argv[0]` is still "-m"; the original command line says which module) or the `toolkit` script. Not
+    `python -m toolkit.measure.worker` and the like, whose Ctrl-C handling is their own."""
     first = _sys.argv[0] if _sys.argv else ""
-    return first == "-m" or first.rsplit("/", 1)[-1] == "toolkit"
+    if first == "-m":
+        cmd = list(getattr(_sys, "orig_argv", ()))
+        pairs = zip(cmd, cmd[1:] + [""])
+        return any((a == "-m" and b in ("toolkit", "toolkit.__main__")) or a == "-mtoolkit" for a, b in pairs)
+    return first.rsplit("/", 1)[-1] == "toolkit"
 
+
+if _as_command():
+    from . import _interrupt
+
+    _interrupt.stop_at_once_while_importing()  # until `cli.main` starts
 
 try:
     from . import bugs, compat

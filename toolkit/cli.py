@@ -582,8 +582,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command line: one line `error: … Fix: …` and exit 2 for bad input (never a traceback), 130 after Ctrl-C
     (the interrupted command has already stopped its workers)."""
+    from . import _interrupt
     from ._config import ConfigError
 
+    _interrupt.raise_again()
     try:
         return _main(argv)
     except KeyboardInterrupt:
