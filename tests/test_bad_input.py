@@ -488,9 +488,9 @@ def test_ctrl_c_while_the_command_line_starts_is_quiet(delay_s):
     _, err = p.communicate(timeout=120)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     # Landing while the interpreter shuts down (the command done), Python ends by SIGINT itself, silently: -2. CI
-    # once saw (-2, "interrupted") and once "Exception ignored in … importlib … KeyboardInterrupt" when the interrupt
-    # was raised inside importlib's callbacks; the import now stops at once instead (toolkit/_interrupt.py), but a
-    # shell reads -2 as 130 too, so a SIGINT exit after the one line is accepted.
+    # once saw (-2, "interrupted"), and a local run "Exception ignored in … importlib … KeyboardInterrupt" when the
+    # interrupt was raised inside importlib's callbacks; the import now stops at once instead
+    # (toolkit/_interrupt.py), but a shell reads -2 as 130 too, so a SIGINT exit after the one line is accepted.
     assert (p.returncode, err.strip()) in (
         (130, "interrupted"),
         (-signal.SIGINT, "interrupted"),

@@ -8,7 +8,7 @@ import sys
 def _stop_at_once(signum, frame) -> None:
     # Nothing has been written yet, so there is nothing to save. A KeyboardInterrupt raised here instead can land in
     # importlib's own weakref callbacks, where CPython prints "Exception ignored … Traceback" that no `except`
-    # reaches, and may end the process by SIGINT after SystemExit(130) (both seen in CI).
+    # reaches (seen in a local run on 2.14.1), and may end the process by SIGINT after SystemExit(130) (seen in CI).
     sys.stderr.write("interrupted\n")
     sys.stderr.flush()
     os._exit(130)
