@@ -42,6 +42,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.fspath.ext != ".ipynb":
             continue
+        if "torchtitan" in _needs(item.path):
+            item.add_marker(pytest.mark.torchtitan)  # `-m torchtitan`: CI's stage 3 (tests/conftest.py)
         why = missing(_needs(item.path))
         if why:
             item.add_marker(pytest.mark.skip(reason=f"{item.path.name}: {why}"))

@@ -1,5 +1,7 @@
 """Shared test setup: one Inductor cache for the run, and a clean Dynamo state around every test."""
 
+import ast
+import functools
 import os
 import pathlib
 
@@ -33,6 +35,32 @@ QUICK = (
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@functools.lru_cache(maxsize=None)
+def _extras_called(path: pathlib.Path) -> dict:
+    """The optional packages a test file asks for or branches on (`extra("...")`, `available("...")`,
+    `find_spec("...")`), read from its source: key None for calls at module level (the whole file needs them), a
+    test function's name for calls inside it."""
+    found: dict = {}
+    tree = ast.parse(path.read_text())
+
+    def calls(node) -> set:
+        return {
+            c.args[0].value
+            for c in ast.walk(node)
+            if isinstance(c, ast.Call)
+            and (getattr(c.func, "id", None) or getattr(c.func, "attr", None)) in ("extra", "available", "find_spec")
+            and c.args
+            and isinstance(c.args[0], ast.Constant)
+        }
+
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[stmt.name] = calls(stmt)
+        elif not isinstance(stmt, ast.ClassDef):
+            found.setdefault(None, set()).update(calls(stmt))
+    return found
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         try:
@@ -41,6 +69,12 @@ def pytest_collection_modifyitems(config, items):
             continue
         if rel in QUICK:
             item.add_marker(pytest.mark.quick)
+        # `-m torchtitan` (CI's stage 3 on README's torch): every test that needs or branches on the torchtitan extra,
+        # found from the calls themselves so that a new one cannot be left out. Notebooks: notebooks/conftest.py.
+        if item.path.suffix == ".py":
+            called = _extras_called(item.path)
+            if "torchtitan" in called.get(None, set()) | called.get(getattr(item, "originalname", None), set()):
+                item.add_marker(pytest.mark.torchtitan)
 
 
 def _config_modules():
@@ -59,46 +93,37 @@ def _stable(value) -> str:
     return repr(value)
 
 
-def _process_state() -> tuple[dict, list]:
+def _process_state():
     """What a test could leave behind for the next one in its worker, read here rather than by the toolkit: every
     Dynamo / AOTAutograd / Inductor config value (compared by repr), Dynamo's LRU switch, grad mode and checkpoint's
-    early stop; and what it takes to put them back."""
+    early stop; and a function that puts them back."""
+    import warnings
+
     import torch.utils.checkpoint as ckpt
 
     from toolkit import compat
 
     lru = compat.lru_cache_enabled()  # torch has no getter: read by experiment (None where it cannot be read)
-    values = {f"{mod.__name__}.{k}": _stable(v) for mod in _config_modules() for k, v in mod.get_config_copy().items()}
-    values["dynamo LRU cache"] = repr(lru)
-    values["grad enabled"] = repr(torch.is_grad_enabled())
-    values["checkpoint early stop"] = repr(getattr(ckpt, "_enable_checkpoint_early_stop", None))
-    restore = [(mod, mod.save_config()) for mod in _config_modules()]
-    restore.append(("lru", lru))
-    restore.append(("grad", torch.is_grad_enabled()))
-    restore.append(("early stop", getattr(ckpt, "_enable_checkpoint_early_stop", None)))
-    return values, restore
+    grad = torch.is_grad_enabled()
+    early_stop = getattr(ckpt, "_enable_checkpoint_early_stop", None)
+    configs = {mod: mod.save_config() for mod in _config_modules()}
+    values = {f"{mod.__name__}.{k}": _stable(v) for mod in configs for k, v in mod.get_config_copy().items()}
+    values.update(
+        {"dynamo LRU cache": repr(lru), "grad enabled": repr(grad), "checkpoint early stop": repr(early_stop)}
+    )
 
-
-def _put_back(restore: list) -> None:
-    import warnings
-
-    import torch.utils.checkpoint as ckpt
-
-    for what, value in restore:
-        if what == "lru":
-            if value is not None:
-                from toolkit import compat
-
-                compat.set_lru_cache(value)
-        elif what == "grad":
-            torch.set_grad_enabled(value)
-        elif what == "early stop":
-            if value is not None:
-                ckpt._enable_checkpoint_early_stop = value
-        else:
+    def put_back() -> None:
+        for mod, saved in configs.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # load_config warns about deprecated keys it sets back
-                what.load_config(value)
+                mod.load_config(saved)
+        if lru is not None:
+            compat.set_lru_cache(lru)
+        torch.set_grad_enabled(grad)
+        if early_stop is not None:
+            ckpt._enable_checkpoint_early_stop = early_stop
+
+    return values, put_back
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +135,7 @@ def _clean_dynamo(request):
 
     torch._dynamo.reset()
     counters.clear()
-    before, restore = _process_state()
+    before, put_back = _process_state()
     yield
     torch._dynamo.reset()
     counters.clear()
@@ -119,7 +144,7 @@ def _clean_dynamo(request):
         k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)
     }
     if leaked:
-        _put_back(restore)  # the next test in this worker starts clean either way
+        put_back()  # the next test in this worker starts clean either way
         pytest.fail(f"left process state changed (before, after): {leaked}", pytrace=False)
 
 
