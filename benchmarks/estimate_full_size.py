@@ -35,7 +35,7 @@ def one(layer: str, mode: str, backend: str) -> dict:
     scenario = tk.Scenario(model=tk.LAYER_SHAPES[layer], ac=tk.ACConfig(mode=mode), compile=compile, name=layer)
     est = tk.estimate(scenario)
     return {
-        "seconds": round(time.perf_counter() - t0, 1),  # imports and model building included
+        "seconds": round(time.perf_counter() - t0, 1),  # building the fake model and the estimate; not the imports
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "saved": est.saved_bytes,
         "peak": est.peak_bytes,

@@ -26,61 +26,54 @@ if _as_command():
 
     _interrupt.stop_at_once_while_importing()  # until `cli.main` starts
 
-try:
-    from . import bugs, compat
-    from ._config import ConfigError
-    from .analysis import catalogue, classify, matrix, sweep
-    from .bugs import repro
-    from .measure import (
-        LAYER_SHAPES,
-        PRESETS,
-        DistributedReport,
-        Estimate,
-        Report,
-        Scenario,
-        estimate,
-        measure,
-        preset,
-        presets,
-        report,
-        run,
-        run_distributed,
-    )
-    from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
-    from .notebook.setup import setup_notebook
-    from .stacks.torchtitan import TorchtitanConfig
-    from .transforms import (
-        RECIPES,
-        ACConfig,
-        CompileConfig,
-        PolicyDecision,
-        SelectiveOpPolicy,
-        applied,
-        apply_ac,
-        apply_compile,
-        apply_recipe,
-        canonical_name,
-        default_save_ops,
-        get_module,
-        global_state,
-        named_modules,
-        naming,
-        prepare,
-        record_policy_decisions,
-        remove_ac,
-        remove_compile,
-        reset,
-        torch_settings,
-        train_step,
-        unwrap,
-    )
-except KeyboardInterrupt:
-    # Ctrl-C while torch imports, before the CLI can catch it: a command stops as quietly as a running one does.
-    # A notebook or a script importing toolkit gets its KeyboardInterrupt as usual.
-    if not _as_command():
-        raise
-    print("interrupted", file=_sys.stderr)
-    raise SystemExit(130) from None
+# ruff: noqa: E402 - the Ctrl-C handler above goes in before the imports below, which take seconds (torch)
+from . import bugs, compat
+from ._config import ConfigError
+from .analysis import catalogue, classify, matrix, sweep
+from .bugs import repro
+from .measure import (
+    LAYER_SHAPES,
+    PRESETS,
+    DistributedReport,
+    Estimate,
+    Report,
+    Scenario,
+    estimate,
+    measure,
+    preset,
+    presets,
+    report,
+    run,
+    run_distributed,
+)
+from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
+from .notebook.setup import setup_notebook
+from .stacks.torchtitan import TorchtitanConfig
+from .transforms import (
+    RECIPES,
+    ACConfig,
+    CompileConfig,
+    PolicyDecision,
+    SelectiveOpPolicy,
+    applied,
+    apply_ac,
+    apply_compile,
+    apply_recipe,
+    canonical_name,
+    default_save_ops,
+    get_module,
+    global_state,
+    named_modules,
+    naming,
+    prepare,
+    record_policy_decisions,
+    remove_ac,
+    remove_compile,
+    reset,
+    torch_settings,
+    train_step,
+    unwrap,
+)
 
 __version__ = "0.2.0"
 

@@ -740,9 +740,7 @@ def top_saved_tensors_hooks_are(pack: Callable) -> bool:
     hooks = current_saved_tensors_hooks()
     if hooks is None:
         return False
-    hook = hooks[0]
-    while hasattr(hook, "__wrapped__"):  # the probes install their pack hook wrapped in torch.compiler.disable
-        hook = hook.__wrapped__
+    hook = inspect.unwrap(hooks[0])  # the probes install their pack hook wrapped in torch.compiler.disable
     return getattr(hook, "__func__", hook) is pack
 
 
