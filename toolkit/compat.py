@@ -1281,6 +1281,11 @@ def remat_placeholders_needed() -> bool:
     mod = remat()
     if mod is None or _found["storage_placeholder"].ok:
         return False
+    return _remat_placeholder_functions_found()
+
+
+def _remat_placeholder_functions_found() -> bool:
+    """torch_remat (0.2.2) has the placeholder functions the stand-ins replace."""
     import importlib
 
     api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
@@ -1317,6 +1322,51 @@ def remat_placeholders_release() -> None:
             owner, name, original = _placeholder_originals.pop()
             setattr(owner, name, original)
         _placeholder_storages.clear()
+
+
+@contextlib.contextmanager
+def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
+    """While an estimate runs on fake tensors under `fake_mode`: the placeholder torch_remat makes in backward for a
+    kept region's output that nothing reads is a fake tensor of its shape and strides, made out of sight of every
+    dispatch mode (a real placeholder allocates nothing) and recognised by its storage (a fake storage cannot be
+    poisoned). torch_remat's own placeholder sets a real null CPU storage into a fake tensor, which torch 2.14's
+    fake tensors refuse ("Attempted to set the storage of a tensor on device "meta" to a storage on different
+    device"); the CPU-build stand-in above would allocate the output for real. Without torch_remat: nothing."""
+    if remat() is None or not _remat_placeholder_functions_found():
+        yield
+        return
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def make(metadata: Any, message: str, *, requires_grad: bool = False) -> torch.Tensor:
+        del message  # nothing can read a fake tensor's data
+        with _disable_current_modes():
+            meta = torch.empty_strided(
+                tuple(metadata.shape), tuple(metadata.stride), dtype=metadata.dtype, device="meta"
+            )
+            placeholder = FakeTensor(fake_mode, meta, metadata.device)
+        _placeholder_storages[placeholder.untyped_storage()._cdata] = StorageWeakRef(placeholder.untyped_storage())
+        if requires_grad:
+            placeholder.requires_grad_(True)
+        return placeholder
+
+    api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
+    swaps = [
+        (api, "_make_placeholder_tensor", make),
+        (api, "_is_placeholder", _stand_in_is_placeholder),
+        (view, "_is_placeholder", _stand_in_is_placeholder),
+    ]
+    before = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    try:
+        for owner, name, new in swaps:
+            setattr(owner, name, new)
+        yield
+    finally:
+        for owner, name, original in before:
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager

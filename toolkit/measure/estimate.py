@@ -406,26 +406,8 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
     # (inductor's without kernels) must never serve a real step of the same model code, nor a real one this step.
     compiled = _backend(scenario) != "eager" or scenario.compile.enabled
     with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink):
-        try:
-            est = _step(scenario, cuda_rounding, notes)
-        except RuntimeError as e:
-            if _REMAT_PLACEHOLDER in str(e) and compiled:
-                # torch 2.14's fake tensors refuse the real (null) storage torch_remat sets into the placeholder of a
-                # kept region's output when it replays a block with a compiled region inside: named, never eager.
-                raise ConfigError(
-                    "estimate",
-                    "ac.mode" if scenario.recipe is None else "recipe",
-                    f"torch_remat's recompute placeholder cannot be followed on fake tensors on torch "
-                    f"{torch.__version__} (a compiled region inside a remat block: {str(e).splitlines()[0][:120]}).",
-                    "estimate remat with the whole block compiled (scope='blocks' or 'model'), estimate on torch "
-                    "2.13, or measure it with tk.run.",
-                ) from e
-            raise
+        est = _step(scenario, cuda_rounding, notes)
     return dataclasses.replace(est, seconds=round(time.perf_counter() - t0, 3))
-
-
-# What torch 2.14's fake tensors say when torch_remat sets a real storage into one (the placeholder above).
-_REMAT_PLACEHOLDER = "Attempted to set the storage of a tensor on device"
 
 
 def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate:
@@ -442,6 +424,8 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         tokens, labels = (fake.from_tensor(t) for t in batch)
         _transform(scenario, model)
         stack.callback(reset, model, dynamo=False)
+        # After the transforms: over the CPU-build stand-in that a remat transform puts in (it would allocate).
+        stack.enter_context(compat.remat_placeholders_on_fake(fake))
         if backend == "inductor":
             stack.enter_context(compat.inductor_on_fake_tensors())
         batch_keys = {StorageWeakRef(t.untyped_storage()).cdata for t in (tokens, labels)}
