@@ -1341,14 +1341,19 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import _disable_current_modes
 
+    made: list[int] = []
+
     def make(metadata: Any, message: str, *, requires_grad: bool = False) -> torch.Tensor:
         del message  # nothing can read a fake tensor's data
         with _disable_current_modes():
-            meta = torch.empty_strided(
-                tuple(metadata.shape), tuple(metadata.stride), dtype=metadata.dtype, device="meta"
-            )
+            # The storage the real output had (views of the placeholder may reach all of it), on meta: no memory.
+            meta = torch.empty(0, dtype=metadata.dtype, device="meta")
+            storage = torch.UntypedStorage(metadata.storage_nbytes, device="meta")
+            meta.set_(storage, 0, torch.Size(metadata.shape), tuple(metadata.stride))
             placeholder = FakeTensor(fake_mode, meta, metadata.device)
-        _placeholder_storages[placeholder.untyped_storage()._cdata] = StorageWeakRef(placeholder.untyped_storage())
+        key = placeholder.untyped_storage()._cdata
+        _placeholder_storages[key] = StorageWeakRef(placeholder.untyped_storage())
+        made.append(key)
         if requires_grad:
             placeholder.requires_grad_(True)
         return placeholder
@@ -1367,6 +1372,8 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
     finally:
         for owner, name, original in before:
             setattr(owner, name, original)
+        for key in made:
+            _placeholder_storages.pop(key, None)
 
 
 @contextlib.contextmanager
