@@ -124,8 +124,8 @@ def _stable(value) -> str:
 
 def _process_state():
     """What a test could leave behind for the next one in its worker, read here rather than by the toolkit: every
-    Dynamo / AOTAutograd / Inductor config value (compared by repr), Dynamo's LRU switch, grad mode and checkpoint's
-    early stop; and a function that puts them back."""
+    Dynamo / AOTAutograd / Inductor config value (compared by repr) and which of them read as missing, Dynamo's LRU
+    switch, grad mode and checkpoint's early stop; and a function that puts them back."""
     import warnings
 
     import torch.utils.checkpoint as ckpt
@@ -136,7 +136,15 @@ def _process_state():
     grad = torch.is_grad_enabled()
     early_stop = getattr(ckpt, "_enable_checkpoint_early_stop", None)
     configs = {mod: mod.save_config() for mod in _config_modules()}
-    values = {f"{mod.__name__}.{k}": _stable(v) for mod in configs for k, v in mod.get_config_copy().items()}
+    values = {}
+    for mod in configs:
+        copy = mod.get_config_copy()
+        values.update({f"{mod.__name__}.{k}": _stable(v) for k, v in copy.items()})
+        # A config deleted and not set again (what a patch undone the wrong way leaves) keeps its value in the copy
+        # but reads as missing: every later compile in the worker then fails on it. Seen only through getattr.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # reading a deprecated key warns
+            values[f"{mod.__name__} unreadable"] = repr(sorted(k for k in copy if not hasattr(mod, k)))
     values.update(
         {"dynamo LRU cache": repr(lru), "grad enabled": repr(grad), "checkpoint early stop": repr(early_stop)}
     )

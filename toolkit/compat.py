@@ -1284,15 +1284,35 @@ def remat_placeholders_needed() -> bool:
     return _remat_placeholder_functions_found()
 
 
-def _remat_placeholder_functions_found() -> bool:
-    """torch_remat (0.2.2) has the placeholder functions the stand-ins replace."""
+def _remat_placeholder_targets(make: Callable) -> list[tuple[Any, str, Any]]:
+    """torch_remat (0.2.2)'s three placeholder functions, each paired with its stand-in: `make` for the maker and
+    the stand-in storage check for both `_is_placeholder`s (the one in `_api` and the one `_view` imported)."""
     import importlib
 
     api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
-    return all(
-        hasattr(m, n)
-        for m, n in ((api, "_make_placeholder_tensor"), (api, "_is_placeholder"), (view, "_is_placeholder"))
-    )
+    return [
+        (api, "_make_placeholder_tensor", make),
+        (api, "_is_placeholder", _stand_in_is_placeholder),
+        (view, "_is_placeholder", _stand_in_is_placeholder),
+    ]
+
+
+def _remat_placeholder_functions_found() -> bool:
+    """torch_remat has the placeholder functions the stand-ins replace."""
+    return all(hasattr(owner, name) for owner, name, _ in _remat_placeholder_targets(_stand_in_make_placeholder))
+
+
+def _swap_in(targets: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Set each stand-in; returns the originals, to be set back in reverse order by `_swap_back`."""
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, new in targets:
+        setattr(owner, name, new)
+    return originals
+
+
+def _swap_back(originals: list[tuple[Any, str, Any]]) -> None:
+    for owner, name, original in reversed(originals):
+        setattr(owner, name, original)
 
 
 def remat_placeholders_acquire() -> None:
@@ -1302,25 +1322,15 @@ def remat_placeholders_acquire() -> None:
     _placeholder_users += 1
     if _placeholder_users > 1 or not remat_placeholders_needed():
         return
-    import importlib
-
-    api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
-    for owner, name, new in (
-        (api, "_make_placeholder_tensor", _stand_in_make_placeholder),
-        (api, "_is_placeholder", _stand_in_is_placeholder),
-        (view, "_is_placeholder", _stand_in_is_placeholder),
-    ):
-        _placeholder_originals.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, new)
+    _placeholder_originals.extend(_swap_in(_remat_placeholder_targets(_stand_in_make_placeholder)))
 
 
 def remat_placeholders_release() -> None:
     global _placeholder_users
     _placeholder_users = max(0, _placeholder_users - 1)
     if _placeholder_users == 0:
-        while _placeholder_originals:
-            owner, name, original = _placeholder_originals.pop()
-            setattr(owner, name, original)
+        _swap_back(_placeholder_originals)
+        _placeholder_originals.clear()
         _placeholder_storages.clear()
 
 
@@ -1335,7 +1345,6 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
     if remat() is None or not _remat_placeholder_functions_found():
         yield
         return
-    import importlib
 
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -1358,20 +1367,11 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
             placeholder.requires_grad_(True)
         return placeholder
 
-    api, view = importlib.import_module("torch_remat._api"), importlib.import_module("torch_remat._view")
-    swaps = [
-        (api, "_make_placeholder_tensor", make),
-        (api, "_is_placeholder", _stand_in_is_placeholder),
-        (view, "_is_placeholder", _stand_in_is_placeholder),
-    ]
-    before = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    originals = _swap_in(_remat_placeholder_targets(make))
     try:
-        for owner, name, new in swaps:
-            setattr(owner, name, new)
         yield
     finally:
-        for owner, name, original in before:
-            setattr(owner, name, original)
+        _swap_back(originals)
         for key in made:
             _placeholder_storages.pop(key, None)
 
