@@ -15,7 +15,7 @@ import time
 import nbformat
 import pytest
 import torch
-from _helpers import extra
+from _helpers import extra, one_release
 from torch import nn
 
 import toolkit as tk
@@ -406,18 +406,37 @@ CLI = [
 ]  # fmt: skip
 
 
+def _cli_in_process(argv, cwd, env, monkeypatch, capsys) -> tuple[int, str]:
+    """`python -m toolkit ARGV` less the interpreter's start: `cli.main` is all that the command runs after its
+    imports (3 s of torch per subprocess). An exception that escapes it fails the test as a traceback would."""
+    monkeypatch.chdir(cwd)
+    for name, value in {**env, "COLUMNS": "160"}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:  # argparse's own usage errors exit from inside `main`
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@one_release
 @pytest.mark.parametrize("argv, env, code, words", [c[1:] for c in CLI], ids=[c[0] for c in CLI])
-def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, argv, env, code, words):
+def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, argv, env, code, words, monkeypatch, capsys):
     _files(tmp_path)
-    out = _cli(*argv, cwd=tmp_path, timeout=120, **env)
-    assert out.returncode == code, out.stdout + out.stderr
-    assert words in out.stderr and "Traceback" not in out.stderr, out.stderr
-    errors = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, out.stderr
+    if argv == CLI[0][1]:  # one through the real command line, end to end
+        out = _cli(*argv, cwd=tmp_path, timeout=120, **env)
+        returncode, stderr = out.returncode, out.stdout + out.stderr
+    else:
+        returncode, stderr = _cli_in_process(argv, tmp_path, env, monkeypatch, capsys)
+    assert returncode == code, stderr
+    assert words in stderr and "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, stderr
     assert "Fix:" in errors[0] or "argument" in errors[0] or "no standalone repro" in errors[0], errors[0]
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+@one_release
 def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     _files(tmp_path)
     only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--no-progress")
@@ -436,6 +455,7 @@ def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     assert "would first merge 0 records from 1 results file(s)" in dry.stdout and not (tmp_path / "d").exists()
 
 
+@one_release
 def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_path):
     only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--out", "o")
     first = _cli("matrix", *only, cwd=tmp_path)
@@ -452,6 +472,7 @@ def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_p
     assert "--keep-timeouts" in helped and "4    no cell produced a measurement" in helped
 
 
+@one_release
 def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     p = subprocess.Popen(
         [sys.executable, "-m", "toolkit", "matrix", "--only", "^dense \\| AC (none|full) \\|", "--out", "o"],

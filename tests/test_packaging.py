@@ -60,14 +60,15 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     # A reused checkout is made new first: no kernels compiled, no matrix cells or findings cached by an earlier run.
     assert body[first_venv - 1] == 'rm -rf .ci-venv-readme .inductor-cache-readme matrix-out "$TOOLKIT_FINDINGS"'
     # Nothing installs into the fresh venv between its creation and README's commands.
-    assert body[first_venv + 1 : first_venv + 6] == [
-        "(",
-        "source .ci-venv-readme/bin/activate",
-        'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"',
-        'eval "$install_cmd"',
-        "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], 'torch', torch.__version__)\"",
-    ]
-    assert body[first_venv + 6] == 'eval "$test_cmd"'
+    activate = ["source .ci-venv-readme/bin/activate", 'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"']
+    assert body[first_venv + 1 : first_venv + 6] == ["(", *activate, 'eval "$install_cmd"', ")"]
+    test = body.index('eval "$test_cmd"')
+    show = (
+        "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], 'torch', torch.__version__)\""
+    )
+    assert body[test - 4 : test] == ["(", *activate, show]
+    # Between the two, only stage 2's venv is started in the background: README's venv is not touched.
+    assert not any(".ci-venv-readme" in line for line in body[first_venv + 6 : test - 4])
     assert not any("pip install" in line for line in body[:first_venv]), "nothing may be pip-installed before stage 1"
     assert "--system-site-packages" not in ci
 
