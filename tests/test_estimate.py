@@ -1,6 +1,6 @@
-"""`tk.estimate`: fake-tensor estimates agree with real CPU runs; full-size layers with no memory.
+"""`tk.estimate`: fake-tensor estimates agree with real CPU runs at small sizes and run full-size layers with no memory.
 
-`tk.estimate`: fake-tensor estimates agree with real CPU runs at small sizes and run full-size layers with no memory.
+benchmarks/estimate_grid.py runs every compiled combination by the same comparison.
 """
 
 import resource

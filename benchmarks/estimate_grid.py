@@ -1,0 +1,78 @@
+"""Every compiled estimate against a real CPU step: expert type × AC mode × order × compile scope × backend.
+
+    python benchmarks/estimate_grid.py [--experts IMPL ...] [--backends BACKEND ...] [--scopes SCOPE ...]
+
+tests/test_estimate.py checks a chosen slice of this grid in CI (each mode once under inductor, the orders and
+scopes that differ); this runs all of it, in one process, by the tests' own comparison (`_assert_exact`'s): saved
+storages op for op against an outer `saved_tensors_hooks` on the real step, the peak against the storages alive
+past the op that made them, and the profiler's raw peak beside it. The models are the tests' two: bf16 `grouped_mm`
+experts in both blocks, and fp32 `masked` experts with a dense first block. A combination the toolkit refuses
+(remat with AC outside the compiled block) is printed with its refusal. One line per combination, its seconds,
+then the counts. Run two at once, one per core, split by --experts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import pathlib
+import sys
+import time
+
+MODES = ("none", "full", "selective_op", "selective_layer", "memory_budget", "remat")
+ORDERS = (None, "ac_outside")
+SCOPES = ("blocks", "model", "moe", "attention")
+BACKENDS = ("aot_eager", "inductor")
+EXPERTS = ("grouped_mm", "masked")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experts", nargs="+", choices=EXPERTS, default=list(EXPERTS))
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--scopes", nargs="+", choices=SCOPES, default=list(SCOPES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    import torch
+    from test_estimate import GROUPED, MASKED, _compiled, _eager_masked_slices, _real_step
+
+    import toolkit as tk
+
+    counts = {"exact": 0, "peak off": 0, "refused": 0, "SAVED DIFFERS": 0, "ERROR": 0}
+    start = time.perf_counter()
+    print(f"torch {torch.__version__}")
+    print(f"{'experts':10} {'backend':9} {'scope':9} {'AC mode':15} {'order':10} verdict   seconds  saved B / peak B")
+    for impl, backend, scope, mode, order in itertools.product(
+        args.experts, args.backends, args.scopes, args.modes, ORDERS
+    ):
+        cfg = {"grouped_mm": GROUPED, "masked": MASKED}[impl]
+        label = f"{impl:10} {backend:9} {scope:9} {mode:15} {order or 'default':10}"
+        t0 = time.perf_counter()
+        try:
+            scenario = _compiled(cfg, mode, backend=backend, scope=scope, order=order)
+            est = tk.estimate(scenario, cuda_rounding=False)
+            sizes, raw, outliving = _real_step(scenario)
+        except tk.ConfigError as e:
+            verdict, detail = "refused", str(e).split(". Fix:")[0][:110]
+        except Exception as e:  # noqa: BLE001 - one combination's crash is a result, the grid goes on
+            verdict, detail = "ERROR", f"{type(e).__name__}: {e}"[:300]
+        else:
+            # The tests' rule: saved storages equal op for op; the peak equals the real step's storages that outlive
+            # their op (less what only fake tensors hold, more at most one 8-byte CPU scalar); raw is the profiler's.
+            off = outliving + _eager_masked_slices(cfg, scope) - est.peak_bytes
+            saved_ok = sorted((t.nbytes for t in est.saved_tensors), reverse=True) == sizes
+            verdict = "exact" if saved_ok and 0 <= off <= 8 else ("peak off" if saved_ok else "SAVED DIFFERS")
+            detail = (
+                f"{est.saved_bytes} vs {sum(sizes)} / {est.peak_bytes} vs {outliving} outliving "
+                f"({off:+d} B, {off / outliving:+.4%}), {raw} raw ({(raw - est.peak_bytes) / raw:+.2%})"
+            )
+        counts[verdict] += 1
+        print(f"{label} {verdict:9} {time.perf_counter() - t0:6.1f}  {detail}", flush=True)
+    print(f"{counts} in {time.perf_counter() - start:.0f} s")
+    return 1 if counts["SAVED DIFFERS"] or counts["ERROR"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
