@@ -140,8 +140,8 @@ def cpu_peaks(step) -> tuple[int, int]:
     """`(raw, outliving)`: the high-water mark of one call of `step()` above its start, replayed from the profiler's
     CPU allocation events — every allocation (`raw`), and only those that outlive the aten op that made them
     (`outliving`: no kernel-internal workspace, such as a bf16 GEMM's packing buffers or the CPU flash-attention
-    kernels' scratch, which a fake kernel never makes), leaving out RNG states too (`torch.get_rng_state`, host
-    memory on a GPU)."""
+    kernels' scratch, which a fake kernel never makes), leaving out RNG states (`torch.get_rng_state`) and Python
+    numbers wrapped into 0-dim tensors too (host memory on a GPU)."""
     import gc
 
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -189,7 +189,7 @@ def cpu_peaks(step) -> tuple[int, int]:
         live, total, peak = {}, 0, 0
         for t, size, ptr, op, rng in allocs:
             if size > 0:
-                if skip(t, ptr, op, rng):
+                if skip(t, size, ptr, op, rng):
                     continue
                 live[ptr] = size
                 total += size
@@ -198,8 +198,12 @@ def cpu_peaks(step) -> tuple[int, int]:
             peak = max(peak, total)
         return peak
 
-    def inside_op_or_rng(t, ptr, op, rng):
+    def inside_op_or_rng(t, size, ptr, op, rng):
         freed = freed_at.get((ptr, t))
-        return rng or (op is not None and freed is not None and freed <= op.end_time_ns)
+        # Outside any op, 8 bytes: a Python number operand (`order_N // top_k`, `scores * scale`) that torch's
+        # binding wraps into a 0-dim int64 / float64 CPU tensor before the op; autograd may keep it for backward.
+        # Host memory on a GPU, as the RNG states: the estimate, which counts device memory, leaves it out.
+        wrapped_number = op is None and size == 8
+        return rng or wrapped_number or (op is not None and freed is not None and freed <= op.end_time_ns)
 
     return replay(lambda *a: False), replay(inside_op_or_rng)
