@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     import torch
-    from test_estimate import GROUPED, MASKED, _compiled, _eager_masked_slices, _real_step
+    from test_estimate import GROUPED, MASKED, _compare, _compiled, _eager_masked_slices
 
     import toolkit as tk
 
@@ -52,21 +52,19 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             scenario = _compiled(cfg, mode, backend=backend, scope=scope, order=order)
-            est = tk.estimate(scenario, cuda_rounding=False)
-            sizes, raw, outliving = _real_step(scenario)
+            c = _compare(scenario, _eager_masked_slices(cfg, scope))
         except tk.ConfigError as e:
             verdict, detail = "refused", str(e).split(". Fix:")[0][:110]
         except Exception as e:  # noqa: BLE001 - one combination's crash is a result, the grid goes on
             verdict, detail = "ERROR", f"{type(e).__name__}: {e}"[:300]
         else:
-            # The tests' rule: saved storages equal op for op; the peak equals the real step's storages that outlive
-            # their op (plus what only fake tensors hold); raw is the profiler's every allocation.
-            off = outliving + _eager_masked_slices(cfg, scope) - est.peak_bytes
-            saved_ok = sorted((t.nbytes for t in est.saved_tensors), reverse=True) == sizes
-            verdict = "exact" if saved_ok and off == 0 else ("peak off" if saved_ok else "SAVED DIFFERS")
+            # The tests' rule (`Compared`): saved storages equal op for op, the peak equals the real step's storages
+            # that outlive their op (plus what only fake tensors hold); raw is the profiler's every allocation.
+            est, off = c.est, c.peak_off
+            verdict = "exact" if c.saved_equal and off == 0 else ("peak off" if c.saved_equal else "SAVED DIFFERS")
             detail = (
-                f"{est.saved_bytes} vs {sum(sizes)} / {est.peak_bytes} vs {outliving} outliving "
-                f"({off:+d} B, {off / outliving:+.4%}), {raw} raw ({(raw - est.peak_bytes) / raw:+.2%})"
+                f"{est.saved_bytes} vs {sum(c.sizes)} / {est.peak_bytes} vs {c.outliving} outliving "
+                f"({off:+d} B, {off / c.outliving:+.4%}), {c.raw} raw ({(c.raw - est.peak_bytes) / c.raw:+.2%})"
             )
         counts[verdict] += 1
         print(f"{label} {verdict:9} {time.perf_counter() - t0:6.1f}  {detail}", flush=True)

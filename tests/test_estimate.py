@@ -3,7 +3,9 @@
 benchmarks/estimate_grid.py runs every compiled combination by the same comparison.
 """
 
+import dataclasses
 import resource
+from typing import Any
 
 import pytest
 import torch
@@ -141,23 +143,45 @@ def _real_step(scenario):
     return sizes, raw, outliving
 
 
-def _assert_exact(scenario, fake_only: int = 0):
-    """`fake_only`: peak bytes that only fake tensors allocate (see the eager remat test)."""
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    """An estimate beside the real CPU step of the same scenario: the figures the tests and
+    benchmarks/estimate_grid.py judge by one rule."""
+
+    est: Any
+    sizes: list[int]  # the real step's saved storages, by the outer hooks, largest first
+    raw: int  # the profiler's peak: every CPU allocation, kernel scratch included
+    outliving: int  # the peak of the storages that outlive the op making them
+    fake_only: int  # peak bytes that only fake tensors hold (see the eager remat test)
+
+    @property
+    def saved_equal(self) -> bool:
+        """Op for op: the same storages, each of the same size, kept for backward."""
+        return sorted((t.nbytes for t in self.est.saved_tensors), reverse=True) == self.sizes
+
+    @property
+    def peak_off(self) -> int:
+        # The peak is the real step's high-water mark of the storages that outlive the op making them; the profiler's
+        # raw figure is higher by what CPU kernels allocate and free inside one op (a bf16 GEMM's packing buffers,
+        # the CPU flash-attention kernel's scratch), which a fake kernel never makes and a CUDA kernel does not make
+        # alike. Python numbers wrapped into 0-dim CPU tensors are left out of the real step's figure (host memory on
+        # a GPU).
+        return self.outliving + self.fake_only - self.est.peak_bytes
+
+
+def _compare(scenario, fake_only: int = 0) -> Compared:
     est = tk.estimate(scenario, cuda_rounding=False)
     sizes, raw, outliving = _real_step(scenario)
-    # Op for op: the same storages, each of the same size, kept for backward.
-    assert sorted((t.nbytes for t in est.saved_tensors), reverse=True) == sizes, scenario.label
-    assert est.saved_bytes == sum(sizes) == sum(est.saved_by_op.values()) == sum(est.saved_by_module.values())
-    # The peak is the real step's high-water mark of the storages that outlive the op making them; the profiler's raw
-    # figure is higher by what CPU kernels allocate and free inside one op (a bf16 GEMM's packing buffers, the CPU
-    # flash-attention kernel's scratch), which a fake kernel never makes and a CUDA kernel does not make alike.
-    # Python numbers wrapped into 0-dim CPU tensors are left out of the real step's figure (host memory on a GPU).
-    assert outliving + fake_only == est.peak_bytes and outliving <= raw, (
-        scenario.label,
-        est.peak_bytes,
-        outliving,
-        raw,
-    )
+    return Compared(est=est, sizes=sizes, raw=raw, outliving=outliving, fake_only=fake_only)
+
+
+def _assert_exact(scenario, fake_only: int = 0):
+    """`fake_only`: peak bytes that only fake tensors allocate (see the eager remat test)."""
+    c = _compare(scenario, fake_only)
+    est = c.est
+    assert c.saved_equal, (scenario.label, sorted((t.nbytes for t in est.saved_tensors), reverse=True), c.sizes)
+    assert est.saved_bytes == sum(c.sizes) == sum(est.saved_by_op.values()) == sum(est.saved_by_module.values())
+    assert c.peak_off == 0 and c.outliving <= c.raw, (scenario.label, est.peak_bytes, c.outliving, c.raw)
     if scenario.recipe is None and not scenario.compile.enabled:
         assert est.graphs == 0 and est.backend == "eager"
         return est

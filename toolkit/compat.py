@@ -1241,7 +1241,7 @@ def remat_recomputing() -> bool:
 # holds changes) that `is_placeholder` still recognises, so a wrong read shows up as NaN gradients instead of an
 # error. Builds that have the helper are left alone.
 _placeholder_users = 0
-_placeholder_originals: list[tuple[Any, str, Any]] = []
+_placeholder_patches: contextlib.ExitStack | None = None  # torch_remat's functions, set back on close
 _placeholder_storages: dict[int, Any] = {}
 
 
@@ -1302,35 +1302,32 @@ def _remat_placeholder_functions_found() -> bool:
     return all(hasattr(owner, name) for owner, name, _ in _remat_placeholder_targets(_stand_in_make_placeholder))
 
 
-def _swap_in(targets: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
-    """Set each stand-in; returns the originals, to be set back in reverse order by `_swap_back`."""
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
-    for owner, name, new in targets:
-        setattr(owner, name, new)
-    return originals
-
-
-def _swap_back(originals: list[tuple[Any, str, Any]]) -> None:
-    for owner, name, original in reversed(originals):
-        setattr(owner, name, original)
+def _patch_placeholder_functions(make: Callable) -> contextlib.ExitStack:
+    """torch_remat's placeholder functions replaced by `make` and the stand-in check until the stack is closed
+    (LIFO, so a stand-in entered over another is undone first)."""
+    stack = contextlib.ExitStack()
+    for owner, name, new in _remat_placeholder_targets(make):
+        stack.enter_context(patched(owner, name, new))
+    return stack
 
 
 def remat_placeholders_acquire() -> None:
     """Stand in for torch_remat's placeholders on a build that cannot make them (counted: the first user installs,
     the last `release` restores torch_remat's own functions)."""
-    global _placeholder_users
+    global _placeholder_users, _placeholder_patches
     _placeholder_users += 1
     if _placeholder_users > 1 or not remat_placeholders_needed():
         return
-    _placeholder_originals.extend(_swap_in(_remat_placeholder_targets(_stand_in_make_placeholder)))
+    _placeholder_patches = _patch_placeholder_functions(_stand_in_make_placeholder)
 
 
 def remat_placeholders_release() -> None:
-    global _placeholder_users
+    global _placeholder_users, _placeholder_patches
     _placeholder_users = max(0, _placeholder_users - 1)
     if _placeholder_users == 0:
-        _swap_back(_placeholder_originals)
-        _placeholder_originals.clear()
+        if _placeholder_patches is not None:
+            _placeholder_patches.close()
+            _placeholder_patches = None
         _placeholder_storages.clear()
 
 
@@ -1345,7 +1342,6 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
     if remat() is None or not _remat_placeholder_functions_found():
         yield
         return
-
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import _disable_current_modes
@@ -1367,11 +1363,10 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
             placeholder.requires_grad_(True)
         return placeholder
 
-    originals = _swap_in(_remat_placeholder_targets(make))
     try:
-        yield
+        with _patch_placeholder_functions(make):
+            yield
     finally:
-        _swap_back(originals)
         for key in made:
             _placeholder_storages.pop(key, None)
 
@@ -1387,7 +1382,7 @@ def remat_placeholders() -> Iterator[None]:
 
 
 def remat_placeholders_active() -> bool:
-    return bool(_placeholder_originals)
+    return _placeholder_patches is not None
 
 
 @contextlib.contextmanager
