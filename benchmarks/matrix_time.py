@@ -4,8 +4,10 @@
 
 Each executor starts from an empty results folder: a fresh Python per cell (`--cold`), the warm pool (the
 default: torch imported once, a forked child per cell) and submitit's local executor (one task per worker, each
-with its own warm pool). Then the warm pool's command again, every cell answered by results.jsonl. Targets on
-2 CPU cores with aot_eager: warm pool from empty <= 60 s, the re-run <= 3 s.
+with its own warm pool). Then the warm pool's sweep again, every cell answered by results.jsonl, and
+`python -m toolkit matrix` twice on that folder: the first re-renders the pages and stamps the folder, the second
+answers from the stamp without importing torch. Targets on 2 CPU cores with aot_eager: warm pool from empty <= 60 s,
+the re-run <= 3 s, the command line's re-run <= 1.5 s.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +66,13 @@ def main() -> None:
         t = time.perf_counter()
         sweep(cells, out=os.path.join(root, "warm-pool"), workers=args.workers, progress=False)
         rerun = time.perf_counter() - t
+        command = [sys.executable, "-m", "toolkit", "matrix", "--out", os.path.join(root, "warm-pool"), "--no-progress"]
+        command += ["--only", args.only] if args.only else []
+        cli = []
+        for _ in range(2):
+            t = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True)
+            cli.append(time.perf_counter() - t)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     n = len(result.rows)
@@ -72,9 +82,12 @@ def main() -> None:
     for name, s in times.items():
         print(f"  {name:26} {s:8.1f} {n / (s / 60):10.1f} {s / base:12.2f}x")
     print(f"  {'re-run (all cached)':26} {rerun:8.2f} {'':>10} {rerun / base:12.3f}x")
+    print(f"  {'command line, re-rendered':26} {cli[0]:8.2f} {'':>10} {cli[0] / base:12.3f}x")
+    print(f"  {'command line, stamped':26} {cli[1]:8.2f} {'':>10} {cli[1] / base:12.3f}x")
     print(
         f"targets: warm pool from empty <= 60 s ({'met' if base <= 60 else 'NOT met'}), "
-        f"re-run <= 3 s ({'met' if rerun <= 3 else 'NOT met'})"
+        f"re-run <= 3 s ({'met' if rerun <= 3 else 'NOT met'}), "
+        f"command line's re-run <= 1.5 s ({'met' if cli[1] <= 1.5 else 'NOT met'})"
     )
 
 

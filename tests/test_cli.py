@@ -175,3 +175,93 @@ def test_commands_that_measure_nothing_do_not_import_dynamo(tmp_path):
     sweep([Cell("dense")], out=tmp_path, progress=False, runner=lambda s: tk.run(s.replace(**quick)))
     cached = _imports("matrix", "--only", "^dense \\| AC none \\| eager", "--out", str(tmp_path), "--no-progress")
     assert "toolkit.analysis.sweeps" in cached and not heavy & cached
+
+
+def test_matrix_run_again_unchanged_answers_from_its_stamp_without_importing_torch(tmp_path):
+    """`python -m toolkit matrix` run again on a folder it left with nothing to run prints the same summary and exit
+    code from the folder's stamp, importing no torch (a cached re-run took 3 s, nearly all `import torch`); a change
+    to results.jsonl, an output, the arguments or the toolkit's own files runs the sweep as usual."""
+    from toolkit import _stamp
+    from toolkit.analysis.cells import Cell
+    from toolkit.analysis.sweeps import sweep
+
+    quick = dict(check_numerics=False, measure_memory=False, steady_steps=0)
+    # A cell that works and one that falls back to eager (C2: its bare rerun is in the folder too).
+    cells = [Cell("dense"), Cell("moe:for_loop", "full", "blocks")]
+    first = sweep(cells, out=tmp_path, progress=False, runner=lambda s: tk.run(s.replace(**quick)))
+    assert sorted(r.classification.label for r in first.rows) == ["fell_back_to_eager", "works"]
+    assert all(r.bare is not None for r in first.rows if r.classification.label != "works")
+    args = ["matrix", "--only", "^dense \\| AC none \\| eager|^moe:for_loop \\| AC full \\| blocks \\| aot_eager$"]
+    args += ["--out", str(tmp_path), "--no-progress"]
+
+    def matrix(*extra):
+        out = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "toolkit", *args, *extra],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=600,
+        )
+        imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "import time:" in line}
+        stderr = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+        return out.returncode, out.stdout.splitlines(), stderr, "torch" in imported
+
+    code, swept, err, torch_imported = matrix()
+    assert code == 0 and torch_imported, err
+    assert swept[-1].startswith(f"wrote {tmp_path / 'matrix.json'}") and (tmp_path / _stamp.STAMP).is_file()
+    assert any(line.endswith("…") for line in swept), "COLUMNS=80 cuts the reasons"
+    pages = {name: (tmp_path / name).read_bytes() for name in ("matrix.json", "matrix.md", "matrix.html")}
+    # Again, unchanged: the same lines (the reasons cut to the same width), nothing imported, nothing written.
+    code, again, err2, torch_imported = matrix()
+    assert (code, torch_imported, err2) == (0, False, err)
+    assert again[:-1] == swept[:-1]
+    assert again[-1].startswith("up to date: nothing to run, nothing written"), again[-1]
+    assert {name: (tmp_path / name).read_bytes() for name in pages} == pages
+    # --no-progress is not part of what the stamp compares; every other argument is.
+    assert matrix()[3] is False and subprocess.run(
+        [sys.executable, "-m", "toolkit", *args[:-1]], capture_output=True, env=ENV, timeout=600
+    ).stdout.splitlines()[-1].startswith(b"up to date")
+    assert matrix("--no-bare")[3] is True  # other arguments: swept as usual (and stamped for those)
+    assert matrix()[3] is True  # the stamp is now --no-bare's
+    assert matrix()[3] is False
+    # A changed or missing output, a line added to results.jsonl: swept as usual, the output written again.
+    (tmp_path / "matrix.md").unlink()
+    code, swept_again, _, torch_imported = matrix()
+    assert torch_imported and swept_again[-1].startswith("wrote") and (tmp_path / "matrix.md").read_bytes()
+    assert matrix()[3] is False
+    with open(tmp_path / "results.jsonl", "a") as f:
+        f.write("\n")
+    assert matrix()[3] is True
+    assert matrix()[3] is False
+
+
+def test_matrix_stamps_only_a_folder_with_nothing_left_to_run(tmp_path):
+    """A cell that timed out once under this limit is retried by the next run: not settled, so not stamped (with
+    --keep-timeouts it is kept, and settled). A stamp is the folder's, checked in full: one for other arguments, with
+    --merge, or copied from another folder answers nothing."""
+    from toolkit import _stamp
+    from toolkit.analysis.cells import Cell
+    from toolkit.analysis.sweeps import settled, sweep
+    from toolkit.measure.isolate import timeout_report
+
+    def timed_out(scenario):
+        return timeout_report(scenario, 5, b"", 5.0)
+
+    result = sweep([Cell("dense")], out=tmp_path, progress=False, runner=timed_out, timeout_s=5)
+    assert [r.report.outcome for r in result.rows] == ["timeout"]
+    assert not settled(result, out=tmp_path, timeout_s=5, retry_timeouts=True, bare=True)
+    assert settled(result, out=tmp_path, timeout_s=5, retry_timeouts=False, bare=True)
+    result = sweep([Cell("dense")], out=tmp_path, progress=False, runner=timed_out, timeout_s=5)
+    assert settled(result, out=tmp_path, timeout_s=5, retry_timeouts=True, bare=True)  # twice: kept
+    assert not settled(result, out=tmp_path, timeout_s=600, retry_timeouts=True, bare=True)  # a longer limit
+    # A stamp copied into another folder, or for other arguments, is not this command's.
+    _stamp.write(["--out", str(tmp_path)], tmp_path, {"stdout": [["x", False]], "stderr": [], "code": 0})
+    assert _stamp.replay(["--out", str(tmp_path)]) == 0
+    assert _stamp.replay(["--out", str(tmp_path), "--full"]) is None
+    assert _stamp.replay(["--out", str(tmp_path), "--merge", "x"]) is None
+    other = tmp_path / "copy"
+    other.mkdir()
+    for p in tmp_path.iterdir():
+        if p.is_file():
+            (other / p.name).write_bytes(p.read_bytes())
+    assert _stamp.replay(["--out", str(other)]) is None

@@ -26,124 +26,35 @@ if _as_command():
 
     _interrupt.stop_at_once_while_importing()  # until `cli.main` starts
 
-# ruff: noqa: E402 - the Ctrl-C handler above goes in before the imports below, which take seconds (torch)
-from . import bugs, compat
-from ._config import ConfigError
-from .analysis import catalogue, classify, matrix, sweep
-from .bugs import repro
-from .measure import (
-    LAYER_SHAPES,
-    PRESETS,
-    DistributedReport,
-    Estimate,
-    Report,
-    Scenario,
-    estimate,
-    measure,
-    preset,
-    presets,
-    report,
-    run,
-    run_distributed,
-)
-from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
-from .notebook.setup import setup_notebook
-from .stacks.torchtitan import TorchtitanConfig
-from .transforms import (
-    RECIPES,
-    ACConfig,
-    CompileConfig,
-    PolicyDecision,
-    SelectiveOpPolicy,
-    applied,
-    apply_ac,
-    apply_compile,
-    apply_recipe,
-    canonical_name,
-    default_save_ops,
-    get_module,
-    global_state,
-    named_modules,
-    naming,
-    prepare,
-    record_policy_decisions,
-    remove_ac,
-    remove_compile,
-    reset,
-    torch_settings,
-    train_step,
-    unwrap,
-)
-
-__version__ = "0.2.0"
-
+# Imported now, except on the way to the command line: its commands import what each needs (`matrix` re-run on a
+# folder it left with nothing to run answers without torch); a name asked for there is imported then.
 # The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
 _LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
 
+if not _as_command():
+    from ._api import *  # noqa: E402, F403 - the names are listed once, in _api.__all__
+    from ._api import __all__ as _public  # noqa: E402
+    from ._api import __version__ as __version__  # noqa: E402
+
+    __all__ = [*_public, *_LAZY]
+
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    import importlib
+    import importlib.util
 
+    if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
         globals()[name] = module
         return module
+    if name.startswith("__") and name not in ("__all__", "__version__"):
+        raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a submodule (`from .. import compat` within)
+    api = importlib.import_module("toolkit._api")  # on the way to the command line, a name asked for after all
+    if name in api.__all__ or name == "__version__":
+        globals()[name] = value = getattr(api, name)
+        return value
+    if name == "__all__":
+        return [*api.__all__, *_LAZY]
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
-
-
-__all__ = [
-    "compat",
-    "ConfigError",
-    "ACConfig",
-    "PolicyDecision",
-    "SelectiveOpPolicy",
-    "apply_ac",
-    "default_save_ops",
-    "record_policy_decisions",
-    "remove_ac",
-    "CompileConfig",
-    "apply_compile",
-    "remove_compile",
-    "Batch",
-    "ModelConfig",
-    "build_model",
-    "loss_fn",
-    "make_batch",
-    "train_step",
-    "canonical_name",
-    "get_module",
-    "named_modules",
-    "unwrap",
-    "naming",
-    "RECIPES",
-    "apply_recipe",
-    "prepare",
-    "reset",
-    "applied",
-    "global_state",
-    "torch_settings",
-    "Report",
-    "Scenario",
-    "measure",
-    "run",
-    "PRESETS",
-    "preset",
-    "presets",
-    "report",
-    "setup_notebook",
-    "display",
-    "catalogue",
-    "classify",
-    "matrix",
-    "sweep",
-    "widgets",
-    "bugs",
-    "repro",
-    "estimate",
-    "Estimate",
-    "LAYER_SHAPES",
-    "run_distributed",
-    "DistributedReport",
-    "TorchtitanConfig",
-    "__version__",
-]

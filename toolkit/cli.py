@@ -299,7 +299,13 @@ def _matrix_parser() -> argparse.ArgumentParser:
 
 
 def _matrix_command(argv: list[str]) -> int:
-    """`python -m toolkit matrix …`: the sweep, or with --dry-run what it would run."""
+    """`python -m toolkit matrix …`: the sweep, or with --dry-run what it would run. The same command again on a
+    folder it left with nothing to run answers from the folder's stamp, without importing torch (`_stamp`)."""
+    from . import _stamp
+
+    code = _stamp.replay(argv)
+    if code is not None:
+        return code
     import re
 
     from ._config import ConfigError
@@ -382,6 +388,7 @@ def _matrix_command(argv: list[str]) -> int:
                 + (f" ({n} line{'s' if n != 1 else ''} skipped: not records)" if n else ""),
                 file=sys.stderr,
             )
+        _stamp.clear(args.out)
         result = sweeps.sweep(
             cells,
             out=args.out,
@@ -397,20 +404,27 @@ def _matrix_command(argv: list[str]) -> int:
     except (ConfigError, _UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(sweeps.summary(result))
-    out = args.out
+    stdout = sweeps.summary_lines(result)
+    print("\n".join(_stamp.cut(text, _stamp.terminal_width()) if cuts else text for text, cuts in stdout))
     print(
-        f"wrote {os.path.join(out, 'matrix.json')}, matrix.md, matrix.html (results in "
-        f"{os.path.join(out, sweeps.RESULTS)})"
+        f"wrote {os.path.join(args.out, 'matrix.json')}, matrix.md, matrix.html (results in "
+        f"{os.path.join(args.out, sweeps.RESULTS)})"
     )
+    stderr, code = [], EXIT_OK
     if not sweeps.measured(result):
-        print(
+        stderr.append(
             f"error: no cell produced a measurement: all {len(result.rows)} crashed or timed out (exit "
-            f"{EXIT_NOTHING_MEASURED}). Fix: read the reasons above; a longer --timeout-s, or fewer --workers.",
-            file=sys.stderr,
+            f"{EXIT_NOTHING_MEASURED}). Fix: read the reasons above; a longer --timeout-s, or fewer --workers."
         )
-        return EXIT_NOTHING_MEASURED
-    return EXIT_OK
+        code = EXIT_NOTHING_MEASURED
+    for line in stderr:
+        print(line, file=sys.stderr)
+    if not args.merge and sweeps.settled(
+        result, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts, bare=not args.no_bare
+    ):
+        # The same command prints this again, from the stamp, while nothing it depends on changes.
+        _stamp.write(argv, args.out, {"stdout": stdout, "stderr": left_out + stderr, "code": code})
+    return code
 
 
 def _lab_command(extra: list[str]) -> int:
@@ -597,16 +611,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = _parser()
     if argv is None:
         argv = sys.argv[1:]
-    if not argv:  # `python -m toolkit` on its own: what there is to run, not a usage error
-        parser.print_help()
-        return 0
-    if argv and argv[0] == "matrix":
+    if argv and argv[0] == "matrix":  # its own parser, built after the stamp is checked
         return _matrix_command(argv[1:])
     if argv and argv[0] == "lab":
         return _lab_command(argv[1:])
+    parser = _parser()
+    if not argv:  # `python -m toolkit` on its own: what there is to run, not a usage error
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.timeout_s is not None and not args.isolate and args.nproc == 1:

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import socket
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 
 from .._config import ConfigError, check_bool, check_int, check_seconds
+from .._stamp import cut, terminal_width
 from ..measure import Report
 from ..measure import environment as run_environment
 from ..measure.report import OUTCOMES
@@ -535,38 +535,42 @@ def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) 
 def summary(result: MatrixResult, width: int | None = None) -> str:
     """The counts, then every cell that is not `works`, most severe first: label, cell, known cases, one-line
     reason (cut to `width`, default the terminal's)."""
-    width = width or shutil.get_terminal_size((120, 24)).columns
-    lines = [str(result)]
+    width = width or terminal_width()
+    return "\n".join(cut(text, width) if cuts else text for text, cuts in summary_lines(result))
+
+
+def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
+    """`summary`'s lines, each with whether it is cut to the terminal's width (the stamp prints them again)."""
+    lines = [(str(result), False)]
     for label, n in result.counts().items():
-        lines.append(f"  {label:20} {n:4d}  {EXPLAIN[label]}")
+        lines.append((f"  {label:20} {n:4d}  {EXPLAIN[label]}", False))
     bad = sorted(
         (r for r in result.rows if r.classification.label != "works"),
         key=lambda r: (r.classification.severity, r.cell.label),
     )
     if bad:
-        lines.append(f"\nnot works ({len(bad)}):")
+        lines.append((f"\nnot works ({len(bad)}):", False))
     for r in bad:
         cl = r.classification
         cases = f"  [{', '.join(cl.cases)}]" if cl.cases else ""
-        lines.append(f"  {cl.label:20} {r.cell.label}{cases}")
+        lines.append((f"  {cl.label:20} {r.cell.label}{cases}", False))
         reason = " ".join(cl.explanation.split())
-        lines.append(_cut(f"  {'':20} {reason}", width))
+        lines.append((f"  {'':20} {reason}", True))
     if result.rows and not measured(result):
         lines.append(
-            f"\nno cell produced a measurement: all {len(result.rows)} crashed or timed out (a longer timeout_s, or "
-            "fewer workers, if the machine is loaded)."
+            (
+                f"\nno cell produced a measurement: all {len(result.rows)} crashed or timed out (a longer timeout_s, "
+                "or fewer workers, if the machine is loaded).",
+                False,
+            )
         )
     changes = result.torch_changes()
     if changes:
-        lines.append(f"\nchanged from another torch release ({len(changes)}):")
+        lines.append((f"\nchanged from another torch release ({len(changes)}):", False))
         for r, there in changes:
             was = ", ".join(f"{lab} on {t}" for t, lab in there.items())
-            lines.append(_cut(f"  {r.classification.label:20} {r.cell.label}  (was {was})", width))
-    return "\n".join(lines)
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(10, width - 1)] + "…"
+            lines.append((f"  {r.classification.label:20} {r.cell.label}  (was {was})", True))
+    return lines
 
 
 def plan(
@@ -582,6 +586,25 @@ def plan(
     keys = _keys(cells, environment()["device"])
     runnable = [c for c in cells if c in keys and (keys[c] in records or valid(c) is None)]
     return runnable, [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s, retry_timeouts)]
+
+
+def settled(
+    result: MatrixResult, *, out: str | os.PathLike, timeout_s: float | None, retry_timeouts: bool, bare: bool
+) -> bool:
+    """Whether the same sweep into `out` would run nothing: every cell of `result` and, with `bare`, the bare rerun
+    of each failing one has a result that stands, and results.jsonl has no line that is not a record."""
+    records, skipped = read_results(pathlib.Path(out) / RESULTS)
+    if skipped:
+        return False
+    device = environment()["device"]
+    for r in result.rows:
+        if _needs_run(records.get(r.key), timeout_s, retry_timeouts):
+            return False
+        if bare and r.classification.label in BARE_RERUN:
+            key = cell_key(replace(r.cell, bare=True).scenario(), device)
+            if _needs_run(records.get(key), timeout_s, retry_timeouts):
+                return False
+    return True
 
 
 def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> tuple[int, dict[str, list[Skipped]]]:
