@@ -28,15 +28,16 @@ if _as_command():
 
 # Imported now, except on the way to the command line: its commands import what each needs (`matrix` re-run on a
 # folder it left with nothing to run answers without torch); a name asked for there is imported then.
+__version__ = "0.2.0"  # read by pyproject.toml (setuptools reads it without importing the package)
+
 # The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
 _LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
 
 if not _as_command():
     from ._api import *  # noqa: E402, F403 - the names are listed once, in _api.__all__
     from ._api import __all__ as _public  # noqa: E402
-    from ._api import __version__ as __version__  # noqa: E402
 
-    __all__ = [*_public, *_LAZY]
+    __all__ = [*_public, *_LAZY, "__version__"]
 
 
 def __getattr__(name: str):
@@ -47,14 +48,14 @@ def __getattr__(name: str):
         module = importlib.import_module(_LAZY[name])
         globals()[name] = module
         return module
-    if name.startswith("__") and name not in ("__all__", "__version__"):
+    if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
     if importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")  # a submodule (`from .. import compat` within)
     api = importlib.import_module("toolkit._api")  # on the way to the command line, a name asked for after all
-    if name in api.__all__ or name == "__version__":
+    if name in api.__all__:
         globals()[name] = value = getattr(api, name)
         return value
     if name == "__all__":
-        return [*api.__all__, *_LAZY]
+        return [*api.__all__, *_LAZY, "__version__"]
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

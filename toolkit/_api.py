@@ -48,8 +48,6 @@ from .transforms import (
     unwrap,
 )
 
-__version__ = "0.2.0"
-
 # `toolkit.display` and `toolkit.widgets` (the notebook front end) are added by the package, imported on first use.
 __all__ = [
     "compat",
@@ -103,5 +101,4 @@ __all__ = [
     "run_distributed",
     "DistributedReport",
     "TorchtitanConfig",
-    "__version__",
 ]
