@@ -21,19 +21,20 @@ def _as_command() -> bool:
     return first.rsplit("/", 1)[-1] == "toolkit"
 
 
-if _as_command():
+_COMMAND = _as_command()
+if _COMMAND:
     from . import _interrupt
 
     _interrupt.stop_at_once_while_importing()  # until `cli.main` starts
 
-# Imported now, except on the way to the command line: its commands import what each needs (`matrix` re-run on a
-# folder it left with nothing to run answers without torch); a name asked for there is imported then.
 __version__ = "0.2.0"  # read by pyproject.toml (setuptools reads it without importing the package)
 
 # The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
 _LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
 
-if not _as_command():
+# Imported now, except on the way to the command line: its commands import what each needs (`matrix` re-run on a
+# folder it left with nothing to run answers without torch); a name asked for there is imported then.
+if not _COMMAND:
     from ._api import *  # noqa: E402, F403 - the names are listed once, in _api.__all__
     from ._api import __all__ as _public  # noqa: E402
 

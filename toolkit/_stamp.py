@@ -124,14 +124,13 @@ def replay(argv: list[str]) -> int | None:
         if stamp.get("inputs") != inputs(argv, out):
             return None
         printed = stamp["printed"]
-        width = terminal_width()
-        stdout = [cut(text, width) if cuts else text for text, cuts in printed["stdout"]]
+        stdout = render(printed["stdout"])
         stderr, code = list(printed["stderr"]), int(printed["code"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     for line in stderr:
         print(line, file=sys.stderr)
-    print("\n".join(stdout))
+    print(stdout)
     print(
         f"up to date: nothing to run, nothing written; {os.path.join(out, 'matrix.json')}, matrix.md, matrix.html "
         f"and {os.path.join(out, 'results.jsonl')} are as this command left them"
@@ -139,12 +138,18 @@ def replay(argv: list[str]) -> int | None:
     return code
 
 
-def terminal_width() -> int:
+def _terminal_width() -> int:
     import shutil
 
     return shutil.get_terminal_size((120, 24)).columns
 
 
-def cut(text: str, width: int) -> str:
+def render(lines, width: int | None = None) -> str:
+    """`(text, cuts)` lines joined, those marked cut to `width` (default the terminal's)."""
+    width = width or _terminal_width()
+    return "\n".join(_cut(text, width) if cuts else text for text, cuts in lines)
+
+
+def _cut(text: str, width: int) -> str:
     """`text` cut to `width` characters, with an ellipsis."""
     return text if len(text) <= width else text[: max(10, width - 1)] + "…"

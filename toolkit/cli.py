@@ -405,7 +405,7 @@ def _matrix_command(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     stdout = sweeps.summary_lines(result)
-    print("\n".join(_stamp.cut(text, _stamp.terminal_width()) if cuts else text for text, cuts in stdout))
+    print(_stamp.render(stdout))
     print(
         f"wrote {os.path.join(args.out, 'matrix.json')}, matrix.md, matrix.html (results in "
         f"{os.path.join(args.out, sweeps.RESULTS)})"

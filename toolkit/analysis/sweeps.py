@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 
 from .._config import ConfigError, check_bool, check_int, check_seconds
-from .._stamp import cut, terminal_width
+from .._stamp import render
 from ..measure import Report
 from ..measure import environment as run_environment
 from ..measure.report import OUTCOMES
@@ -535,8 +535,7 @@ def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) 
 def summary(result: MatrixResult, width: int | None = None) -> str:
     """The counts, then every cell that is not `works`, most severe first: label, cell, known cases, one-line
     reason (cut to `width`, default the terminal's)."""
-    width = width or terminal_width()
-    return "\n".join(cut(text, width) if cuts else text for text, cuts in summary_lines(result))
+    return render(summary_lines(result), width)
 
 
 def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
