@@ -1,6 +1,7 @@
 """The catalogue, the bug notebooks' verdicts (`toolkit.bugs`), the standalone repro scripts and bug bundles."""
 
 import ast
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -37,7 +38,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 58)]
+    assert ids == [f"C{i}" for i in range(1, 59)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -59,7 +60,7 @@ def test_catalogue_lists_filters_and_renders():
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 57
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 58
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
@@ -110,6 +111,47 @@ def test_signatures_on_observations_and_reports():
     report = tk.Report(outcome="ok")
     assert not c25.matches("works", report)
     assert not catalogue.get("C4").matches_observed({"error": "Unsupported"})
+
+
+def test_a_signature_with_alternatives_matches_either_of_its_shapes(monkeypatch, tmp_path):
+    """C6 shows in two ways under one order and AC mode: the mutated-cache error, and a silent full recompute whose
+    recompute lists Inductor's extern `aten.mm.out` (the matrix's dense SAC(compile(block)) cells under inductor)."""
+    from toolkit.measure.report import CompileInfo, ErrorInfo, Recompute, ScenarioRecord
+
+    c6 = catalogue.get("C6")
+    record = ScenarioRecord(name="dense", ac_mode="selective_op", compile_scope="blocks", backend="inductor")
+    around = CompileInfo(requested=True, graphs=2, orders={"layers.0": "AC(compile(x))"})
+    silent = tk.Report(
+        outcome="ok", scenario=record, compile=around, recompute=Recompute(ops=4, by_op={"aten.mm.out": 4})
+    )
+    mutated = tk.Report(
+        outcome="error",
+        scenario=record,
+        compile=around,
+        error=ErrorInfo(
+            "RuntimeError", "Tensor cached during selective activation checkpoint has been mutated", "backward"
+        ),
+    )
+    assert c6.matches("sac_not_applied", silent) and c6.matches("error", mutated)
+    # Each alternative is whole: the error's classification with the recompute's evidence is neither shape.
+    assert not c6.matches("error", silent) and not c6.matches("sac_not_applied", mutated)
+    # The shared keys still hold: the same silent recompute inside compile, or under full AC, is not C6.
+    inside = dataclasses.replace(silent, compile=dataclasses.replace(around, orders={"layers.0": "compile(AC(x))"}))
+    full = dataclasses.replace(silent, scenario=dataclasses.replace(record, ac_mode="full"))
+    assert not c6.matches("sac_not_applied", inside) and not c6.matches("sac_not_applied", full)
+    # An alternative naming something no report carries is refused when the catalogue loads.
+    data = json.loads(catalogue._PATH.read_text())
+    data["cases"][5]["signature"]["any_of"].append({"backend": "inductor"})
+    bad = tmp_path / "catalogue.json"
+    bad.write_text(json.dumps(data))
+    monkeypatch.setattr(catalogue, "_PATH", bad)
+    catalogue.cases.cache_clear()
+    try:
+        with pytest.raises(tk.ConfigError, match=r"C6.signature.any_of: an alternative names \['backend'\]"):
+            catalogue.cases()
+    finally:
+        monkeypatch.undo()
+        catalogue.cases.cache_clear()
 
 
 # --- the bug notebooks -------------------------------------------------------------------------------------------

@@ -89,44 +89,54 @@ class Case:
         return True
 
     def matches(self, classification: str, report) -> bool:
-        """Does a classified report show this case's signature?"""
+        """Does a classified report show this case's signature?
+
+        `any_of`: alternative sets of report keys, each laid over the rest of the signature — for a case that shows
+        in two ways (C6: an error when the policy saves what it sees, a silent full recompute when it names the
+        model's ops)."""
         sig = self.signature
         if not sig:
             return False
-        if not set(sig) & _REPORT_KEYS:
-            return False  # only observations (`matches_observed`) can show this one
-        if "classification" in sig and sig["classification"] != classification:
+        base = {k: v for k, v in sig.items() if k != "any_of"}
+        return any(_report_shows({**base, **alt}, classification, report) for alt in sig.get("any_of") or [{}])
+
+
+def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
+    """One set of report keys against a classified report."""
+    if not set(sig) & _REPORT_KEYS:
+        return False  # only observations (`matches_observed`) can show this one
+    if "classification" in sig and sig["classification"] != classification:
+        return False
+    scen = report.scenario
+    if "recipe" in sig and scen.recipe != sig["recipe"]:
+        return False
+    if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
+        return False
+    if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
+        return False
+    if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
+        return False
+    if "recompile_reason_contains" in sig and not _shows(
+        " ".join(report.compile.recompiles), sig["recompile_reason_contains"]
+    ):
+        return False
+    if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
+        return False
+    if "error_contains" in sig:
+        text = f"{report.error.type} {report.error.message}" if report.error else ""
+        if not _shows(text, sig["error_contains"]):
             return False
-        scen = report.scenario
-        if "recipe" in sig and scen.recipe != sig["recipe"]:
+    if "break_reason_contains" in sig:
+        reasons = " ".join(b.reason for b in report.compile.breaks)
+        if not _shows(reasons, sig["break_reason_contains"]):
             return False
-        if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
+    if "recompute_op_contains" in sig:
+        ops = " ".join(report.recompute.by_op)
+        if not _shows(ops, sig["recompute_op_contains"]):
             return False
-        if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
-            return False
-        if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
-            return False
-        if "recompile_reason_contains" in sig and not _shows(
-            " ".join(report.compile.recompiles), sig["recompile_reason_contains"]
-        ):
-            return False
-        if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
-            return False
-        if "error_contains" in sig:
-            text = f"{report.error.type} {report.error.message}" if report.error else ""
-            if not _shows(text, sig["error_contains"]):
-                return False
-        if "break_reason_contains" in sig:
-            reasons = " ".join(b.reason for b in report.compile.breaks)
-            if not _shows(reasons, sig["break_reason_contains"]):
-                return False
-        if "recompute_op_contains" in sig:
-            ops = " ".join(report.recompute.by_op)
-            if not _shows(ops, sig["recompute_op_contains"]):
-                return False
-        if "warning_contains" in sig and not _shows(" ".join(report.warnings), sig["warning_contains"]):
-            return False
-        return True
+    if "warning_contains" in sig and not _shows(" ".join(report.warnings), sig["warning_contains"]):
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,6 +145,14 @@ def cases() -> tuple[Case, ...]:
     data = json.loads(_PATH.read_text())
     out = []
     for c in data["cases"]:
+        for alt in (c.get("signature") or {}).get("any_of") or ():
+            if unknown := set(alt) - _REPORT_KEYS:
+                raise ConfigError(
+                    "catalogue.json",
+                    f"{c['id']}.signature.any_of",
+                    f"an alternative names {sorted(unknown)}, which no report carries.",
+                    f"use only report keys: {', '.join(sorted(_REPORT_KEYS))}.",
+                )
         out.append(
             Case(
                 id=c["id"],
