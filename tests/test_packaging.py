@@ -119,3 +119,27 @@ def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
         "toolkit/measure/probes/census.py",
         "toolkit/compat.py",
     } <= names
+
+
+def test_the_version_reads_without_importing_the_package(tmp_path):
+    """pyproject's `version = {attr = "toolkit.__version__"}` is read by setuptools in pip's isolated build env, which
+    has no torch: it must be a literal in `toolkit/__init__.py` that setuptools reads statically. Checked by setuptools
+    itself on a copy of that one file, in a process where importing torch fails: when the static read fails, setuptools
+    imports the package instead, and that fails here as it did on the fresh-clone CI (364fb27)."""
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "toolkit").mkdir()
+    shutil.copy(ROOT / "toolkit" / "__init__.py", tmp_path / "toolkit" / "__init__.py")
+    attr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from setuptools.config.expand import read_attr\n"
+        f"print(read_attr({attr!r}, root_dir={str(tmp_path)!r}))"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import toolkit
+
+    assert out.stdout.strip() == toolkit.__version__
