@@ -4,7 +4,9 @@
 
 Prints the bare forward+backward time, the fully instrumented step (what a measured step runs: `Probes.active()`, the
 tracker in the forward, the end-of-forward census) as a ratio, and each probe alone. Ratios come from one run on this
-machine; the dispatch tracker cannot cost less than an empty TorchDispatchMode, printed last for scale.
+machine. Printed last for scale: the dispatch tracker cannot cost less than an empty TorchDispatchMode, and the two
+other ways to name each storage's producer cost at least what the probes cost without the tracker (names read from
+autograd's graph after the forward) or what the C++ profiler costs over the forward (its op and allocation record).
 """
 
 from __future__ import annotations
@@ -117,12 +119,34 @@ def main() -> None:
     t, b = ratio(with_parts(census=True), step, args.iters)
     print(f"  {'census':20} alone: {t / b:.2f}x")
 
+    # The floors of the two other designs a producer record could have: every probe but the tracker (what a design
+    # that names producers from autograd's graph after the forward would cost before naming any), and the C++
+    # profiler recording each op and allocation over the forward (its events not even read back).
+    def all_but_tracker():
+        p = Probes(model, batch.tokens)
+        with p.active():
+            step(p, census=True)
+
     def empty():
         with _EmptyMode():
             step()
 
-    t, b = ratio(empty, step, args.iters)
-    print(f"  for scale, an empty dispatch mode: {t / b:.2f}x")
+    def profiled():
+        model.zero_grad(set_to_none=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+            out = model(batch.tokens)
+        loss = tk.loss_fn(out, batch.labels)
+        del out
+        loss.backward()
+
+    print("for scale:")
+    for label, fn in (
+        ("every probe but the tracker", all_but_tracker),
+        ("an empty dispatch mode", empty),
+        ("the profiler over the forward", profiled),
+    ):
+        t, b = ratio(fn, step, args.iters)
+        print(f"  {label:30} {t / b:.2f}x")
 
 
 if __name__ == "__main__":
