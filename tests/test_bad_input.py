@@ -552,13 +552,39 @@ def test_the_command_hands_ctrl_c_back_to_keyboard_interrupt(capsys):
         _interrupt.stop_at_once_while_importing()
         assert signal.getsignal(signal.SIGINT) is _interrupt._stop_at_once
         assert cli.main([]) == 0  # help, no command
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is _interrupt._raise_unless_importing
+        with pytest.raises(KeyboardInterrupt):  # outside an import: the command's own handling
+            signal.raise_signal(signal.SIGINT)
         signal.signal(signal.SIGINT, theirs)
         assert cli.main([]) == 0
         assert signal.getsignal(signal.SIGINT) is theirs
     finally:
         signal.signal(signal.SIGINT, before)
     assert "usage" in capsys.readouterr().out
+
+
+def test_ctrl_c_inside_an_import_the_command_makes_stops_at_once(tmp_path):
+    """The commands import torch when they first need it, after `cli.main` has handed Ctrl-C back: a SIGINT landing
+    inside that import (CI, 2.13.0: numpy's C extension, 0.3 s into `cases`) raised KeyboardInterrupt in the half-run
+    import, and the next import of the module failed with a traceback. Made deterministic here: a module whose import
+    raises SIGINT, imported once the command runs, ends the process with one line and 130; the same SIGINT outside an
+    import is a KeyboardInterrupt the command handles."""
+    (tmp_path / "interrupted_import.py").write_text("import signal\nsignal.raise_signal(signal.SIGINT)\n")
+    script = (
+        "import signal, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from toolkit import _interrupt\n"
+        "_interrupt.stop_at_once_while_importing()\n"
+        "_interrupt.raise_again()\n"
+        "try:\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('raised outside the import', flush=True)\n"
+        "import interrupted_import\n"
+        "print('imported')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout, p.stderr) == (130, "raised outside the import\n", "interrupted\n")
 
 
 def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
