@@ -64,12 +64,13 @@ def main() -> None:
     model = tk.build_model(cfg)
     batch = tk.make_batch(cfg)
 
-    def step(probes: Probes | None = None, census: bool = False, tracker: bool = False):
+    def step(probes: Probes | None = None, census: bool = False, tracker: bool = False, forward_under=None):
+        """`forward_under`: a context manager (factory) the forward alone runs under, a probe's alternative."""
         model.zero_grad(set_to_none=True)
         scope = probes.phase_scope if tracker else (lambda phase: contextlib.nullcontext())
         if probes is not None and not tracker:
             probes.state.phase = "forward"
-        with scope("forward"):
+        with scope("forward"), (forward_under or contextlib.nullcontext)():
             out = model(batch.tokens)
         if census:
             probes.census(out)
@@ -132,12 +133,11 @@ def main() -> None:
             step()
 
     def profiled():
-        model.zero_grad(set_to_none=True)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
-            out = model(batch.tokens)
-        loss = tk.loss_fn(out, batch.labels)
-        del out
-        loss.backward()
+        step(
+            forward_under=lambda: torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+        )
 
     print("for scale:")
     for label, fn in (

@@ -29,7 +29,7 @@ def _raise_unless_importing(signum, frame) -> None:
     # an import, stop at once as before the command began: a command's workers die with it, as under kill -9.
     if _importing(frame):
         _stop_at_once(signum, frame)
-    raise KeyboardInterrupt
+    signal.default_int_handler(signum, frame)
 
 
 def stop_at_once_while_importing() -> None:
