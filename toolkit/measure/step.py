@@ -25,6 +25,33 @@ from .probes.census import Census
 from .report import Memory
 
 
+def older_node() -> torch.Tensor:
+    """A one-node graph for `no_tasks_left_on_error`, made before the step it guards (made outside the step, it is not
+    among the allocations the step's memory figure counts)."""
+    with torch.enable_grad():
+        return torch.zeros((), requires_grad=True).mul(1.0)
+
+
+@contextlib.contextmanager
+def no_tasks_left_on_error(older: torch.Tensor) -> Any:
+    """Around a forward and its backward: when the backward raises, run `older` (from `older_node()`, made before the
+    forward), so that no ready node of the failed backward stays in this thread's autograd queue.
+
+    Why (case C59, torch 2.15.0): a backward that raises (a CheckpointError, say) leaves the nodes it had made ready in
+    the calling thread's queue. They are freed only by the thread's exit handlers, after Python has shut down, and a
+    node holding a tensor packed by a Python saved-tensor hook (checkpoint's own) then takes the GIL: the process dies
+    of SIGSEGV on exit, after a Report was already printed. The engine runs higher sequence numbers first, so the
+    stale nodes (made after `older`) are popped, and dropped as their graph failed, before `older` runs. One node is
+    enough for a whole step: the first failure ends it."""
+    try:
+        yield
+    except BaseException:
+        # Best effort: the failure that got here is what the caller reports, never an error of the drain itself.
+        with contextlib.suppress(Exception):
+            older.backward()
+        raise
+
+
 class Stage:
     """The stage a run is in ("build", "ac", "compile", "forward", "backward", "measure"), reported on change."""
 
@@ -87,11 +114,12 @@ def measured_step(
     the probes (no dispatch mode, no saved-tensor hooks, no patches): only its loss, gradients, and the graphs and
     breaks Dynamo's own counters saw — whether a failure happens without the instrument."""
     out = result if result is not None else StepResult()
+    older = older_node()  # before anything the step makes or measures (C59)
     before = compat.counters_snapshot()
     probes = Probes(model, inputs) if instrument else None
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    with torch_settings(model):
+    with torch_settings(model), no_tasks_left_on_error(older):
         counted = compat.counters_snapshot()
         try:
             with probes.active() if probes is not None else contextlib.nullcontext():
@@ -137,7 +165,7 @@ def measured_step(
 
     def bare_step(mark=lambda: None, times=None):
         model.zero_grad(set_to_none=True)
-        with torch_settings(model):
+        with torch_settings(model), no_tasks_left_on_error(older):
             t = time.perf_counter()
             res = forward()
             sync()
