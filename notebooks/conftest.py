@@ -43,7 +43,11 @@ def pytest_collection_modifyitems(config, items):
         if item.fspath.ext != ".ipynb":
             continue
         if "torchtitan" in _needs(item.path):
-            item.add_marker(pytest.mark.torchtitan)  # `-m torchtitan`: CI's stage 3 (tests/conftest.py)
+            item.add_marker(pytest.mark.torchtitan)  # `-m torchtitan` and `-m extras` (tests/conftest.py)
+            item.add_marker(pytest.mark.extras)
+        if item.path.parent.name == "bugs":
+            # A bug notebook is its case's evidence on the release it runs on: `-m per_release` (tests/conftest.py).
+            item.add_marker(pytest.mark.per_release)
         why = missing(_needs(item.path))
         if why:
             item.add_marker(pytest.mark.skip(reason=f"{item.path.name}: {why}"))

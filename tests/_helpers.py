@@ -187,9 +187,3 @@ def state_diff(before: dict, after: dict) -> dict:
         elif a != b:
             out[section] = (a, b)
     return out
-
-
-# What it checks is the toolkit's own handling of arguments, files and processes (exit codes, messages, locks,
-# retries, signals), which no torch release changes. README's route (CI stage 1) runs it; the second release's stage
-# leaves it out (`-m "not one_release"`), since it would only re-check the same Python under another torch.
-one_release = pytest.mark.one_release

@@ -63,11 +63,34 @@ def _relative(item) -> str | None:
         return None
 
 
+# The optional packages CI's README stage has not installed: `-m extras` runs what needs or branches on them, on
+# the one release that installs them (.ci/run).
+CI_EXTRAS = ("torchtitan", "submitit", "ray", "tlparse")
+
+
+def _reads_release(node) -> bool:
+    """The code reads which torch release runs it: `torch.__version__`, `torch_release()`, `compat.CHECKED_ON`, or
+    `tk.bugs.expected(...)` (the catalogue's verdict for this release)."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and n.attr in ("__version__", "CHECKED_ON"):
+            if n.attr == "CHECKED_ON" or getattr(n.value, "id", None) == "torch":
+                return True
+        if isinstance(n, ast.Name) and n.id == "CHECKED_ON":
+            return True
+        if isinstance(n, ast.Call) and (getattr(n.func, "id", None) or getattr(n.func, "attr", None)) in (
+            "torch_release",
+            "expected",
+        ):
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=None)
-def _extras_called(path: pathlib.Path) -> dict:
-    """The optional packages a test file asks for or branches on (`extra("...")`, `available("...")`,
-    `find_spec("...")`), read from its source: key None for calls at module level (the whole file needs them), a
-    test function's name for calls inside it."""
+def _rules(path: pathlib.Path) -> dict:
+    """What a test file's code says about itself, read from its source: the optional packages it asks for or
+    branches on (`extra("...")`, `available("...")`, `find_spec("...")`) and whether it reads the torch release.
+    Key None for module-level code (the whole file), a test function's name for the code inside it; each value is
+    `(extras, reads_release)`."""
     found: dict = {}
     tree = ast.parse(path.read_text())
 
@@ -81,11 +104,13 @@ def _extras_called(path: pathlib.Path) -> dict:
             and isinstance(c.args[0], ast.Constant)
         }
 
+    module_extras: set = set()
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            found[stmt.name] = calls(stmt)
+            found[stmt.name] = (calls(stmt), _reads_release(stmt))
         elif not isinstance(stmt, ast.ClassDef):
-            found.setdefault(None, set()).update(calls(stmt))
+            module_extras |= calls(stmt)
+    found[None] = (module_extras, False)
     return found
 
 
@@ -98,12 +123,20 @@ def pytest_collection_modifyitems(config, items):
             continue
         if rel in QUICK:
             item.add_marker(pytest.mark.quick)
-        # `-m torchtitan` (CI's stage 3 on README's torch): every test that needs or branches on the torchtitan extra,
-        # found from the calls themselves so that a new one cannot be left out. Notebooks: notebooks/conftest.py.
+        # Found from the code itself, so that a new test cannot be left out (notebooks: notebooks/conftest.py):
+        # `-m torchtitan` and `-m extras`, every test that needs or branches on an extra; `-m per_release`, every
+        # test whose figures depend on the torch release — it reads the release (or carries the mark by hand, for
+        # figures that are torch's own: its messages, its partitioner) — which CI runs on every supported release.
         if item.path.suffix == ".py":
-            called = _extras_called(item.path)
-            if "torchtitan" in called.get(None, set()) | called.get(getattr(item, "originalname", None), set()):
+            rules = _rules(item.path)
+            extras, reads = rules.get(getattr(item, "originalname", None), (set(), False))
+            extras = extras | rules[None][0]
+            if "torchtitan" in extras:
                 item.add_marker(pytest.mark.torchtitan)
+            if extras & set(CI_EXTRAS):
+                item.add_marker(pytest.mark.extras)
+            if reads:
+                item.add_marker(pytest.mark.per_release)
 
 
 def _config_modules():

@@ -15,7 +15,7 @@ import time
 import nbformat
 import pytest
 import torch
-from _helpers import extra, one_release
+from _helpers import extra
 from torch import nn
 
 import toolkit as tk
@@ -419,7 +419,6 @@ def _cli_in_process(argv, cwd, env, monkeypatch, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@one_release
 @pytest.mark.parametrize("argv, env, code, words", [c[1:] for c in CLI], ids=[c[0] for c in CLI])
 def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, argv, env, code, words, monkeypatch, capsys):
     _files(tmp_path)
@@ -436,7 +435,6 @@ def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, argv, env, code, words,
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
-@one_release
 def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     _files(tmp_path)
     only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--no-progress")
@@ -455,7 +453,6 @@ def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     assert "would first merge 0 records from 1 results file(s)" in dry.stdout and not (tmp_path / "d").exists()
 
 
-@one_release
 def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_path):
     only = ("--only", "^dense \\| AC none \\| eager", "--timeout-s", "0.01", "--out", "o")
     first = _cli("matrix", *only, cwd=tmp_path)
@@ -472,7 +469,6 @@ def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_p
     assert "--keep-timeouts" in helped and "4    no cell produced a measurement" in helped
 
 
-@one_release
 def test_ctrl_c_exits_130_without_a_traceback(tmp_path):
     p = subprocess.Popen(
         [sys.executable, "-m", "toolkit", "matrix", "--only", "^dense \\| AC (none|full) \\|", "--out", "o"],

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import toolkit as tk
-from toolkit import bugs, catalogue
+from toolkit import bugs, catalogue, compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -38,7 +38,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 59)]
+    assert ids == [f"C{i}" for i in range(1, 60)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -57,10 +57,11 @@ def test_catalogue_lists_filters_and_renders():
         *(f"C{i}" for i in range(34, 45)),
         "C50",
         "C51",
+        "C59",  # a process's exit: its standalone script is the repro
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 58
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 59
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
@@ -84,12 +85,14 @@ def test_the_tables_say_what_a_repro_needs_its_notebook_and_each_releases_verdic
     cells = {r[0]: r for r in rows}
     assert cells["C44"][5] == "multi-rank" and cells["C44"][7] == ""  # no notebook
     assert cells["C34"][5] == "gpu" and cells["C33"][5] == "cpu"
-    assert cells["C31"][6] == "reproduced on 2.13.0; fixed on 2.14.1"
+    assert cells["C31"][6] == "reproduced on 2.13.0; fixed on 2.14.1; fixed on 2.15.0"
     assert "(notebooks/bugs/C33_remat_token_counter.ipynb)" in cells["C33"][7]
     # Every case with a notebook has a verdict per supported release.
     for c in catalogue.cases():
         if c.id in {f"C{i}" for i in range(28, 34)}:
-            assert set(c.verified) == {"2.13.0", "2.14.1"} and c.notebook, c.id
+            assert set(c.verified) == set(compat.CHECKED_ON) and c.notebook, c.id
+    # Every case that has a verdict has one on every release the toolkit is checked on.
+    assert [c.id for c in catalogue.cases() if c.verified and set(c.verified) != set(compat.CHECKED_ON)] == []
     text = catalogue.text(width=80).splitlines()
     assert text[0].split()[:5] == ["id", "case", "status", "needs", "nb"] and all(len(ln) <= 80 for ln in text)
     row = {ln.split()[0]: ln.split() for ln in text[2:] if ln[:1] == "C" and ln.split()[0][1:].isdigit()}
@@ -209,7 +212,7 @@ def test_confirm_is_version_aware(monkeypatch):
     assert catalogue.findings() == {"C27": {"2.99.0": "not reproduced"}}
     assert (
         catalogue.versions(case)
-        == "reproduced on 2.13.0; reproduced on 2.14.1; not reproduced on 2.99.0 (local finding)"
+        == "reproduced on 2.13.0; reproduced on 2.14.1; reproduced on 2.15.0; not reproduced on 2.99.0 (local finding)"
     )
     assert "not reproduced on 2.99.0 (local finding)" in catalogue.markdown([case], with_findings=True)
     assert "local finding" not in catalogue.markdown([case])

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from _helpers import one_release
 
 import toolkit as tk
 from toolkit import cli
@@ -67,7 +66,6 @@ def test_run_json_keeps_stdout_a_report_and_puts_the_classification_on_stderr():
         (["--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], "nan is not a positive number of seconds"),
     ],
 )
-@one_release
 def test_bad_timeouts_are_usage_errors(args, words):
     out = toolkit("run", *args, timeout=120)
     assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
@@ -91,7 +89,6 @@ def test_bad_timeouts_are_usage_errors(args, words):
         ),
     ],
 )
-@one_release
 def test_bad_config_files_name_the_file_and_the_fix(tmp_path, content, words):
     path = tmp_path / "scenario.json"
     path.write_text(content)
@@ -101,7 +98,6 @@ def test_bad_config_files_name_the_file_and_the_fix(tmp_path, content, words):
     assert "Fix:" in out.stderr and "Traceback" not in out.stderr
 
 
-@one_release
 def test_a_missing_config_file_is_named(tmp_path):
     out = toolkit("run", "--config", str(tmp_path / "nowhere.json"), timeout=120)
     assert (
@@ -125,7 +121,6 @@ def test_cases_is_a_terminal_table_with_the_installed_torch():
     )
 
 
-@one_release
 def test_help_describes_every_subcommand_and_every_run_option():
     out = toolkit("--help", timeout=120)
     assert out.returncode == 0

@@ -16,19 +16,24 @@ from toolkit import compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+# Which private APIs this torch has is the release's own fact.
+pytestmark = pytest.mark.per_release
+
 
 def test_every_feature_is_available_on_the_releases_it_was_checked_on():
     release = torch.__version__.split("+")[0]
+    # Whatever a torch lacks must be named, on any release (README's install takes the newest, checked or not): a
+    # blind-spot sentence for the Report, never a silent zero.
+    for f in compat.FEATURES.values():
+        assert f.without and f.api, f.name
     if release not in compat.CHECKED_ON:
-        # A release nobody checked yet is still a supported torch (README's install takes the newest): whatever it
-        # lacks must be named — a blind-spot sentence for the Report, never a silent zero.
-        for f in compat.FEATURES.values():
-            assert f.available or (f.without and f.api), f.name
         assert f"checked on {', '.join(compat.CHECKED_ON)}" in compat.table()
         return
     # Build- and package-dependent, not release-dependent: the CUDA build's storage placeholder (+cpu wheels lack
-    # it, C31) and the optional torch_remat package; and checkpoint(policy=dict) (pytorch#186277), newer than both.
+    # it, C31) and the optional torch_remat package.
     optional = ("cuda_snapshot", "storage_placeholder", "torch_remat", "checkpoint_policy_dict")
+    # checkpoint(policy=dict) (pytorch#186277) is in no release the toolkit was checked on, 2.15.0 included.
+    assert not compat.FEATURES["checkpoint_policy_dict"].available
     missing = [f.name for f in compat.FEATURES.values() if not f.available and f.name not in optional]
     assert missing == [] or (missing == ["respect_saved_tensors_hooks"] and release == "2.13.0"), missing
     assert "respect_saved_tensors_hooks" in compat.FEATURES
@@ -38,7 +43,7 @@ def test_every_feature_is_available_on_the_releases_it_was_checked_on():
 
 def test_the_feature_table_names_what_each_api_lets_the_toolkit_see():
     text = compat.table()
-    assert text.startswith(f"torch {torch.__version__}; checked on 2.13.0, 2.14.1")
+    assert text.startswith(f"torch {torch.__version__}; checked on 2.13.0, 2.14.1, 2.15.0")
     for f in compat.FEATURES.values():
         assert f.name in text and f.sees and f.api
     sentence = compat.blind_spot("sac_mode")

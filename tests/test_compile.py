@@ -6,7 +6,7 @@ from _helpers import break_count, grads, graph_count, state_diff
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 import toolkit as tk
-from toolkit import ACConfig, CompileConfig, ConfigError
+from toolkit import ACConfig, CompileConfig, ConfigError, compat
 
 SCOPES = [
     "model",
@@ -183,13 +183,37 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
     assert calls["fw"] == dense_cfg.n_layers  # the checkpoint is inside the graph: no second compiled forward
 
 
+def _torch_compiles_fp32_grouped_mm() -> bool:
+    """Truth from torch alone: does compile (aot_eager, fullgraph) of a float32 `_grouped_mm` run on this release?"""
+    x, w, offs = torch.randn(16, 16), torch.randn(2, 16, 16), torch.tensor([8, 16], dtype=torch.int32)
+    try:
+        torch.compile(lambda x, w: torch._grouped_mm(x, w, offs=offs), backend="aot_eager", fullgraph=True)(x, w)
+    except Exception:  # noqa: BLE001 - the failure is the answer
+        return False
+    finally:
+        torch._dynamo.reset()
+    return True
+
+
+@pytest.mark.per_release  # what torch's meta kernel accepts is the release's own
 def test_grouped_mm_fp32_under_compile_on_cpu_is_refused_bf16_works():
-    """C14: the 2025 layout runs `_grouped_mm` in the model's dtype, which compile refuses in float32 on CPU;
-    torchtitan 0.3.0 (and the default layout) cast to bfloat16 inside the experts, so a float32 model compiles."""
+    """C14: the 2025 layout runs `_grouped_mm` in the model's dtype, which compile refuses in float32 on CPU on torch
+    2.13 and 2.14 (2.15's meta kernel accepts float32: the toolkit then compiles it); torchtitan 0.3.0 (and the
+    default layout) cast to bfloat16 inside the experts, so a float32 model compiles."""
     cfg = tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")
-    with pytest.raises(ConfigError, match="CompileConfig.scope") as e:
-        tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="blocks"))
-    assert "bfloat16" in str(e.value) and "layers.0.moe.experts" in str(e.value)
+    if _torch_compiles_fp32_grouped_mm():
+        assert compat.grouped_mm_traces_in("float32")
+        batch = tk.make_batch(cfg)
+        ref_loss = tk.train_step(tk.build_model(cfg), batch)
+        model = tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="blocks"))
+        torch.testing.assert_close(tk.train_step(model, batch), ref_loss, rtol=1e-5, atol=1e-5)
+        assert graph_count() >= 1
+        torch._dynamo.reset()
+    else:
+        assert not compat.grouped_mm_traces_in("float32")
+        with pytest.raises(ConfigError, match="CompileConfig.scope") as e:
+            tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="blocks"))
+        assert "bfloat16" in str(e.value) and "layers.0.moe.experts" in str(e.value)
     # A scope that leaves the experts eager is fine.
     tk.apply_compile(tk.build_model(cfg), CompileConfig(scope="attention"))
     fp32 = tk.ModelConfig()

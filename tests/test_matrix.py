@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from _helpers import one_release, synthetic_matrix
+from _helpers import synthetic_matrix
 
 import toolkit as tk
 from toolkit.analysis.cells import Cell, quick_cells
@@ -83,7 +83,6 @@ def test_rerun_skips_finished_cells(tmp_path):
     assert len(calls) == 4
 
 
-@one_release
 def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
     script = textwrap.dedent(f"""
         from toolkit.analysis.cells import Cell
@@ -115,7 +114,6 @@ def test_kill_minus_nine_mid_sweep_loses_only_cells_in_flight(tmp_path):
 
 
 @pytest.mark.parametrize("fault, label", [("abort", "crashed"), ("hang", "timeout")])
-@one_release
 def test_a_crashing_or_hanging_cell_is_a_result_and_the_sweep_goes_on(tmp_path, monkeypatch, fault, label):
     bad = Cell("dense", "full")
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from _helpers import graph_count, one_release, state_diff
+from _helpers import graph_count, state_diff
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -318,7 +318,6 @@ def test_isolated_run_matches_in_process():
     "fault, outcome, words",
     [("abort", "crashed", "SIGABRT"), ("segv", "crashed", "SIGSEGV"), ("hang", "timeout", "no result after")],
 )
-@one_release
 def test_isolated_crash_and_hang_become_results(monkeypatch, fault, outcome, words):
     monkeypatch.setenv("TOOLKIT_WORKER_FAULT", f"{fault}@backward")
     r = tk.run(Scenario(**QUICK), isolate=True, timeout_s=20 if fault == "hang" else 120)

@@ -1,5 +1,6 @@
 """The install story stays true: pyproject and environment.yml agree, README's commands exist, CI runs them."""
 
+import ast
 import pathlib
 import re
 
@@ -61,14 +62,18 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     assert body[first_venv - 1] == 'rm -rf .ci-venv-readme .inductor-cache-readme matrix-out "$TOOLKIT_FINDINGS"'
     # Nothing installs into the fresh venv between its creation and README's commands.
     activate = ["source .ci-venv-readme/bin/activate", 'export TORCHINDUCTOR_CACHE_DIR="$PWD/.inductor-cache-readme"']
-    assert body[first_venv + 1 : first_venv + 6] == ["(", *activate, 'eval "$install_cmd"', ")"]
+    # With this machine's pip cap lifted (pip reads no config file), README's install gets what the index serves a
+    # newcomer; torch is never pinned there.
+    lifted = "export PIP_CONFIG_FILE=/dev/null"
+    assert body[first_venv + 1 : first_venv + 7] == ["(", *activate, lifted, 'eval "$install_cmd"', ")"]
     test = body.index('eval "$test_cmd"')
     show = (
         "python -c \"import torch, sys; print('stage 1: python', sys.version.split()[0], 'torch', torch.__version__)\""
     )
     assert body[test - 4 : test] == ["(", *activate, show]
-    # Between the two, only stage 2's venv is started in the background: README's venv is not touched.
-    assert not any(".ci-venv-readme" in line for line in body[first_venv + 6 : test - 4])
+    # Between the two, only the older releases' venvs are started in the background: README's venv is not touched.
+    assert not any(".ci-venv-readme" in line for line in body[first_venv + 7 : test - 4])
+    assert not any("torch==" in line for line in body[first_venv : first_venv + 7])
     assert not any("pip install" in line for line in body[:first_venv]), "nothing may be pip-installed before stage 1"
     assert "--system-site-packages" not in ci
 
@@ -80,9 +85,19 @@ def test_readme_says_what_the_install_pulls_and_how_long_the_tests_take():
     assert re.search(r"about \d+ minutes on 2\s+cores", top) and "python -m pytest -m quick" in top
 
 
-def test_torch_floor_matches_what_users_have():
+def test_torch_floor_is_a_release_ci_runs():
+    """pyproject accepts what users have, down to the oldest release CI runs: a floor no test ran is a promise."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert "torch>=2.9" in project["dependencies"]
+    floor = next(d.split(">=")[1].split()[0] for d in project["dependencies"] if d.startswith("torch>="))
+    ci = (ROOT / ".ci" / "run").read_text()
+    checked = ast.literal_eval(
+        re.search(r"^CHECKED_ON = (\(.*\))$", (ROOT / "toolkit" / "compat.py").read_text(), re.M)[1]
+    )
+    oldest = min(checked, key=lambda r: tuple(map(int, r.split("."))))
+    assert oldest.startswith(floor + ".") or oldest == floor, (floor, oldest)
+    # CI pins every checked release but the newest, which README's install gets from the index, unpinned.
+    for release in sorted(checked, key=lambda r: tuple(map(int, r.split("."))))[:-1]:
+        assert re.search(rf"for v in [^\n]*\b{re.escape(release)}\b", ci), release
 
 
 def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
@@ -143,3 +158,38 @@ def test_the_version_reads_without_importing_the_package(tmp_path):
     import toolkit
 
     assert out.stdout.strip() == toolkit.__version__
+
+
+def _ci_verdicts():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_verdicts", ROOT / ".ci" / "verdicts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ci_says_in_one_line_when_the_index_serves_a_release_the_catalogue_does_not_know(tmp_path, monkeypatch, capsys):
+    """.ci/verdicts.py after a stage's bug notebooks and `cases --check all`: a new release is one line and passes;
+    on a known release a verdict that changed is named and fails the stage."""
+    import json
+
+    findings = tmp_path / "findings.jsonl"
+    monkeypatch.setenv("TOOLKIT_FINDINGS", str(findings))
+    lines = [
+        {"case": "C14", "torch": "2.99.0+cu140", "reproduced": False, "observed": {}, "catalogued": "unknown"},
+        {"case": "C2", "torch": "2.99.0+cu140", "reproduced": True, "observed": {}, "catalogued": "unknown"},
+    ]
+    findings.write_text("".join(json.dumps(f) + "\n" for f in lines))
+    verdicts = _ci_verdicts()
+    assert verdicts.main("stage 1", "2.99.0+cu140") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("stage 1: torch 2.99.0+cu140 is a release the catalogue has no verdicts")
+    assert "1 not reproduced (C14), 1 reproduced" in out[0] and "2.13.0, 2.14.1, 2.15.0" in out[0]
+    # C26 is fixed on 2.14.1: reproducing it there again is a changed verdict.
+    findings.write_text(json.dumps({**lines[1], "case": "C26", "torch": "2.14.1+cu130"}) + "\n")
+    assert verdicts.main("torch 2.14.1", "2.14.1+cu130") == 1
+    assert "C26 fixed -> reproduced" in capsys.readouterr().out
+    findings.write_text("")
+    assert verdicts.main("torch 2.14.1", "2.14.1+cu130") == 0
+    assert "agrees with the catalogue" in capsys.readouterr().out

@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 import pytest
-from _helpers import extra, one_release
+from _helpers import extra
 
 from toolkit._extras import available
 
@@ -98,13 +98,6 @@ def _run(argv, cwd, timeout=900):
     )
 
 
-def _only_reads_options(argv: list[str]) -> bool:
-    """A command that measures nothing and needs no extra (a sweep's dry run, a listing, the help): what it checks is
-    the toolkit's own handling of options and files, so CI runs it on one torch (`one_release`). A sweep that names
-    an extra stays on both: stage 1 has none of them installed, and only stage 2 sees such a command succeed."""
-    return _needs(argv) is None and (argv[:1] == ["matrix"] or argv in (["run", "--list"], ["cases"], []))
-
-
 def _readme_commands() -> list:
     """Each distinct toolkit invocation once: README shows some twice (one under another environment's python)."""
     distinct = {}
@@ -113,7 +106,9 @@ def _readme_commands() -> list:
         if argv[:1] not in (["lab"], ["demo"]):
             distinct.setdefault(tuple(argv), c)
     return [
-        pytest.param(c, marks=[one_release] if _only_reads_options(list(argv)) else []) for argv, c in distinct.items()
+        # One that needs an extra runs where CI installs the extras (`-m extras`); README's stage has none of them.
+        pytest.param(c, marks=[pytest.mark.extras] if _needs(list(argv)) else [])
+        for argv, c in distinct.items()
     ]
 
 

@@ -20,7 +20,7 @@ import time
 
 import psutil
 import pytest
-from _helpers import extra, one_release
+from _helpers import extra
 
 import toolkit as tk
 from toolkit.analysis.cells import Cell, full_cells
@@ -70,7 +70,6 @@ def _alive(pid):
 
 
 @pytest.mark.parametrize("bad", ["-1", "0", "nan", "inf"])
-@one_release
 def test_invalid_time_limit_refused_before_anything_runs(tmp_path, bad):
     out = tmp_path / "out"
     p = _cli("--timeout-s", bad, "--out", str(out), timeout=120)
@@ -94,7 +93,6 @@ def test_invalid_limits_in_python_name_the_field(tmp_path):
     assert e.value.field == "executor" and "'submitit'" in str(e.value)
 
 
-@one_release
 def test_out_that_is_a_file_is_an_error_not_a_traceback(tmp_path):
     f = tmp_path / "taken"
     f.write_text("mine\n")
@@ -104,7 +102,6 @@ def test_out_that_is_a_file_is_an_error_not_a_traceback(tmp_path):
     assert f.read_text() == "mine\n"
 
 
-@one_release
 def test_read_only_out_fails_before_the_first_cell(tmp_path):
     calls = []
 
@@ -175,7 +172,6 @@ def test_crashed_cells_retry_and_timeouts_are_keyed_by_their_limit(tmp_path):
     assert len(load_results(tmp_path / "results.jsonl")) == 3  # the last record of a key wins
 
 
-@one_release
 def test_torn_last_line_is_repaired_before_appending(tmp_path):
     cells = [DENSE, DENSE_FULL, Cell("dense", "selective_op")]
     sweep(cells[:2], out=tmp_path, progress=False, runner=_fast)
@@ -202,7 +198,6 @@ def test_torn_last_line_is_repaired_before_appending(tmp_path):
     assert len([json.loads(line) for line in _lines(results)]) == 4
 
 
-@one_release
 def test_merge_results_from_two_machines_by_key(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     sweep([DENSE, DENSE_FULL], out=a, progress=False, runner=_fast)
@@ -247,7 +242,6 @@ def _sweep_script(out, cells, **kw):
     """)
 
 
-@one_release
 def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
     out = tmp_path / "out"
     first = subprocess.Popen(
@@ -275,9 +269,7 @@ def test_two_sweeps_into_one_folder_the_second_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------------------ kill -9
 
 
-@pytest.mark.parametrize(
-    "how", [pytest.param("warm", marks=one_release), pytest.param("cold", marks=one_release), "submitit"]
-)
+@pytest.mark.parametrize("how", ["warm", "cold", "submitit"])
 def test_kill_minus_nine_leaves_no_worker_and_no_temp_folder(tmp_path, how):
     if how == "submitit":
         extra("submitit")
@@ -324,7 +316,6 @@ def _tasks(pid):
 
 
 @pytest.mark.skipif(WarmPool.available() is not None, reason="the warm pool needs Linux")
-@one_release
 def test_warm_pool_one_server_survives_crashes_and_hangs(monkeypatch):
     sc = tk.Scenario(model=tk.ModelConfig(moe_layers="none"), ac=tk.ACConfig(mode="full"), steady_steps=0)
     cold = tk.run(sc, isolate=True, timeout_s=300, threads=1)

@@ -25,8 +25,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # the probes' dispatch tracker base
 from torch.utils._pytree import tree_leaves  # a private module, used across the toolkit
 
-CHECKED_ON = ("2.13.0", "2.14.1")
-"""torch releases every feature here was checked on (CI runs the measurement tests on both)."""
+CHECKED_ON = ("2.13.0", "2.14.1", "2.15.0")
+"""torch releases every feature here was checked on (CI runs the suite on the newest, what can differ on the rest)."""
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,16 @@ _SPECS: dict[str, tuple[str, str, str]] = {
     "torch_remat": (
         "torch_remat (PyPI torch-remat >= 0.2: checkpoint, region, current_saved_tensor_info) — not torch, optional",
         "ACConfig(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
-        "",
+        "ACConfig(mode='remat') and the torchtitan_main recipe are refused before anything runs (a ConfigError with "
+        'the install line: pip install -e ".[remat]"); every other mode measures as usual',
     ),
     "storage_placeholder": (
         "torch._C._set_storage_data_ptr_access_error_msg (CUDA builds only)",
         "whether torch_remat can stand in a placeholder for a kept region's output that recompute does not need "
         "(on +cpu builds it cannot: AttributeError in backward, case C31)",
-        "",
+        "on this build torch_remat's placeholders cannot be made (C31): while a model with remat applied is measured, "
+        "the toolkit stands in a NaN-filled buffer for a kept output nothing reads in replay (the Report says so in a "
+        "note); saved bytes are unchanged",
     ),
     "inductor_on_fake": (
         "torch._inductor: AsyncCompile.cpp_pybinding / cpp, PyCodeCache.load_by_key_path (modules_no_attr) and the "
@@ -141,7 +144,8 @@ _SPECS: dict[str, tuple[str, str, str]] = {
     "respect_saved_tensors_hooks": (
         "torch.utils.checkpoint.checkpoint(respect_saved_tensors_hooks=...) (torch >= 2.14)",
         "keeping SAC-cached tensors out of the toolkit's own saved-tensor hooks without a FutureWarning",
-        "",
+        "nothing is lost: this torch's checkpoint has no such argument and SAC-cached tensors never reach the "
+        "toolkit's saved-tensor hooks (torch 2.13 and older, before the rollout of C42)",
     ),
     "checkpoint_recompute_hook": (
         "torch.utils.checkpoint._recomputation_hook (its pack_hook, which detaches each recomputed tensor)",
@@ -165,7 +169,10 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "torch.utils.checkpoint.checkpoint(policy={op or name: CheckpointPolicy}) and torch.utils.checkpoint.name "
         "(pytorch#186277)",
         "ACConfig(mode='policy_dict'): SAC from a dict of ops and tensor names",
-        "",
+        # Not a measurement: without the API the mode is refused before anything runs (a ConfigError naming the
+        # release; the Explorer does not offer it), so no Report is ever missing a figure for it.
+        "ACConfig(mode='policy_dict') is refused on this torch (no released torch has the API: 2.13.0, 2.14.1 and "
+        "2.15.0 lack it); every other AC mode measures as usual",
     ),
 }
 
@@ -447,9 +454,16 @@ def available(name: str) -> bool:
     return _found[name].ok
 
 
+# Features whose absence hides nothing from a Report: it refuses a mode before anything runs (torch_remat,
+# checkpoint_policy_dict), is said in a Report note of its own (storage_placeholder), or loses nothing (2.13's
+# checkpoint has no respect_saved_tensors_hooks to set). Their `without` says so in `table()`'s terms; they are
+# never a Report's blind spot.
+_NOT_BLIND = frozenset({"torch_remat", "checkpoint_policy_dict", "storage_placeholder", "respect_saved_tensors_hooks"})
+
+
 def missing() -> tuple[Feature, ...]:
-    """Features this torch lacks (that a Report may need to mention)."""
-    return tuple(f for f in FEATURES.values() if not f.available and f.without)
+    """Features this torch lacks whose absence a Report must mention (its blind spots)."""
+    return tuple(f for f in FEATURES.values() if not f.available and f.name not in _NOT_BLIND)
 
 
 def blind_spot(name: str) -> str:
@@ -463,7 +477,8 @@ def table() -> str:
     lines = [f"torch {torch.__version__}; checked on {', '.join(CHECKED_ON)}"]
     for f in FEATURES.values():
         lines.append(
-            f"  {'ok ' if f.available else 'MISSING'} {f.name:28} {f.sees}" + (f" — {f.detail}" if f.detail else "")
+            f"  {'ok ' if f.available else 'MISSING'} {f.name:28} {f.sees}"
+            + ("" if f.available else f" — without it: {f.without} ({f.detail})")
         )
     return "\n".join(lines)
 
@@ -724,6 +739,23 @@ def written_arguments(func: Any) -> tuple[Any, ...]:
             out = tuple(i for i, _ in written) + tuple(name for _, name in written)
         _written[func] = out
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_mm_traces_in(dtype: str) -> bool:
+    """Does `torch._grouped_mm`'s meta kernel, what compile traces, accept `dtype` ("float32", "bfloat16")? Asked of
+    the kernel itself, on meta tensors: 2.13 and 2.14 accept bfloat16 and float16 only ("Expected mat_a to be
+    BFloat16 or supported Float16 matrix", C14); 2.15 validates like the eager kernel and accepts float32 too."""
+    dt = getattr(torch, dtype)
+    try:
+        torch._grouped_mm(
+            torch.empty(16, 16, device="meta", dtype=dt),
+            torch.empty(2, 16, 16, device="meta", dtype=dt),
+            offs=torch.empty(2, device="meta", dtype=torch.int32),
+        )
+    except RuntimeError:
+        return False
+    return True
 
 
 def checkpoint_policy_dict(keys: tuple[str, ...]) -> dict[str, Any]:

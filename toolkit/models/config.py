@@ -203,8 +203,8 @@ class ModelConfig:
             raise ConfigError(
                 own,
                 "attention",
-                "FlexAttention has no backward on CPU (torch 2.13.0 and 2.14.1; NotImplementedError in the first "
-                "training step).",
+                "FlexAttention has no backward on CPU (torch 2.13.0, 2.14.1 and 2.15.0; NotImplementedError in the "
+                "first training step).",
                 "use attention='sdpa' on CPU, or device='cuda'.",
             )
 

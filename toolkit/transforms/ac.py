@@ -595,7 +595,7 @@ class PolicyDictAC(Checkpointing):
                 "mode",
                 f"'policy_dict' needs torch.utils.checkpoint.checkpoint(policy=...) and torch.utils.checkpoint.name() "
                 f"(pytorch#186277); torch {torch.__version__} has neither.",
-                "use a torch that includes pytorch#186277 (newer than 2.14.1), or per-op SAC: mode='selective_op', or "
+                "use a torch that includes pytorch#186277 (newer than 2.15.0), or per-op SAC: mode='selective_op', or "
                 "mode='custom' with save_ops.",
             )
 

@@ -324,8 +324,9 @@ def _covers(target: str, name: str) -> bool:
 
 
 def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
-    """The 2025 layout runs `_grouped_mm` in the model's dtype: compiling it in float32 on CPU fails (C14).
-    (torchtitan 0.3.0, and the toolkit's 0.3.0 layout, cast to bfloat16 inside the experts for exactly this.)"""
+    """The 2025 layout runs `_grouped_mm` in the model's dtype: compiling it in float32 on CPU fails (C14) where the
+    kernel's meta function refuses float32 (torch 2.13 and 2.14; 2.15 accepts it). (torchtitan 0.3.0, and the
+    toolkit's 0.3.0 layout, cast to bfloat16 inside the experts for exactly this.)"""
     from ..models import ModelConfig
 
     cfg = getattr(unwrap(model), "config", None)
@@ -336,6 +337,7 @@ def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
         or cfg.dtype != "float32"
         or not cfg.has_moe
         or cfg.device_type not in ("cpu", "meta")
+        or compat.grouped_mm_traces_in("float32")
     ):
         return
     for i in cfg.moe_layer_ids:
@@ -346,7 +348,7 @@ def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
                 "CompileConfig",
                 "scope",
                 f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel "
-                "accepts only bfloat16 on CPU ('Expected inputs of BF16 type', C14).",
+                f"accepts no float32 on torch {torch.__version__} ('Expected inputs of BF16 type', C14; 2.15 does).",
                 "use ModelConfig(dtype='bfloat16'), layout='torchtitan_0_3_0' (bfloat16 experts), "
                 "another experts_impl, or a scope that leaves the experts eager.",
             )

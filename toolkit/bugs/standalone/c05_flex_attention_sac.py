@@ -46,8 +46,8 @@ B, N, S, A = 2, 4, 256, 64
 D = N * A
 
 CPU_REASON = (
-    "FlexAttention has no backward on CPU (torch 2.13.0 and 2.14.1): flex_attention() raises NotImplementedError "
-    "when a CPU input requires grad"
+    "FlexAttention has no backward on CPU (torch 2.13.0, 2.14.1 and 2.15.0): flex_attention() raises "
+    "NotImplementedError when a CPU input requires grad"
 )
 
 _EAGER_FLEX_WARNING = "flex_attention_performance"
