@@ -91,8 +91,13 @@ def test_full_size_layers_in_seconds_without_memory():
         (dict(model=tk.ModelConfig(experts_impl="grouped_mm", layout="torchtitan_2025")), "estimate.model.dtype"),
     ],
 )
+@pytest.mark.per_release  # what grouped_mm's meta kernel takes is the release's own (C14)
 def test_what_fake_tensors_cannot_run_is_refused_up_front(change, field):
     scenario = tk.Scenario(**{"model": tk.ModelConfig(experts_impl="masked"), **change})
+    if field == "estimate.model.dtype" and tk.compat.grouped_mm_traces_in("float32"):
+        # torch 2.15.0's meta kernel takes float32 grouped_mm (C14's compiled half is fixed): nothing to refuse.
+        assert tk.estimate(scenario).saved_bytes > 0
+        return
     with pytest.raises(tk.ConfigError, match=field.replace(".", r"\.") + ":.*Fix:"):
         tk.estimate(scenario)
 

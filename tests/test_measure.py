@@ -16,7 +16,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import toolkit as tk
-from toolkit import ACConfig, CompileConfig, ModelConfig, Scenario
+from toolkit import ACConfig, CompileConfig, ModelConfig, Scenario, compat
 
 QUICK = dict(check_numerics=False, measure_memory=False, steady_steps=0)
 
@@ -230,6 +230,7 @@ def test_numerics_catch_wrong_gradients():
     assert "MISMATCH" in str(bad)
 
 
+@pytest.mark.per_release  # whether compile takes float32 grouped_mm is the release's own (C14)
 def test_errors_come_back_with_their_stage():
     r = tk.run(tk.presets.preset("pr2052"))
     assert r.outcome == "error" and r.error.stage == "forward"
@@ -241,7 +242,10 @@ def test_errors_come_back_with_their_stage():
             **QUICK,
         )
     )
-    assert r.outcome == "error" and r.error.stage == "compile" and "bfloat16" in r.error.message
+    if compat.grouped_mm_traces_in("float32"):  # torch 2.15.0: compiled, no refusal (test_compile checks the fact)
+        assert r.outcome == "ok" and r.compile.graphs >= 1, r
+    else:
+        assert r.outcome == "error" and r.error.stage == "compile" and "bfloat16" in r.error.message
 
 
 def test_bad_scenarios_fail_fast_naming_the_field():

@@ -251,11 +251,15 @@ def check(scenario: Scenario) -> list[str]:
                 "bincount has a data-dependent output shape.",
                 "use token_count='scatter' (torchtitan) or 'histc'.",
             )
-        if m.experts_impl == "grouped_mm" and m.dtype != "bfloat16" and m.layout == "torchtitan_2025":
+        if (
+            m.experts_impl == "grouped_mm"
+            and m.layout == "torchtitan_2025"
+            and not compat.grouped_mm_traces_in(m.dtype)
+        ):
             raise ConfigError(
                 own,
                 "model.dtype",
-                "torch._grouped_mm's meta kernel accepts only bfloat16 on CPU (C14).",
+                f"torch._grouped_mm's meta kernel accepts no {m.dtype} on torch {torch.__version__} (C14; 2.15 does).",
                 "use ModelConfig(dtype='bfloat16') or experts_impl='masked'.",
             )
         if m.experts_graph_break and c.enabled and _compiles_experts(scenario):
