@@ -43,8 +43,7 @@ def pytest_collection_modifyitems(config, items):
         if item.fspath.ext != ".ipynb":
             continue
         if "torchtitan" in _needs(item.path):
-            item.add_marker(pytest.mark.torchtitan)  # `-m torchtitan` and `-m extras` (tests/conftest.py)
-            item.add_marker(pytest.mark.extras)
+            item.add_marker(pytest.mark.extras)  # `-m extras` (tests/conftest.py)
         if item.path.parent.name == "bugs":
             # A bug notebook is its case's evidence on the release it runs on: `-m per_release` (tests/conftest.py).
             item.add_marker(pytest.mark.per_release)

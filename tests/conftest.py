@@ -124,15 +124,13 @@ def pytest_collection_modifyitems(config, items):
         if rel in QUICK:
             item.add_marker(pytest.mark.quick)
         # Found from the code itself, so that a new test cannot be left out (notebooks: notebooks/conftest.py):
-        # `-m torchtitan` and `-m extras`, every test that needs or branches on an extra; `-m per_release`, every
+        # `-m extras`, every test that needs or branches on an extra; `-m per_release`, every
         # test whose figures depend on the torch release — it reads the release (or carries the mark by hand, for
         # figures that are torch's own: its messages, its partitioner) — which CI runs on every supported release.
         if item.path.suffix == ".py":
             rules = _rules(item.path)
             extras, reads = rules.get(getattr(item, "originalname", None), (set(), False))
             extras = extras | rules[None][0]
-            if "torchtitan" in extras:
-                item.add_marker(pytest.mark.torchtitan)
             if extras & set(CI_EXTRAS):
                 item.add_marker(pytest.mark.extras)
             if reads:

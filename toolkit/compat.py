@@ -124,7 +124,7 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "torch_remat (PyPI torch-remat >= 0.2: checkpoint, region, current_saved_tensor_info) — not torch, optional",
         "ACConfig(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
         "ACConfig(mode='remat') and the torchtitan_main recipe are refused before anything runs (a ConfigError with "
-        'the install line: pip install -e ".[remat]"); every other mode measures as usual',
+        "toolkit._extras' install line); every other mode measures as usual",
     ),
     "storage_placeholder": (
         "torch._C._set_storage_data_ptr_access_error_msg (CUDA builds only)",
