@@ -1,7 +1,8 @@
 """CI's one line on the catalogue's verdicts for the torch this stage ran: new release, agreement, or what changed.
 
-The bug notebooks and `cases --check all` confirm each case on this torch and append a finding to $TOOLKIT_FINDINGS
-whenever the catalogue has no verdict for it here, or a different one. So, after them:
+The bug notebooks and the repro test no notebook covers (tests/test_bugs.py: between them every repro `cases --check
+all` runs, each once) confirm each case on this torch and append a finding to $TOOLKIT_FINDINGS whenever the
+catalogue has no verdict for it here, or a different one. So, after them:
 - a release the catalogue has no verdicts for (the package index served a newer torch) is said in one line, with
   what this run found, and the stage passes: the catalogue is brought up to date by hand, from that line;
 - on a release the catalogue knows, a finding that differs from its verdict is a verdict that changed (a fixed case
