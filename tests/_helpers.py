@@ -29,7 +29,7 @@ def synthetic_matrix():
     heatmap, the page and its browser test. Returns `(result, {classification: cell})`."""
     from toolkit.analysis.cells import Cell
     from toolkit.analysis.matrix import MatrixResult, Row
-    from toolkit.measure.report import (
+    from toolkit.measurement.report import (
         CompileInfo,
         ErrorInfo,
         GraphBreak,

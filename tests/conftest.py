@@ -194,6 +194,17 @@ def _process_state():
     return values, put_back
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _lru_watched():
+    """Dynamo's LRU switch is read by experiment, a compile after every `torch._dynamo.reset()` (~0.1 s): the suite
+    watches torch's setter for the whole session instead (`compat.lru_cache_restored`), so that reading it before
+    and after each test costs nothing; a test that sets it and does not put it back is still seen."""
+    from toolkit import compat
+
+    with compat.lru_cache_restored(compat.lru_cache_enabled()):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _clean_dynamo(request):
     """Forget compiled graphs and counters around every test, and fail a test that changes process state without

@@ -24,9 +24,9 @@ from toolkit._config import InputWarning
 from toolkit.analysis import sweeps
 from toolkit.analysis.cells import Cell
 from toolkit.analysis.executors import LocalExecutor
-from toolkit.analysis.sweeps import merge_into, read_results, sweep
-from toolkit.measure.isolate import crashed_report, timeout_report
-from toolkit.models import regions
+from toolkit.analysis.store import merge_into, read_results
+from toolkit.analysis.sweeps import sweep
+from toolkit.measurement.isolate import crashed_report, timeout_report
 
 ROOT = pathlib.Path(tk.__file__).parents[1]
 ENV = {
@@ -172,7 +172,7 @@ def test_the_fixed_policies_own_patterns_are_not_warned_about():
     models by design: no warning for them."""
     dense = tk.ModelConfig(n_layers=1, moe_layers="none")
     for ac in (tk.ACConfig(mode="selective_op"), tk.ACConfig(mode="remat")):
-        if ac.mode == "remat" and not regions.available():
+        if ac.mode == "remat" and not tk.compat.available("torch_remat"):
             continue
         report = tk.run(tk.Scenario(model=dense, ac=ac, check_numerics=False, measure_memory=False, steady_steps=0))
         assert report.ok and not [w for w in report.warnings if w.startswith("InputWarning")], report
@@ -513,25 +513,55 @@ def test_ctrl_c_while_the_command_line_starts_is_quiet(delay_s):
     ), (p.returncode, err)
 
 
-@pytest.mark.parametrize(
-    "argv0, orig, command",
-    [
-        ("-m", ["python", "-m", "toolkit", "cases"], True),
-        ("-m", ["python", "-mtoolkit"], True),
-        ("-m", ["python", "-X", "importtime", "-m", "toolkit"], True),
-        ("/venv/bin/toolkit", ["/venv/bin/python", "/venv/bin/toolkit", "cases"], True),
-        ("-m", ["python", "-m", "toolkit.measure.worker"], False),  # a worker handles its own Ctrl-C
-        ("-m", ["python", "-m", "mytool"], False),  # someone else's command importing toolkit
-        ("/venv/bin/pytest", ["python", "/venv/bin/pytest"], False),
-    ],
-)
-def test_only_the_command_line_stops_at_once_on_ctrl_c(monkeypatch, argv0, orig, command):
-    """Ctrl-C during the package import ends the process at once only on the way to the command line."""
+def test_importing_the_package_changes_nothing_in_the_process():
+    """A library changes nothing in its host at import: in a fresh Python that has imported torch, `import toolkit`
+    adds no module but its own, installs no signal handler and changes no torch config or global switch; the public
+    API is imported on first use of one of its names (`tk.ModelConfig`), and that too leaves the process as it was."""
+    script = r"""
+import json, signal, sys
+import torch, torch._dynamo, torch._functorch.config, torch._inductor.config
+
+def state():
+    mods = (torch._dynamo.config, torch._functorch.config, torch._inductor.config)
+    return {
+        "signals": {s.name: repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)},
+        "configs": {m.__name__: repr(sorted(m.get_config_copy().items(), key=str)) for m in mods},
+        "grad": torch.is_grad_enabled(),
+        "dtype": str(torch.get_default_dtype()),
+        "threads": torch.get_num_threads(),
+        "rng": torch.random.get_rng_state().sum().item(),
+    }
+
+before, mods = state(), set(sys.modules)
+import toolkit
+after_import, new = state(), sorted(set(sys.modules) - mods)
+toolkit.ModelConfig  # the API, imported on first use
+print(json.dumps({"same": before == after_import, "new": new, "same_after_use": before == state(),
+                  "cfg": type(toolkit.ModelConfig()).__name__, "measure": callable(toolkit.measure)}))
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["new"] == ["toolkit"], out["new"]  # nothing imported but the package itself
+    assert out["same"] and out["same_after_use"], out
+    assert out["cfg"] == "ModelConfig" and out["measure"]
+
+
+def test_no_public_name_is_shadowed_by_a_module():
+    """`tk.measure` is the function and `toolkit.measurement` the package; `import toolkit.X.Y as m` gives the module
+    named, for every module in the package (`toolkit.measure.estimate` was both a module and a function)."""
+    import importlib
+    import pkgutil
+
     import toolkit
 
-    monkeypatch.setattr(sys, "argv", [argv0])
-    monkeypatch.setattr(sys, "orig_argv", orig)
-    assert toolkit._as_command() is command
+    for info in pkgutil.walk_packages(toolkit.__path__, "toolkit."):
+        if ".standalone." in info.name or info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        parent, _, leaf = info.name.rpartition(".")
+        assert getattr(importlib.import_module(parent), leaf) is module, info.name
+    assert callable(toolkit.measure) and callable(toolkit.estimate) and callable(toolkit.run)
 
 
 def test_the_command_hands_ctrl_c_back_to_keyboard_interrupt(capsys):
@@ -584,7 +614,7 @@ def test_ctrl_c_inside_an_import_the_command_makes_stops_at_once(tmp_path):
 
 
 def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
-    from toolkit.measure.forkserver import WarmPool
+    from toolkit.measurement.forkserver import WarmPool
 
     class Closed:
         def recv(self, n):

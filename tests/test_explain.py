@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 import toolkit as tk
 from toolkit import compat
 from toolkit.bugs import script
-from toolkit.measure.report import EXPLAINED
+from toolkit.measurement.report import EXPLAINED
 
 _POSITION = re.compile(r"tensor at position (\d+):\s*saved metadata: \{'shape': torch\.Size\(\[([^\]]*)\]\)")
 _RECOMPUTED = re.compile(r"recomputed metadata: \{'shape': torch\.Size\(\[([^\]]*)\]\)")
@@ -162,7 +162,7 @@ def test_compiled_forward_eager_recompute_is_named_a_compile_switch():
 def test_without_the_hooks_the_message_still_gives_position_and_metadata(monkeypatch):
     found = dict(compat._found)
     found["checkpoint_hooks"] = compat._Found(False, "hidden for the test")
-    monkeypatch.setattr(compat, "_found", found)
+    monkeypatch.setattr(compat.features, "_found", found)
     c47 = script("C47")
     report = tk.measure(c47.Block(), c47.inputs(), reference=None, measure_memory=False)
     d = report.checkpoint_error

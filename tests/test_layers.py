@@ -19,7 +19,7 @@ LAYERS = [
     "models",
     "stacks",
     "transforms",
-    "measure",
+    "measurement",
     "analysis",
     "bugs",
     "notebook",
@@ -121,6 +121,7 @@ def test_imports_go_one_way_down_the_layers():
 def test_import_toolkit_loads_no_notebook_library():
     code = (
         "import sys, toolkit\n"
+        "toolkit.ModelConfig, toolkit.sweep, toolkit.catalogue\n"  # the API, imported on first use of a name
         "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython', 'nbformat') if m in sys.modules))\n"
         "toolkit.display, toolkit.widgets\n"
         "print(sorted(m for m in ('ipywidgets',) if m in sys.modules))"
@@ -128,3 +129,23 @@ def test_import_toolkit_loads_no_notebook_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "['ipywidgets']"]
+
+
+def test_the_public_names_are_listed_once_and_each_resolves():
+    """`toolkit.__all__` is the one list of public names: each resolves (`_api`'s imports, a public subpackage or the
+    lazy notebook front end), and every name `_api` imports is on it, so the two cannot drift."""
+    import toolkit
+    from toolkit import _api
+
+    bound = {
+        a.asname or a.name
+        for node in ast.parse((PKG / "_api.py").read_text()).body
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+    }
+    assert bound <= set(toolkit.__all__), sorted(bound - set(toolkit.__all__))
+    for name in toolkit.__all__:
+        assert getattr(toolkit, name) is not None, name
+        if name in bound:
+            assert getattr(toolkit, name) is getattr(_api, name), name
+    assert len(toolkit.__all__) == len(set(toolkit.__all__))

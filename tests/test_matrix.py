@@ -18,7 +18,8 @@ import toolkit as tk
 from toolkit.analysis.cells import Cell, quick_cells
 from toolkit.analysis.classification import EXPLAIN, SILENT, classify, describe, headline, reference_scenarios
 from toolkit.analysis.matrix import MatrixResult
-from toolkit.analysis.sweeps import load_results, sweep
+from toolkit.analysis.store import load_results
+from toolkit.analysis.sweeps import sweep
 from toolkit.analysis.views import COLORS, SYMBOLS
 
 FOUR = [
@@ -300,7 +301,7 @@ def test_backend_differences_name_what_differs_between_aot_eager_and_inductor():
     import dataclasses
 
     from toolkit.analysis.matrix import Row
-    from toolkit.measure.report import Saved
+    from toolkit.measurement.report import Saved
 
     result, cells = synthetic_matrix()
     base = {r.cell: r for r in result.rows}
@@ -335,7 +336,7 @@ def test_legend_counts_agree_with_the_tables_and_add_what_hides_behind_another_f
 
 def test_recipe_cells_carry_the_ac_mode_their_recipe_applies_so_mode_keyed_cases_match():
     from toolkit.analysis import catalogue
-    from toolkit.measure.report import CompileInfo, Report, ScenarioRecord
+    from toolkit.measurement.report import CompileInfo, Report, ScenarioRecord
     from toolkit.transforms.recipes import RECIPES
 
     # What each recipe's code applies to a block (toolkit/transforms/recipes.py), written out here.

@@ -253,7 +253,9 @@ def test_a_missing_private_api_is_a_blind_spot_not_a_silent_zero(monkeypatch):
         ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0
     )
     seen = tk.run(scenario)
-    monkeypatch.setattr(compat, "_FINDERS", {**compat._FINDERS, "sac_mode": lambda: compat._Found(False, "removed")})
+    monkeypatch.setattr(
+        compat.features, "_FINDERS", {**compat._FINDERS, "sac_mode": lambda: compat._Found(False, "removed")}
+    )
     compat.refresh()
     try:
         blind = tk.run(scenario)

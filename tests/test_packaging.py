@@ -74,7 +74,14 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     # Between the two, only the older releases' venvs are started in the background: README's venv is not touched.
     assert not any(".ci-venv-readme" in line for line in body[first_venv + 7 : test - 4])
     assert not any("torch==" in line for line in body[first_venv : first_venv + 7])
-    assert not any("pip install" in line for line in body[:first_venv]), "nothing may be pip-installed before stage 1"
+    # What runs before stage 1 (the older releases' venvs, built from disk while stage 1 downloads) installs into its
+    # own venvs with a pip cache of its own, in the background: nothing of stage 1's is shared or warmed.
+    before = body[:first_venv]
+    pips = [line for line in before if "pip install" in line]
+    assert all(".ci-venv-2.1" in line for line in pips), pips
+    start, end = before.index("install_old() {"), before.index("(set -e; install_old) >.ci-install-old.log 2>&1 &")
+    assert before[start + 1] == 'export PIP_CACHE_DIR="$PWD/.ci-pip-cache-old"'
+    assert all(start < before.index(line) < end for line in pips)
     assert "--system-site-packages" not in ci
 
 
@@ -91,7 +98,7 @@ def test_torch_floor_is_a_release_ci_runs():
     floor = next(d.split(">=")[1].split()[0] for d in project["dependencies"] if d.startswith("torch>="))
     ci = (ROOT / ".ci" / "run").read_text()
     checked = ast.literal_eval(
-        re.search(r"^CHECKED_ON = (\(.*\))$", (ROOT / "toolkit" / "compat.py").read_text(), re.M)[1]
+        re.search(r"^CHECKED_ON = (\(.*\))$", (ROOT / "toolkit" / "compat" / "features.py").read_text(), re.M)[1]
     )
     oldest, *pinned, _newest = sorted(checked, key=lambda r: tuple(map(int, r.split("."))))
     assert oldest.startswith(floor + ".") or oldest == floor, (floor, oldest)
@@ -131,8 +138,9 @@ def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
         "toolkit/bugs/standalone/CONTRACT.md",
         "toolkit/bugs/__init__.py",
         "toolkit/bugs/repro.py",
-        "toolkit/measure/probes/census.py",
-        "toolkit/compat.py",
+        "toolkit/measurement/probes/census.py",
+        "toolkit/compat/features.py",
+        "toolkit/compat/patches.py",
     } <= names
 
 
@@ -170,7 +178,7 @@ def _ci_verdicts():
 
 
 def test_ci_says_in_one_line_when_the_index_serves_a_release_the_catalogue_does_not_know(tmp_path, monkeypatch, capsys):
-    """.ci/verdicts.py after a stage's bug notebooks and `cases --check all`: a new release is one line and passes;
+    """.ci/verdicts.py after a stage's bug notebooks and repro checks: a new release is one line and passes;
     on a known release a verdict that changed is named and fails the stage."""
     import json
 

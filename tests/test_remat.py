@@ -131,9 +131,10 @@ def test_eager_recompute_count_matches_remats_own_flag(ac):
     model = _built(ac)
     batch = tk.make_batch(CFG)
     report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.loss_fn(out, batch.labels), reference=None)
-    loss = tk.loss_fn(model(batch.tokens), batch.labels)
-    with CountRecompute() as counted:
-        loss.backward()
+    with tk.torch_settings(model):  # the step's settings (on a +cpu build, C31's stand-in) as `measure` ran it
+        loss = tk.loss_fn(model(batch.tokens), batch.labels)
+        with CountRecompute() as counted:
+            loss.backward()
     # Everything dispatched during remat's replay is either a forward op re-run or the machinery's own work
     # (checkpoint's detach of each tensor it keeps, the replay of a kept region): the two add up to remat's count.
     assert report.recompute.ops + report.recompute.bookkeeping == counted.ops > 0
@@ -240,7 +241,8 @@ def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
         if ac is not None:
             tk.apply_ac(model, ac)
         torch.manual_seed(1)
-        model(torch.ones(4, 16)).square().sum().backward()
+        with tk.torch_settings(model):
+            model(torch.ones(4, 16)).square().sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
     plain, rematted = grads(None), grads(tk.ACConfig(mode="remat", preserve_rng_state=preserve))
@@ -309,7 +311,12 @@ def test_torchtitan_main_recipe_structure_and_truth():
     # plain RMSNorms eager.
     assert rec.compiled == ["swiglu()", "cos_sin_rope()", "loss()"] and rec.compile.scope == "none"
     assert rec.compile.fullgraph and "recompile_limit" not in rec.dynamo_config
-    assert local_compile.bound() == ("cos_sin_rope", "loss", "swiglu")
+    # Bound only while a step of this model runs (torch_settings), never for the process: a second model in the
+    # same process calls the reference functions.
+    assert local_compile.bound() == () and sorted(rec.local_compiled) == ["cos_sin_rope", "loss", "swiglu"]
+    with tk.torch_settings(model):
+        assert local_compile.bound() == ("cos_sin_rope", "loss", "swiglu")
+    assert local_compile.bound() == ()
     assert local_compile.options("swiglu") == {"recompile_limit": 16}
     assert not any(is_compiled(m) for m in model.modules())
     tokens = tk.make_batch(CFG).tokens
@@ -368,15 +375,44 @@ def test_the_matrix_has_remat_cells_and_keeps_the_keys_of_the_others():
     assert cell_key(sc) == hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _placeholder_functions_are_torch_remats() -> bool:
+    """torch_remat's placeholder functions are its own, not the toolkit's C31 stand-ins."""
+    import torch_remat._api as api
+    import torch_remat._view as view
+
+    fns = (api._make_placeholder_tensor, api._is_placeholder, view._is_placeholder)
+    return all(f.__module__.startswith("torch_remat") for f in fns)
+
+
+def test_the_stand_in_lives_only_while_a_step_runs():
+    """On a build without the placeholder helper (C31), `train_step` of a model with the toolkit's remat stands in
+    for torch_remat's placeholder functions during the step only: before and after it, and with the model still
+    alive, they are torch_remat's own; a CUDA build never stands in."""
+    model = tk.build_model(CFG)
+    tk.apply_ac(model, FULL)
+    seen = []
+    original = model.layers["0"].forward
+
+    def forward(*args, **kwargs):
+        seen.append(_placeholder_functions_are_torch_remats())
+        return original(*args, **kwargs)
+
+    model.layers["0"].forward = forward
+    assert _placeholder_functions_are_torch_remats()
+    tk.train_step(model, tk.make_batch(CFG))
+    assert seen == [tk.compat.available("storage_placeholder")]  # stood in during the step on a +cpu build only
+    assert _placeholder_functions_are_torch_remats()
+    del model.layers["0"].forward
+    tk.remove_ac(model)
+
+
 def test_the_cpu_build_placeholder_error_is_explained():
     """C31 as a user meets it: a kept region's output that nothing marks. A +cpu torch build lacks the helper the
     placeholder needs, and the Report explains the AttributeError; a CUDA build (on a CPU too) builds the
     placeholder, and reading it is torch_remat's own error (C32)."""
-    import gc
-
-    gc.collect()  # models of earlier tests with the toolkit's remat applied (and its C31 stand-in) go away
-    # The stand-in lives only as long as a model with the toolkit's remat applied: none is left here.
-    assert not tk.compat.remat_placeholders_active()
+    # The C31 stand-in lives only while a step of a model with the toolkit's remat runs: torch_remat's own
+    # functions are in place between steps, whatever earlier tests applied.
+    assert _placeholder_functions_are_torch_remats()
 
     class Block(nn.Module):
         def __init__(self):
@@ -404,7 +440,7 @@ def test_the_central_list_compares_the_0_3_0_and_main_recipes():
     from toolkit.analysis.cells import Cell
     from toolkit.analysis.classification import classify
     from toolkit.analysis.matrix import MatrixResult, Row
-    from toolkit.measure.report import fmt_bytes
+    from toolkit.measurement.report import fmt_bytes
 
     rows = []
     for recipe in ("torchtitan_0_3_0", "torchtitan_main"):
@@ -441,7 +477,7 @@ def test_a_remat_checkpoint_that_fails_is_rolled_back(monkeypatch):
     for block in model.layers.values():
         assert "forward" not in block.__dict__
         assert not any(regions.active(m) for m in block.modules())
-    assert not tk.compat.remat_placeholders_active()
+    assert _placeholder_functions_are_torch_remats()
     monkeypatch.setattr(remat, "checkpoint", original)
     tk.apply_ac(model, FULL)
     assert tk.applied(model).ac_patched == ["layers.0", "layers.1"]

@@ -1,62 +1,96 @@
 """toolkit: see how activation checkpointing, torch.compile and Mixture-of-Experts compose on a real PyTorch model.
 
 Layers, each importing only the ones before it: `compat` (every private torch API) → `models` (torch only) →
-`transforms` (naming, AC and SAC policies, compile, recipes, settings) → `measure` (scenario, probes, step,
-report, estimate) → `analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and
+`transforms` (naming, AC and SAC policies, compile, recipes, settings) → `measurement` (scenario, probes, step,
+report, estimates) → `analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and
 `notebook` (display, widgets, setup) → `cli`.
+
+Importing the package does nothing but define it: no torch, no signal handler, no setting. The public API
+(`toolkit._api.__all__`) is imported on first use of any of its names (torch and the toolkit: seconds); the command
+line's own handling (Ctrl-C) is set by its entry point, `toolkit.__main__`.
 """
-
-import sys as _sys
-
-
-def _as_command() -> bool:
-    """This package is being imported on the way to the command line: `python -m toolkit` (its package import runs
-    while `sys.argv[0]` is still "-m"; the original command line says which module) or the `toolkit` script. Not
-    `python -m toolkit.measure.worker` and the like, whose Ctrl-C handling is their own."""
-    first = _sys.argv[0] if _sys.argv else ""
-    if first == "-m":
-        cmd = list(getattr(_sys, "orig_argv", ()))
-        pairs = zip(cmd, cmd[1:] + [""])
-        return any((a == "-m" and b in ("toolkit", "toolkit.__main__")) or a == "-mtoolkit" for a, b in pairs)
-    return first.rsplit("/", 1)[-1] == "toolkit"
-
-
-_COMMAND = _as_command()
-if _COMMAND:
-    from . import _interrupt
-
-    _interrupt.stop_at_once_while_importing()  # until `cli.main` starts
 
 __version__ = "0.2.0"  # read by pyproject.toml (setuptools reads it without importing the package)
 
-# The notebook front end (ipywidgets, plotly) is imported when it is first used, not by `import toolkit`.
+# The public API: names from `toolkit._api`, the subpackages a user reaches through `tk.` (`compat`, `bugs`,
+# `analysis`), and the notebook front end (ipywidgets, plotly), imported apart from the rest when first used.
+__all__ = [
+    "compat",
+    "ConfigError",
+    "ACConfig",
+    "PolicyDecision",
+    "SelectiveOpPolicy",
+    "apply_ac",
+    "default_save_ops",
+    "record_policy_decisions",
+    "remove_ac",
+    "CompileConfig",
+    "apply_compile",
+    "remove_compile",
+    "Batch",
+    "ModelConfig",
+    "build_model",
+    "loss_fn",
+    "make_batch",
+    "train_step",
+    "canonical_name",
+    "get_module",
+    "named_modules",
+    "unwrap",
+    "naming",
+    "RECIPES",
+    "apply_recipe",
+    "prepare",
+    "reset",
+    "applied",
+    "global_state",
+    "torch_settings",
+    "Report",
+    "Scenario",
+    "measure",
+    "run",
+    "PRESETS",
+    "preset",
+    "presets",
+    "report",
+    "setup_notebook",
+    "catalogue",
+    "classify",
+    "matrix",
+    "sweep",
+    "bugs",
+    "repro",
+    "estimate",
+    "Estimate",
+    "LAYER_SHAPES",
+    "run_distributed",
+    "DistributedReport",
+    "TorchtitanConfig",
+    "analysis",
+    "display",
+    "widgets",
+    "__version__",
+]
 _LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
-
-# Imported now, except on the way to the command line: its commands import what each needs (`matrix` re-run on a
-# folder it left with nothing to run answers without torch); a name asked for there is imported then.
-if not _COMMAND:
-    from ._api import *  # noqa: E402, F403 - the names are listed once, in _api.__all__
-    from ._api import __all__ as _public  # noqa: E402
-
-    __all__ = [*_public, *_LAZY, "__version__"]
 
 
 def __getattr__(name: str):
+    # Only the public names resolve here: any other (`from . import cli` inside the package asks this first) is left
+    # to the import system at once, so that no import of a submodule imports the whole API.
+    if name not in __all__:
+        raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
     import importlib
     import importlib.util
 
     if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        globals()[name] = module
-        return module
-    if name.startswith("__") and name != "__all__":
-        raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
-    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # a submodule (`from .. import compat` within)
-    api = importlib.import_module("toolkit._api")  # on the way to the command line, a name asked for after all
-    if name in api.__all__:
-        globals()[name] = value = getattr(api, name)
-        return value
-    if name == "__all__":
-        return [*api.__all__, *_LAZY, "__version__"]
-    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+        value = importlib.import_module(_LAZY[name])
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")  # a public subpackage: `tk.compat`, `tk.bugs`
+    else:
+        value = getattr(importlib.import_module("toolkit._api"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,10 +1,12 @@
-"""The public API, imported whole (seconds: torch): `import toolkit` offers each name of `__all__` here."""
+"""Where each public name comes from: imported whole (seconds: torch) on first use of a name of `toolkit.__all__`."""
+
+# ruff: noqa: F401 - the names are re-exported; the list of them is toolkit.__all__
 
 from . import bugs, compat
 from ._config import ConfigError
 from .analysis import catalogue, classify, matrix, sweep
 from .bugs import repro
-from .measure import (
+from .measurement import (
     LAYER_SHAPES,
     PRESETS,
     DistributedReport,
@@ -47,58 +49,3 @@ from .transforms import (
     train_step,
     unwrap,
 )
-
-# `toolkit.display` and `toolkit.widgets` (the notebook front end) are added by the package, imported on first use.
-__all__ = [
-    "compat",
-    "ConfigError",
-    "ACConfig",
-    "PolicyDecision",
-    "SelectiveOpPolicy",
-    "apply_ac",
-    "default_save_ops",
-    "record_policy_decisions",
-    "remove_ac",
-    "CompileConfig",
-    "apply_compile",
-    "remove_compile",
-    "Batch",
-    "ModelConfig",
-    "build_model",
-    "loss_fn",
-    "make_batch",
-    "train_step",
-    "canonical_name",
-    "get_module",
-    "named_modules",
-    "unwrap",
-    "naming",
-    "RECIPES",
-    "apply_recipe",
-    "prepare",
-    "reset",
-    "applied",
-    "global_state",
-    "torch_settings",
-    "Report",
-    "Scenario",
-    "measure",
-    "run",
-    "PRESETS",
-    "preset",
-    "presets",
-    "report",
-    "setup_notebook",
-    "catalogue",
-    "classify",
-    "matrix",
-    "sweep",
-    "bugs",
-    "repro",
-    "estimate",
-    "Estimate",
-    "LAYER_SHAPES",
-    "run_distributed",
-    "DistributedReport",
-    "TorchtitanConfig",
-]

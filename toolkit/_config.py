@@ -178,18 +178,18 @@ def check_object(owner: str, data: Any, example: str) -> None:
         raise ConfigError(owner, "", f"{data!r} is not an object of {owner} fields.", f"write e.g. {example}.")
 
 
-def from_dict(cls: type, data: dict[str, Any]):
-    """Rebuild a config from `to_dict` output; unknown keys are an error naming the key."""
-    check_object(cls.__name__, data, "{...} as to_dict() writes it")
+def check_known(cls: type, data: dict[str, Any]) -> None:
+    """Every key of `data` is a field of the dataclass `cls`: the first that is not is a ConfigError naming it."""
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+    unknown = sorted(set(data) - names)
     if unknown:
-        bad = sorted(unknown)[0]
         raise ConfigError(
-            cls.__name__, bad, "is not a field of this config.", f"use one of {', '.join(sorted(names))}."
+            cls.__name__, unknown[0], f"is not a field of {cls.__name__}.", f"use one of {', '.join(sorted(names))}."
         )
-    kwargs = {}
-    hints = typing.get_type_hints(cls)
+
+
+def refuse_callables(cls: type, data: dict[str, Any]) -> None:
+    """No value of `data` is a callable's mark (`to_dict` writes a callable as its name: not restorable)."""
     for k, v in data.items():
         if isinstance(v, str) and v.startswith("<callable "):
             raise ConfigError(
@@ -198,6 +198,17 @@ def from_dict(cls: type, data: dict[str, Any]):
                 "holds a callable, which JSON cannot carry.",
                 "set the callable again in Python after loading.",
             )
+
+
+def from_dict(cls: type, data: dict[str, Any]):
+    """Rebuild a config from `to_dict` output: unknown keys and callables' marks are an error naming the key; JSON
+    lists become the field's tuple or frozenset."""
+    check_object(cls.__name__, data, "{...} as to_dict() writes it")
+    check_known(cls, data)
+    refuse_callables(cls, data)
+    kwargs = {}
+    hints = typing.get_type_hints(cls)
+    for k, v in data.items():
         if isinstance(v, list):
             origin = typing.get_origin(hints[k])
             args = typing.get_args(hints[k])

@@ -18,6 +18,8 @@ class Extra:
     """The command that brings it, from a checkout of the toolkit."""
     enables: str
     """What it turns on."""
+    api: tuple[str, ...] = ()
+    """The names the toolkit calls on the module: installed without them, it is not usable (`compat` detects)."""
 
 
 EXTRAS: dict[str, Extra] = {
@@ -28,6 +30,14 @@ EXTRAS: dict[str, Extra] = {
             'pip install -e ".[dev]"  (or: pip install torch-remat)',
             "torchtitan main's activation checkpointing: ACConfig(mode='remat'), the torchtitan_main recipe, C30-C33, "
             "C45, C46",
+            api=(
+                "checkpoint",
+                "region",
+                "recompute_needs_tensor",
+                "is_recomputing",
+                "current_saved_tensor_info",
+                "RecomputeStateHook",
+            ),
         ),
         Extra(
             "torchtitan",
@@ -42,6 +52,8 @@ EXTRAS: dict[str, Extra] = {
 
 
 def available(module: str) -> bool:
+    """`module` is installed: found on the path, not imported (cheap: test skips and notebooks ask before running).
+    Whether an installed torch_remat is usable, its `api` complete, is `compat.available("torch_remat")`."""
     return importlib.util.find_spec(module) is not None
 
 

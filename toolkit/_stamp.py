@@ -110,6 +110,8 @@ def clear(out: str | os.PathLike) -> None:
     try:
         (pathlib.Path(out) / STAMP).unlink()
     except OSError:
+        # None there (the usual case), or one that cannot be removed: harmless either way, since a stamp answers only
+        # while the results, outputs, arguments, files and torch it names are what it recorded (`replay`).
         pass
 
 

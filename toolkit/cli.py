@@ -15,13 +15,13 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .measure import Scenario
+    from .measurement import Scenario
 
 
 def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[str, "Scenario"]]:
     """The demo's six setups, each a Scenario: eager, full AC, SAC, full AC compiled without and with fullgraph,
     and torchtitan 0.3.0's recipe."""
-    from .measure import Scenario
+    from .measurement import Scenario
     from .models import ModelConfig
     from .transforms import ACConfig, CompileConfig
 
@@ -49,7 +49,7 @@ def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[
 def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
     """One row per setup, each measured by `run` like any scenario: outcome, loss, the largest gradient difference
     from the same model eager without AC, graphs, breaks, what was checkpointed and compiled (Report fields)."""
-    from .measure import run
+    from .measurement import run
 
     rows = []
     for label, scenario in demo_scenarios(backend, n_layers):
@@ -99,7 +99,7 @@ EXIT_INTERRUPTED = 130
 def _load_scenario(args):
     """The scenario `run` was asked for; a ConfigError or an unreadable file becomes one line naming the file."""
     from ._config import ConfigError
-    from .measure import Scenario, preset
+    from .measurement import Scenario, preset
 
     if args.preset:
         return preset(args.preset)
@@ -145,7 +145,7 @@ def _run_command(args) -> int:
 
     from ._config import ConfigError
     from .analysis.classification import SILENT, classify, describe, headline, reference_scenarios
-    from .measure import PRESETS, run
+    from .measurement import PRESETS, run
 
     if args.list:
         for name, sc in PRESETS.items():
@@ -157,7 +157,7 @@ def _run_command(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.nproc > 1:
-        from .measure import run_distributed
+        from .measurement import run_distributed
 
         merged = run_distributed(scenario, nproc=args.nproc, timeout_s=args.timeout_s or 900)
         print(merged.to_json() if args.json else str(merged))
@@ -310,7 +310,7 @@ def _matrix_command(argv: list[str]) -> int:
 
     from ._config import ConfigError
     from ._extras import available, reason
-    from .analysis import sweeps
+    from .analysis import store, sweeps
     from .analysis.cells import left_out as left_out_cells
     from .analysis.executors import make
 
@@ -359,17 +359,17 @@ def _matrix_command(argv: list[str]) -> int:
             for src in args.merge:
                 if not os.path.isfile(src):
                     raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
-                records, skipped = sweeps.read_results(src)  # read as --merge would, nothing written
+                records, skipped = store.read_results(src)  # read as --merge would, nothing written
                 merging += len(records)
                 if skipped:
-                    print(f"--merge {sweeps.skipped_text(src, skipped)}", file=sys.stderr)
+                    print(f"--merge {store.skipped_text(src, skipped)}", file=sys.stderr)
             runnable, pending = sweeps.plan(
                 cells, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts
             )
             print(
                 f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left "
                 f"out), {len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in "
-                f"{os.path.join(args.out, sweeps.RESULTS)}"
+                f"{os.path.join(args.out, store.RESULTS)}"
                 + (
                     f"; would first merge {merging} records from {len(args.merge)} results file(s)"
                     if args.merge
@@ -379,12 +379,12 @@ def _matrix_command(argv: list[str]) -> int:
             )
             return 0
         if args.merge:
-            added, skipped = sweeps.merge_into(args.out, args.merge)
+            added, skipped = store.merge_into(args.out, args.merge)
             for src, lines in skipped.items():
-                print(f"--merge {sweeps.skipped_text(src, lines)}", file=sys.stderr)
+                print(f"--merge {store.skipped_text(src, lines)}", file=sys.stderr)
             n = sum(len(lines) for lines in skipped.values())
             print(
-                f"merged {added} records into {os.path.join(args.out, sweeps.RESULTS)}"
+                f"merged {added} records into {os.path.join(args.out, store.RESULTS)}"
                 + (f" ({n} line{'s' if n != 1 else ''} skipped: not records)" if n else ""),
                 file=sys.stderr,
             )
@@ -404,11 +404,14 @@ def _matrix_command(argv: list[str]) -> int:
     except (ConfigError, _UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except store.FolderBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     stdout = sweeps.summary_lines(result)
     print(_stamp.render(stdout))
     print(
         f"wrote {os.path.join(args.out, 'matrix.json')}, matrix.md, matrix.html (results in "
-        f"{os.path.join(args.out, sweeps.RESULTS)})"
+        f"{os.path.join(args.out, store.RESULTS)})"
     )
     stderr, code = [], EXIT_OK
     if not sweeps.measured(result):
@@ -635,7 +638,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "env":
         from . import compat
         from ._extras import EXTRAS, available, reason
-        from .measure import environment
+        from .measurement import environment
 
         print("\n".join(f"{k}: {v}" for k, v in environment().items()))
         print(compat.table())

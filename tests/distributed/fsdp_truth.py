@@ -1,4 +1,4 @@
-"""Run under `torchrun` (gloo, 127.0.0.1): per rank, FSDP2-sharded models measured by `toolkit.measure` and by the
+"""Run under `torchrun` (gloo, 127.0.0.1): per rank, FSDP2-sharded models measured by `toolkit.measurement` and by the
 independent truth of tests/_truth.py; writes `rank{R}.json` into the folder given as argv[1]."""
 
 import json

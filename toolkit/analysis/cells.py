@@ -16,7 +16,7 @@ import torch
 
 from .. import compat
 from .._config import ConfigError
-from ..measure import Scenario, check_structure
+from ..measurement import Scenario, check_structure
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.recipes import RECIPES

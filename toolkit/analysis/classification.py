@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..measure.report import Report, fmt_bytes, short_paths
+from ..measurement.report import Report, fmt_bytes, short_paths
 from ..transforms.ac import MODES
 from . import catalogue
 
@@ -44,7 +44,7 @@ SILENT = tuple(label for label in SEVERITY if label not in ("works", "error", "c
 # The classifications that need the same setup run without AC (and with full AC): `reference_scenarios`.
 NEED_REFERENCES = ("sac_not_applied", "ac_saves_nothing")
 # The modes whose policy decides op by op (per_submodule's does with submodule_ac="selective"): their own configs say.
-_SELECTIVE = tuple(mode for mode, config in MODES.items() if config.uses_sac)
+_SELECTIVE = tuple(mode for mode, config in MODES.items() if config.SELECTIVE)
 
 
 @dataclass(frozen=True)

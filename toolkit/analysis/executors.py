@@ -12,7 +12,6 @@ sweep retries it.
 from __future__ import annotations
 
 import concurrent.futures as futures
-import contextlib
 import dataclasses
 import os
 import pathlib
@@ -24,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
 from .._config import ConfigError, check_int
-from ..measure import Report, Scenario, run
-from ..measure.isolate import crashed_report, kill_live
+from ..measurement import Report, Scenario, run
+from ..measurement.isolate import crashed_report, kill_live
 from .cells import Cell
 
 EXECUTORS = ("local", "submitit", "ray")
@@ -61,7 +60,7 @@ class Executor:
 @dataclass(frozen=True, kw_only=True)
 class LocalExecutor(Executor):
     """`workers` cells at a time on this machine. `warm=True`: a fork server imports torch once and forks a fresh
-    child per cell (`toolkit.measure.forkserver`); `warm=False`: a fresh Python per cell."""
+    child per cell (`toolkit.measurement.forkserver`); `warm=False`: a fresh Python per cell."""
 
     name: ClassVar[str] = "local"
     workers: int = 1
@@ -80,7 +79,7 @@ class LocalExecutor(Executor):
         return f"local ({self.workers} workers, {'warm pool' if self._warm_ok() else 'a fresh Python per cell'})"
 
     def _warm_ok(self) -> bool:
-        from ..measure.forkserver import WarmPool
+        from ..measurement.forkserver import WarmPool
 
         return self.warm and WarmPool.available() is None
 
@@ -92,7 +91,7 @@ class LocalExecutor(Executor):
         else:
             one = lambda job: run(job.scenario(), isolate=True, timeout_s=job.timeout_s, threads=threads)  # noqa: E731
             if self._warm_ok() and jobs:
-                from ..measure.forkserver import WarmPool
+                from ..measurement.forkserver import WarmPool
 
                 pool = WarmPool()
                 try:
@@ -131,7 +130,7 @@ def run_chunk(
         _watch(sweep[1])
     pool = None
     if len(cells) > 1:
-        from ..measure.forkserver import WarmPool
+        from ..measurement.forkserver import WarmPool
 
         if WarmPool.available() is None:
             pool = WarmPool()  # several cells in one task: import torch once for all of them
@@ -283,8 +282,15 @@ class SubmititExecutor(Executor):
                     yield from _reports(chunk, result, f"submitit job {sj.job_id}")
         finally:
             for sj in pending:  # interrupted: don't leave tasks queued or running for a sweep that is gone
-                with contextlib.suppress(Exception):
+                try:
                     sj.cancel(check=False)
+                except Exception as e:  # whatever the scheduler raises: the sweep is ending either way
+                    _cancel_failed(f"submitit job {sj.job_id}", e)
+
+
+def _cancel_failed(what: str, e: BaseException) -> None:
+    """One line on stderr: a task the ending sweep could not cancel may still be running on the cluster."""
+    print(f"warning: could not cancel {what} ({_first_line(e)}); it may still run: cancel it by hand", file=sys.stderr)
 
 
 def _first_line(e: BaseException) -> str:
@@ -356,8 +362,10 @@ class RayExecutor(Executor):
                     yield from _reports(chunk, result, "ray task")
         finally:
             for ref in refs:
-                with contextlib.suppress(Exception):
+                try:
                     ray.cancel(ref, force=True)
+                except Exception as e:  # whatever Ray raises (a task already done, a node gone): the sweep ends
+                    _cancel_failed(f"ray task {ref}", e)
             if started:
                 ray.shutdown()
 

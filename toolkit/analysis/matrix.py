@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..measure import Report, fmt_bytes
-from ..measure.report import fmt_measured_bytes
+from ..measurement import Report, fmt_bytes
+from ..measurement.report import fmt_measured_bytes
 from . import catalogue
 from .cells import Cell
 from .classification import SEVERITY, Classification, classify

@@ -11,7 +11,7 @@ import os
 import pathlib
 from typing import Any
 
-from ..measure.report import fmt_bytes, fmt_measured_bytes
+from ..measurement.report import fmt_bytes, fmt_measured_bytes
 from ..transforms.ac import MODES
 from . import catalogue
 from .classification import EXPLAIN, SEVERITY

@@ -31,7 +31,7 @@ import torch
 from ..analysis import catalogue
 from ..analysis.catalogue import torch_release
 from ..analysis.classification import classify
-from ..measure.report import Report, short_paths
+from ..measurement.report import Report, short_paths
 
 
 @dataclass(frozen=True)

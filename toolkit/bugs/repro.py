@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from .._config import ConfigError, check_bool
 from ..analysis.classification import classify
-from ..measure.environment import environment
-from ..measure.report import Report
-from ..measure.scenario import Scenario
+from ..measurement.machine import environment
+from ..measurement.report import Report
+from ..measurement.scenario import Scenario
 
 SUFFIXES = (".py", ".ipynb", ".env.json")
 """The bundle's files, each `PATH + suffix` (and `PATH.trace`, a directory, with `trace=True`)."""

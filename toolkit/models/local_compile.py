@@ -3,16 +3,18 @@
 Named functions of the model that can be compiled on their own, as torchtitan main's `@local_compile`
 (distributed/local_compile.py at 2350f753348e).
 
-Each decorated function calls its reference (eager) implementation until `bind` swaps in a compiled one
-(`torch.compile(fn, fullgraph=True, **kwargs)`; `fullgraph=False` is refused, as main refuses it); `unbind` puts
-the reference back. The binding is process-wide, as in main (its `apply_local_compile` says so): every model of
-the toolkit calls the same `swiglu`.
+Each decorated function calls its reference (eager) implementation unless a block runs under `bound_to` with compiled
+ones (`compile_functions`: `torch.compile(fn, fullgraph=True, **kwargs)`; `fullgraph=False` is refused, as main
+refuses it). main binds process-wide (its `apply_local_compile` says so); here a model's compiled functions are
+its own (kept in its record by `apply_compile`) and bound only while one of its steps runs (`torch_settings`), so
+that two models in one process never call each other's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 class _Slot:
@@ -54,26 +56,32 @@ def options(name: str) -> dict[str, Any]:
     return dict(_REGISTRY[name].kwargs)
 
 
-def bind(regions: tuple[str, ...], **compile_kwargs: Any) -> dict[str, Callable[..., Any]]:
+def compile_functions(regions: tuple[str, ...], **compile_kwargs: Any) -> dict[str, Callable[..., Any]]:
     """Compile the functions named in `regions` (`compile_kwargs`, e.g. the backend, added to each one's own
-    options) and make every call use them; returns name → compiled function. Unknown names are refused."""
+    options); returns name → compiled function, bound to nothing yet. Unknown names are refused."""
     import torch
 
     unknown = [r for r in regions if r not in _REGISTRY]
     if unknown:
         raise ValueError(f"unknown local compile regions {unknown}; registered: {', '.join(names())}")
-    out = {}
-    for r in regions:
-        slot = _REGISTRY[r]
-        slot.fn = out[r] = torch.compile(slot.reference, fullgraph=True, **{**slot.kwargs, **compile_kwargs})
-    return out
+    return {
+        r: torch.compile(_REGISTRY[r].reference, fullgraph=True, **{**_REGISTRY[r].kwargs, **compile_kwargs})
+        for r in regions
+    }
 
 
-def unbind(regions: tuple[str, ...] | None = None) -> None:
-    """Every call of the named functions (all when None) runs the reference implementation again."""
-    for r in regions if regions is not None else names():
-        if r in _REGISTRY:
-            _REGISTRY[r].fn = _REGISTRY[r].reference
+@contextlib.contextmanager
+def bound_to(functions: dict[str, Callable[..., Any]]) -> Iterator[None]:
+    """For the block, every call of the named functions runs the compiled one given; what each called before is put
+    back when the block ends."""
+    before = {name: _REGISTRY[name].fn for name in functions}
+    try:
+        for name, fn in functions.items():
+            _REGISTRY[name].fn = fn
+        yield
+    finally:
+        for name, fn in before.items():
+            _REGISTRY[name].fn = fn
 
 
 def bound() -> tuple[str, ...]:
@@ -81,4 +89,4 @@ def bound() -> tuple[str, ...]:
     return tuple(n for n in names() if _REGISTRY[n].fn is not _REGISTRY[n].reference)
 
 
-__all__ = ["local_compile", "bind", "unbind", "bound", "names", "options"]
+__all__ = ["local_compile", "compile_functions", "bound_to", "bound", "names", "options"]

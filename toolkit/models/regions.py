@@ -7,8 +7,8 @@ torchtitan main (`docs/remat.md` and `protocols/module.py` at 03d9819f3416) wrap
 grouped matmul and each attention kernel in `torch_remat.region(fn, "<fqn>.<local>", recompute=...)`, where
 `<fqn>` is the module's name relative to its transformer block and `recompute` is decided by fnmatch on the save
 and recompute patterns that `configure_remat_regions` wrote on every module (a recompute pattern wins). The
-toolkit's modules do the same through the functions below. Models stay torch only: torch_remat is imported if it
-is installed, and until `configure` runs on a block every call here is the bare call (no torch_remat code runs,
+toolkit's modules do the same through the functions below. Models stay torch only: torch_remat is imported when a
+block is configured, and until `configure` runs on a block every call here is the bare call (no torch_remat code runs,
 so AC modes other than remat, compile and the tests' exact byte and op counts see the model as it always was).
 """
 
@@ -20,38 +20,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-# torch_remat, imported when first needed (`available`, `configure`): it imports torch.distributed.tensor and
-# Dynamo, which building and running a model without remat never needs. Regions read it only once a block is
-# configured, so a model that is never configured runs without it, installed or not.
-_remat: Any = None
-_looked = False
+from .. import compat
 
-
-def _load() -> Any:
-    global _remat, _looked
-    if not _looked:
-        _looked = True
-        try:
-            import torch_remat as api
-        except ImportError:  # models run without it; only ACConfig(mode="remat") needs it
-            api = None
-        if api is not None and all(
-            hasattr(api, n) for n in ("region", "recompute_needs_tensor", "is_recomputing", "checkpoint")
-        ):
-            _remat = api
-    return _remat
-
-
-# Per-module settings `configure` writes (instance attributes, so a model that is never configured has none).
-_FQN, _SAVE, _RECOMPUTE = "_remat_module_fqn", "_remat_save_patterns", "_remat_recompute_patterns"
+# Per-module settings `configure` writes (instance attributes, so a model that is never configured has none), and the
+# torch_remat functions a configured module calls: found by `compat`'s one rule for a usable torch_remat when the model
+# is configured and kept on the model, not in a process-wide cache (functions: a model's deep copy calls the same).
+_FQN, _SAVE, _RECOMPUTE, _API = "_remat_module_fqn", "_remat_save_patterns", "_remat_recompute_patterns", "_remat_api"
 # name → recompute for every region the block declares, worked out once by `configure`: Dynamo traces a dict
 # look-up, not fnmatch's regex cache (a whole compiled remat block would graph-break on it).
 _DECISIONS = "_remat_decisions"
-
-
-def available() -> bool:
-    """torch_remat is installed with the API the regions use."""
-    return _load() is not None
 
 
 def active(module: nn.Module) -> bool:
@@ -80,7 +57,7 @@ def region(module: nn.Module, name: str | Callable[[str], str], fn: Callable[...
     recompute = module.__dict__[_DECISIONS].get(full)
     if recompute is None:  # a name the module did not list in `remat_regions`
         recompute = should_recompute(full, module.__dict__[_SAVE], module.__dict__[_RECOMPUTE])
-    return _remat.region(fn, full, recompute=recompute)(*args)
+    return module.__dict__[_API]["region"](fn, full, recompute=recompute)(*args)
 
 
 def kept(module: nn.Module, name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -88,20 +65,20 @@ def kept(module: nn.Module, name: str, fn: Callable[..., Any], *args: Any) -> An
     `ffn_residual`, `moe.shared_add`): saved under every policy, skipped in replay."""
     if not active(module):
         return fn(*args)
-    return _remat.region(fn, name, recompute=False)(*args)
+    return module.__dict__[_API]["region"](fn, name, recompute=False)(*args)
 
 
 def needs(module: nn.Module, *tensors: torch.Tensor) -> None:
     """`torch_remat.recompute_needs_tensor`: a bare op is about to read these region outputs, so a kept region
     must keep them for replay (main puts the call on the consumer side, right before the bare op)."""
     if active(module):
-        _remat.recompute_needs_tensor(*tensors)
+        module.__dict__[_API]["needs"](*tensors)
 
 
 def replaying(module: nn.Module) -> bool:
     """torch_remat is replaying the block in backward. Eager only: a compiled function has no eager replay, and
     torch 2.13's Dynamo cannot trace the phase read."""
-    return active(module) and not torch.compiler.is_compiling() and _remat.is_recomputing()
+    return active(module) and not torch.compiler.is_compiling() and module.__dict__[_API]["recomputing"]()
 
 
 def qualified(fqn: str, local: str) -> str:
@@ -121,25 +98,28 @@ def declared(block: nn.Module) -> list[str]:
 
 def configure(block: nn.Module, save: tuple[str, ...], recompute: tuple[str, ...]) -> None:
     """Main's `configure_remat_regions`: every module of `block` gets its fqn relative to `block` and the
-    patterns."""
-    _load()
+    patterns (and the torch_remat module its regions call: `compat.remat()`, None refused)."""
+    api = compat.remat()
+    if api is None:
+        raise RuntimeError(compat.blind_spot("torch_remat"))
+    calls = {"region": api.region, "needs": api.recompute_needs_tensor, "recomputing": api.is_recomputing}
     decisions = {name: should_recompute(name, tuple(save), tuple(recompute)) for name in declared(block)}
     for fqn, m in block.named_modules():
         m.__dict__[_FQN] = fqn
         m.__dict__[_SAVE] = tuple(save)
         m.__dict__[_RECOMPUTE] = tuple(recompute)
         m.__dict__[_DECISIONS] = decisions
+        m.__dict__[_API] = calls
 
 
 def unconfigure(block: nn.Module) -> None:
     """Undo `configure`: every region is a bare call again."""
     for m in block.modules():
-        for key in (_FQN, _SAVE, _RECOMPUTE, _DECISIONS):
+        for key in (_FQN, _SAVE, _RECOMPUTE, _DECISIONS, _API):
             m.__dict__.pop(key, None)
 
 
 __all__ = [
-    "available",
     "active",
     "region",
     "kept",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..measure.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
+from ..measurement.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
 
 KIND_COLORS = {
     "autograd": "#4c78a8",

@@ -18,8 +18,8 @@ import ipywidgets as W
 from .. import compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
-from ..measure import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
-from ..measure import estimate as estimate_step
+from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
+from ..measurement import estimate as estimate_step
 from ..models import ModelConfig
 from ..stacks import torchtitan as titan
 from ..transforms import ACConfig, CompileConfig
@@ -63,7 +63,7 @@ class Explorer:
         m, ac, c = s.model, s.ac, s.compile
         style = {"description_width": "110px"}
         stacks = [(label, key) for key, label in STACKS.items() if key == "toolkit" or titan.available()]
-        stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan.family}"
+        stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan_config.family}"
         self.controls: dict[str, W.ValueWidget] = {
             "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style),
             "block": W.ToggleButtons(
@@ -461,7 +461,7 @@ def _setup(scenario: Scenario) -> tuple:
     """What makes two scenarios the same measurement, whatever their names and extra steps."""
     return (
         scenario.stack,
-        scenario.torchtitan if scenario.stack == "torchtitan" else scenario.model_config,
+        scenario.torchtitan_config if scenario.stack == "torchtitan" else scenario.model_config,
         scenario.ac,
         scenario.compile,
         scenario.recipe,

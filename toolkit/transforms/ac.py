@@ -75,10 +75,15 @@ class ACConfig:
     replaced by `torch_remat.checkpoint`, its regions kept or recomputed by `save_regions` /
     `recompute_regions`; `pip install torch-remat`)."""
 
-    uses_sac: ClassVar[bool] = False
-    """A selective policy decides op by op (a `context_fn`)."""
+    SELECTIVE: ClassVar[bool] = False
+    """The mode's blocks get a selective policy that decides op by op (a `context_fn`); `uses_sac` reads it."""
     wraps: ClassVar[bool] = False
     """The mode puts modules into CheckpointWrappers."""
+
+    @property
+    def uses_sac(self) -> bool:
+        """A selective policy decides op by op (a `context_fn`) for this config."""
+        return self.SELECTIVE
 
     def __new__(cls, **options: Any):
         if cls is not ACConfig:
@@ -142,7 +147,7 @@ class ACConfig:
         (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written before the
         modes had classes of their own, so files and matrix cache keys stay valid."""
         own = to_dict(self)
-        return {name: own.get(name, unset) for name, unset in JSON_FIELDS.items()} | {"mode": self.mode}
+        return {name: own.get(name, unset) for name, unset in _record_fields().items()} | {"mode": self.mode}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ACConfig":
@@ -154,13 +159,23 @@ class ACConfig:
         mode = data.get("mode", "none")
         check_choice("ACConfig", "mode", mode, tuple(MODES))
         own = MODES[mode]
+        record = _record_fields()
         for name in list(data):
             value = tuple(data[name]) if isinstance(data[name], list) else data[name]
             if name in own.options() and value is None:
                 data.pop(name)  # unset: the mode's default
-            elif name not in own.options() and name != "mode" and name in JSON_FIELDS:
-                if value is None or value == () or (name in LEGACY_DEFAULTS and value == LEGACY_DEFAULTS[name]):
+            elif name not in own.options() and name != "mode" and name in record:
+                if value is None or value == () or value == record[name]:
+                    data.pop(name)  # the record's unset value
+                elif value in _defaults(name):
                     data.pop(name)
+                    warn_input(
+                        "ACConfig",
+                        name,
+                        f"{value!r} dropped: mode={mode!r} does not read it (a record written before options became "
+                        "mode-specific held every option).",
+                        f"remove {name!r} from the record, or set the mode that reads it.",
+                    )
                 else:
                     _refuse_option(name, own, value)
         return from_dict(own, data)
@@ -257,7 +272,7 @@ class Checkpointing(ACConfig):
     """"default" compares shape/dtype/device of recomputed tensors with the forward's; "none" skips it."""
     debug: bool = False
     """torch.utils.checkpoint's debug traces; torch refuses it together with a SAC policy (C24)."""
-    wrap_inductor_compiled_regions: bool = False
+    wrap_inductor_compiled_regions: bool = dataclasses.field(default=False, metadata={"unset": False})
     """Make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see (C7); only for
     torch versions that have the option and only with the inductor backend."""
 
@@ -327,11 +342,11 @@ class FullAC(Checkpointing):
 class PerOpPolicy(Checkpointing):
     """The options of torchtitan's per-op SAC policy (its save list, every other matmul, force-recompute shapes)."""
 
-    uses_sac: ClassVar[bool] = True
+    SELECTIVE: ClassVar[bool] = True
     force_recompute_mm_shapes_by_fqns: tuple[str, ...] | None = ("moe.router.gate",)
     """Name substrings of `nn.Linear` modules whose weight shape is forced to recompute — any matmul with that
     shape, whichever module it belongs to (torchtitan's rule)."""
-    extra_save_ops: tuple[Any, ...] = ()
+    extra_save_ops: tuple[Any, ...] = dataclasses.field(default=(), metadata={"unset": []})
     """Ops added to the save set, e.g. `torch.ops.aten._grouped_mm.default` (C15), or their names
     ("aten._grouped_mm.default")."""
 
@@ -427,7 +442,7 @@ class PerSubmoduleAC(PerOpPolicy):
             object.__setattr__(self, "force_recompute_mm_shapes_by_fqns", None)  # read by no policy: unset
 
     @property
-    def uses_sac(self) -> bool:  # type: ignore[override]
+    def uses_sac(self) -> bool:
         return self.submodule_ac == "selective"
 
     def context_fn(self, module, fqn):
@@ -452,7 +467,7 @@ class CustomAC(Checkpointing):
 
     mode: Literal["custom"] = "custom"
     IGNORES: ClassVar[str] = "its policy decides"
-    uses_sac: ClassVar[bool] = True
+    SELECTIVE: ClassVar[bool] = True
     policy: Callable[..., CheckpointPolicy] | None = None
     """A SAC policy `(ctx, func, *args, **kwargs) -> CheckpointPolicy`, used as given."""
     save_ops: tuple[Any, ...] | None = None
@@ -580,7 +595,7 @@ class PolicyDictAC(Checkpointing):
 
     mode: Literal["policy_dict"] = "policy_dict"
     IGNORES: ClassVar[str] = "its blocks get the dict policy"
-    uses_sac: ClassVar[bool] = True
+    SELECTIVE: ClassVar[bool] = True
     policy_save: tuple[str, ...] = ("aten.mm.default", "aten.topk.default")
     """The policy's MUST_SAVE keys: op names ("aten.mm.default", "aten::mm", the packet "aten.mm") or names given
     with `torch.utils.checkpoint.name(tensor, name)` in the model's code; the rest is recomputed."""
@@ -626,39 +641,28 @@ MODES: dict[str, type[ACConfig]] = {
     )
 }
 
-# Every option of every mode, with the value the JSON record gives one that a mode does not read.
-JSON_FIELDS: dict[str, Any] = {
-    "mode": "none",
-    "preserve_rng_state": None,
-    "early_stop": None,
-    "determinism_check": None,
-    "debug": None,
-    "layer_every": None,
-    "submodule_ac": None,
-    "force_recompute_mm_shapes_by_fqns": None,
-    "extra_save_ops": [],
-    "memory_budget": None,
-    "policy": None,
-    "save_ops": None,
-    "save_regions": None,
-    "recompute_regions": None,
-    "wrap_inductor_compiled_regions": False,
-    "policy_save": None,
-}
-# What files written before options became mode-specific hold for an option whatever the mode: accepted (and
-# dropped) for a mode that does not read it.
-LEGACY_DEFAULTS: dict[str, Any] = {
-    "preserve_rng_state": True,
-    "early_stop": False,
-    "determinism_check": "default",
-    "debug": False,
-    "layer_every": 2,
-    "submodule_ac": "selective",
-    "force_recompute_mm_shapes_by_fqns": ("moe.router.gate",),
-    "memory_budget": 0.5,
-    "extra_save_ops": (),
-    "wrap_inductor_compiled_regions": False,
-}
+
+def _record_fields() -> dict[str, Any]:
+    """Every option of every mode → the value the JSON record gives it under a mode that does not read it: null,
+    or the field's own `unset` (its metadata) where the record always held a value (`[]`, `false`). Read from the
+    dataclasses, in the modes' order."""
+    out: dict[str, Any] = {"mode": "none"}
+    for config in MODES.values():
+        for f in dataclasses.fields(config):
+            if f.name != "mode":
+                out.setdefault(f.name, f.metadata.get("unset"))
+    return out
+
+
+def _defaults(name: str) -> list[Any]:
+    """The defaults option `name` has in the modes that read it: what a record written before options became
+    mode-specific may hold for it under any mode."""
+    out = []
+    for config in MODES.values():
+        f = config.__dataclass_fields__.get(name)
+        if f is not None and f.default is not dataclasses.MISSING and f.default not in out:
+            out.append(f.default)
+    return out
 
 
 def ops_of(field: str, ops: Any) -> tuple[Any, ...]:
@@ -751,10 +755,17 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
         _undo(model, rec, undo)
         forget(model)
         raise
-    if cfg.mode != "none":
-        rec.disable_lru_cache = True  # torchtitan disables the LRU cache whenever AC is on (PR #2204, C8).
-    rec.ac, rec.ac_wrapped = cfg, wrapped
+    # torchtitan disables the LRU cache whenever AC is on (PR #2204, C8).
+    record_ac(rec, cfg, wrapped, disable_lru_cache=cfg.mode != "none")
     return model
+
+
+def record_ac(rec: Applied, cfg: ACConfig, wrapped: list[str], *, disable_lru_cache: bool) -> None:
+    """The one place AC is written into a model's record: `apply_ac`'s, and a recipe's that wraps by hand the way
+    its era did (`remove_ac` reads it back)."""
+    rec.ac, rec.ac_wrapped = cfg, list(wrapped)
+    if disable_lru_cache:
+        rec.disable_lru_cache = True
 
 
 def remove_ac(model: nn.Module) -> nn.Module:

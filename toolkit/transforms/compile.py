@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError, check_choice, check_object, to_dict
+from .._config import ConfigError, check_bool, check_choice, check_known, check_object, refuse_callables, to_dict
 from .ac import ac_region_of, blocks
 from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, wrapped_child
 from .settings import applied, check_memory_budget, forget, record
@@ -107,8 +107,7 @@ class CompileConfig:
             "skip_fwd_side_effects_in_bwd_under_checkpoint",
             "name_regions",
         ):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a bool.", "pass True or False.")
+            check_bool(own, name, getattr(self, name))
         check_choice(own, "order", self.order, (None, "compile_outside", "ac_outside"))
         check_choice(own, "method", self.method, ("module_compile", "torch_compile", "forward"))
         object.__setattr__(self, "inductor_options", _options(self.inductor_options))
@@ -189,27 +188,13 @@ class CompileConfig:
     def from_dict(cls, data: dict) -> "CompileConfig":
         check_object("CompileConfig", data, '{"scope": "blocks", "backend": "aot_eager"}')
         data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(
-                "CompileConfig",
-                unknown[0],
-                "is not a field of CompileConfig.",
-                f"use one of {', '.join(sorted(known))}.",
-            )
+        check_known(cls, data)
+        refuse_callables(cls, data)
         for key in ("scope", "functions"):
             if isinstance(data.get(key), list):
                 data[key] = tuple(data[key])
         if isinstance(data.get("inductor_options"), dict):
             data["inductor_options"] = tuple(sorted(data["inductor_options"].items()))
-        if isinstance(data.get("backend"), str) and data["backend"].startswith("<callable "):
-            raise ConfigError(
-                "CompileConfig",
-                "backend",
-                "holds a callable, which JSON cannot carry.",
-                "set the backend again in Python after loading.",
-            )
         return cls(**data)
 
 
@@ -420,12 +405,12 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         )
     _warn_inert_regions(model, targets, orders)
     undo = []
+    functions = {}
     if cfg.functions:
         from ..models import local_compile
 
         kwargs = {k: v for k, v in _compile_kwargs(cfg, model, "").items() if k not in ("fullgraph", "name")}
-        local_compile.bind(cfg.functions, **kwargs)
-        undo.append(("functions", cfg.functions))
+        functions = local_compile.compile_functions(cfg.functions, **kwargs)
     for t in targets:
         kwargs = _compile_kwargs(cfg, model, t)
         if t == "":
@@ -445,15 +430,25 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         else:
             parent.register_module(attr, torch.compile(obj, **kwargs))
             undo.append(("wrapper", (parent, attr, obj)))
-    rec = record(model)
-    record_dynamo_settings(rec, cfg)
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = (
-        cfg,
-        targets + [f"{f}()" for f in cfg.functions],
-        orders,
-        undo,
-    )
+    record_compile(record(model), cfg, targets + [f"{f}()" for f in cfg.functions], orders, undo, functions)
     return model
+
+
+def record_compile(
+    rec: Any,
+    cfg: CompileConfig,
+    targets: list[str],
+    orders: dict[str, str],
+    undo: list,
+    functions: dict[str, Any] | None = None,
+) -> None:
+    """The one place compile is written into a model's record (`rec`, an `Applied`): `apply_compile`'s, and a
+    recipe's that compiles by hand the way its era did. `undo` is what `remove_compile` reverses; `orders` maps a
+    target touching an AC region to `COMPILE_OUTSIDE` or `AC_OUTSIDE`; `functions`, the model's compiled local
+    functions (`torch_settings` binds them while its steps run)."""
+    record_dynamo_settings(rec, cfg)
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = cfg, list(targets), dict(orders), list(undo)
+    rec.local_compiled = dict(functions or {})
 
 
 def _warn_inert_regions(model: nn.Module, targets: list[str], orders: dict[str, str]) -> None:
@@ -508,10 +503,6 @@ def remove_compile(model: nn.Module) -> nn.Module:
     for kind, item in reversed(rec.compile_undo):
         if kind == "module":
             compat.clear_in_place_compile(item)
-        elif kind == "functions":
-            from ..models import local_compile
-
-            local_compile.unbind(item)
         elif kind == "forward":
             obj, previous = item
             if previous is None:
@@ -527,7 +518,7 @@ def remove_compile(model: nn.Module) -> nn.Module:
         "skip_fwd_side_effects_in_bwd_under_checkpoint",
     ):
         rec.dynamo_config.pop(key, None)
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = None, [], {}, []
+    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo, rec.local_compiled = None, [], {}, [], {}
     forget(model)
     return model
 

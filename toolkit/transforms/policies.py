@@ -7,6 +7,7 @@ these-ops, and a recorder of their decisions.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
@@ -92,18 +93,23 @@ def _out_bytes(ctx) -> int | None:
     return total
 
 
-_recorders: list[list[PolicyDecision]] = []
+# The logs of the running `record_policy_decisions` blocks of this context (thread, task), innermost last: none
+# outside every block, so that a policy records nothing unless a caller asked, and one thread's block never sees
+# another's decisions.
+_recorders: contextvars.ContextVar[tuple[list[PolicyDecision], ...]] = contextvars.ContextVar(
+    "toolkit_policy_recorders", default=()
+)
 
 
 @contextlib.contextmanager
 def record_policy_decisions() -> Iterator[list[PolicyDecision]]:
     """Collect every decision the toolkit's SAC policies make while the block runs (forward or trace time)."""
     log: list[PolicyDecision] = []
-    _recorders.append(log)
+    token = _recorders.set((*_recorders.get(), log))
     try:
         yield log
     finally:
-        _recorders.remove(log)
+        _recorders.reset(token)
 
 
 _MM_OPS = (aten.mm.default, aten.linear.default)
@@ -125,9 +131,10 @@ class SelectiveOpPolicy:
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         decision, rhs, reason = self._decide(ctx, func, *args, **kwargs)
-        if _recorders:
+        logs = _recorders.get()
+        if logs:
             entry = PolicyDecision(str(func), rhs, decision.name, reason, _out_bytes(ctx))
-            for log in _recorders:
+            for log in logs:
                 log.append(entry)
         return decision
 
@@ -165,8 +172,9 @@ class SaveOpsPolicy:
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
         keep = func in self.save_ops
         decision = CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-        if _recorders:
-            for log in _recorders:
+        logs = _recorders.get()
+        if logs:
+            for log in logs:
                 log.append(
                     PolicyDecision(
                         str(func), None, decision.name, "in save_ops" if keep else "not in save_ops", _out_bytes(ctx)

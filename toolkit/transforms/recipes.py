@@ -15,8 +15,16 @@ from torch import nn
 from .._config import ConfigError
 from .._extras import missing
 from ..models import ModelConfig
-from .ac import ACConfig, apply_ac, blocks, remove_ac
-from .compile import CompileConfig, apply_compile, check_ac_compile, record_dynamo_settings, remove_compile
+from .ac import ACConfig, apply_ac, blocks, record_ac, remove_ac
+from .compile import (
+    AC_OUTSIDE,
+    COMPILE_OUTSIDE,
+    CompileConfig,
+    apply_compile,
+    check_ac_compile,
+    record_compile,
+    remove_compile,
+)
 from .naming import has_checkpoint, has_compiled, is_checkpoint_wrapper, unwrap
 from .settings import applied, record, reset_compiler
 
@@ -141,28 +149,6 @@ def _is_moe(m: nn.Module) -> bool:
     return any(cls.__name__ == "MoE" for cls in type(m).__mro__)
 
 
-def _record(
-    model: nn.Module,
-    *,
-    name: str,
-    ac: ACConfig,
-    wrapped: list[str],
-    compile: CompileConfig,
-    targets: list[str],
-    undo: list,
-    orders: dict[str, str],
-    lru_off: bool,
-) -> None:
-    """What a recipe that wraps and compiles by hand did, written into the model's record as apply_ac /
-    apply_compile would."""
-    rec = record(model)
-    rec.ac, rec.ac_wrapped = ac, wrapped
-    rec.compile, rec.compiled, rec.compile_orders, rec.compile_undo = compile, targets, orders, undo
-    record_dynamo_settings(rec, compile)
-    rec.disable_lru_cache = lru_off
-    rec.recipe = name
-
-
 def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_through: bool = False) -> nn.Module:
     """torchtitan between PR #1895 (2025-10-29) and PR #2118 (2025-12-08), with the SAC + FlexAttention
     workaround of PR #1683 (2025-09-24) active — the configuration of PR #2052.
@@ -200,26 +186,14 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
         scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
     )
     orders = {
-        t: (
-            "compile(AC(x))"
-            if t in wrapped
-            else "AC(compile(x))"
-            if any(t.startswith(w + ".") for w in wrapped)
-            else ""
-        )
+        t: COMPILE_OUTSIDE if t in wrapped else AC_OUTSIDE
         for t in targets
+        if t in wrapped or any(t.startswith(w + ".") for w in wrapped)
     }
-    _record(
-        model,
-        name=name,
-        ac=ac_cfg,
-        wrapped=wrapped,
-        compile=cfg,
-        targets=targets,
-        undo=undo,
-        orders={k: v for k, v in orders.items() if v},
-        lru_off=False,
-    )
+    rec = record(model)
+    record_ac(rec, ac_cfg, wrapped, disable_lru_cache=False)  # the LRU switch went off later (PR #1991)
+    record_compile(rec, cfg, targets, orders, undo)
+    rec.recipe = name
     return model
 
 
@@ -235,27 +209,15 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     Historical: rebuilt from PRs #2118, #1895 and #1991 (no release holds this state to compare with).
     """
     _start(model, "torchtitan_2025_12")
-    ac_cfg = _sac("selective_op")
-    apply_ac(model, ac_cfg)
+    apply_ac(model, _sac("selective_op"))  # the LRU switch off with it (PR #1991)
     rec = record(model)
-    wrapped = list(rec.ac_wrapped)
-    rec.ac, rec.ac_wrapped = None, []
     targets, undo = _compile_children_1895(model, backend)
     cfg = CompileConfig(
         scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
     )
-    orders = {t: "AC(compile(x))" for t in targets if any(t.startswith(w + ".") for w in wrapped)}
-    _record(
-        model,
-        name="torchtitan_2025_12",
-        ac=ac_cfg,
-        wrapped=wrapped,
-        compile=cfg,
-        targets=targets,
-        undo=undo,
-        orders=orders,
-        lru_off=True,
-    )
+    orders = {t: AC_OUTSIDE for t in targets if any(t.startswith(w + ".") for w in rec.ac_wrapped)}
+    record_compile(rec, cfg, targets, orders, undo)
+    rec.recipe = "torchtitan_2025_12"
     return model
 
 

@@ -14,7 +14,6 @@ themselves are declared where the model computes (`toolkit/models/regions.py`): 
 from __future__ import annotations
 
 import fnmatch
-import weakref
 from typing import Any
 
 import torch
@@ -28,7 +27,6 @@ from .naming import RECOMPUTES_FORWARD
 # Kept under every policy, whatever the patterns: main declares them `recompute=False` in its code (the routing
 # decision, so that recompute never re-routes, C11; the trailing adds, which save nothing and so cost nothing).
 FIXED = ("routing_decision", "ffn_residual", "shared_add")
-_RELEASE = "_toolkit_remat_placeholder_release"
 # torchtitan main's fixed policies, unchanged: `SelectiveActivationRematConfig` keeps every declared region but the
 # routed experts' w13 grouped projection (its saved activations scale with top-k); `FullActivationRematConfig`
 # keeps none but the regions the model code always keeps.
@@ -101,18 +99,11 @@ def apply_remat(block: nn.Module, block_name: str, cfg: Any, undo: list[tuple[st
         region_name=block_name, determinism_check=cfg.determinism_check, recompute_state_hooks=hooks
     )(block.forward)
     setattr(block, RECOMPUTES_FORWARD, True)
-    compat.remat_placeholders_acquire()
-    # Released by `remove_remat`, or when the block is garbage: a model dropped with remat applied must not keep
-    # the stand-in on for the rest of the process.
-    block.__dict__[_RELEASE] = weakref.finalize(block, compat.remat_placeholders_release)
 
 
 def remove_remat(module: nn.Module) -> None:
     """Undo `apply_remat` on one block: its class's `forward` is used again and its regions are bare calls."""
     module.__dict__.pop("forward", None)
-    release = module.__dict__.pop(_RELEASE, None)
-    if release is not None:
-        release()  # a finalizer runs once: now, not again at garbage collection
     module.__dict__.pop(RECOMPUTES_FORWARD, None)
     regions.unconfigure(module)
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import compat
 from .._config import ConfigError
+from ..models import local_compile
 
 _RECORD = "_toolkit_applied"
 
@@ -48,6 +49,9 @@ class Applied:
     """FSDP2 layout applied by `apply_fsdp` ("none", "blocks", "blocks+experts"); it cannot be undone."""
     compile_undo: list = field(default_factory=list, repr=False)
     """How to undo each compile target: ("module", obj) for in-place compile, ("wrapper", (parent, attr, obj))."""
+    local_compiled: dict = field(default_factory=dict, repr=False)
+    """This model's compiled local functions (`CompileConfig(functions=...)`), name → compiled function: bound while
+    one of its steps runs (`torch_settings`), never for the process."""
 
     def copy(self) -> "Applied":
         return dataclasses.replace(
@@ -60,6 +64,7 @@ class Applied:
             functorch_config=dict(self.functorch_config),
             inductor_config=dict(self.inductor_config),
             compile_undo=list(self.compile_undo),
+            local_compiled=dict(self.local_compiled),
         )
 
     @property
@@ -120,10 +125,23 @@ def torch_settings(model: nn.Module | None = None, **extra: Any) -> Iterator[Non
             stack.enter_context(functorch_config.patch(**fun))
         if ind:
             stack.enter_context(inductor_config.patch(**ind))
-        if rec.disable_lru_cache and compat.lru_cache_enabled():
-            compat.set_lru_cache(False)
-            stack.callback(compat.set_lru_cache, True)
+        if rec.disable_lru_cache:
+            entry = compat.lru_cache_enabled()
+            stack.enter_context(compat.lru_cache_restored(entry))
+            if entry:
+                compat.set_lru_cache(False)
+        if remat_stand_ins(model):
+            stack.enter_context(compat.remat_placeholders())
+        if rec.local_compiled:
+            stack.enter_context(local_compile.bound_to(rec.local_compiled))
         yield
+
+
+def remat_stand_ins(model: nn.Module | None) -> bool:
+    """A step of `model` runs with torch_remat's placeholders stood in for: the toolkit's remat is applied to it and
+    this build cannot make them (C31, `compat.remat_placeholders`; `torch_settings` enters it for the step)."""
+    rec = applied(model) if model is not None else Applied()
+    return rec.ac is not None and rec.ac.mode == "remat" and compat.remat_placeholders_needed()
 
 
 def train_step(model: nn.Module, batch: Any, *, zero_grad: bool = True) -> torch.Tensor:

@@ -49,8 +49,9 @@ from ..transforms.compile import resolve_scope
 from ..transforms.naming import module_names
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import torch_settings
-from .local import capture_warnings
+from .capture import capture_warnings
 from .probes.base import StepState
+from .probes.checkpoint_hooks import sac_bypasses_hooks_of
 from .probes.compiled import CompiledGraphs
 from .probes.modules import Modules
 from .report import fmt_bytes
@@ -457,7 +458,7 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         stack.enter_context(modules.hooks())
         stack.enter_context(torch_settings(model))
         counted = compat.counters_snapshot()
-        with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), compat.sac_bypasses_hooks_of(pack):
+        with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), sac_bypasses_hooks_of(pack):
             state.phase = "forward"
             out = model(tokens)
             gc.collect()  # a reference cycle is not kept for backward

@@ -18,6 +18,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
 from ...compat import tree_leaves
+from . import checkpoint_hooks
 from .base import Produced, StepState, dtype_name, is_real, storage_key
 
 COMPILED_OP = "compiled graph"
@@ -75,7 +76,7 @@ class CheckpointView(NamedTuple):
     """Storage key → name of the model's parameters and buffers (to name state written in place)."""
 
 
-class FrameObserver(compat.CheckpointObserver):
+class FrameObserver(checkpoint_hooks.CheckpointObserver):
     """Keeps a `FrameRecord` per checkpoint region of the step and tells the shared state which region (forward)
     or recompute is running, so that the dispatch tracker attributes what it sees."""
 
@@ -191,20 +192,20 @@ class Checkpoints:
             else:
                 self.blind.add("sac_mode")
             stack.enter_context(compat.patched(torch, "get_rng_state", self._get_rng_state(torch.get_rng_state)))
-            self.observing = stack.enter_context(compat.observed_checkpoint_hooks(self.observer))
+            self.observing = stack.enter_context(checkpoint_hooks.observed_checkpoint_hooks(self.observer))
             yield
 
     def _generator(self, original, sig):
         probes = self
 
         def generator(*args, **kwargs):
-            call = compat.CheckpointCall(sig, args, kwargs)
+            call = checkpoint_hooks.CheckpointCall(sig, args, kwargs)
             if probes.state.phase == "forward":
                 # The function form included: its inputs are held to re-run it, and backward must be watched.
                 probes.saw_checkpoint = True
                 for t in tree_leaves(call.inputs):
                     probes.state.hold(t)
-                compat.keep_sac_legacy_under(call, probes.own_pack)
+                checkpoint_hooks.keep_sac_legacy_under(call, probes.own_pack)
                 # Read by the frame the generator makes next (the options a CheckpointError explanation weighs).
                 probes.state.checkpoint_options = {
                     "preserve_rng_state": call.option("preserve_rng_state"),

@@ -8,12 +8,9 @@ same way, with no side effects on the user's model or process.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
-import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -21,240 +18,22 @@ from torch import nn
 from .. import compat
 from .._config import ConfigError, check_bool, check_int
 from ..compat import tree_leaves
-from ..models import build_model, make_batch
-from ..models import loss_fn as model_loss_fn
-from ..transforms import apply_ac, apply_compile
-from ..transforms.fsdp import apply_fsdp, process_group
+from ..transforms.fsdp import process_group
 from ..transforms.naming import has_compiled, unwrap
-from ..transforms.recipes import apply_recipe, reset
+from ..transforms.recipes import reset
 from ..transforms.settings import applied
 from . import numerics as _numerics
-from .environment import environment
-from .explain import explain, is_checkpoint_error
+from .assemble import assemble
+from .build import build, check_ranks_for_ep, transform
+from .capture import capture_warnings
 from .report import (
-    CompileInfo,
-    Distributed,
-    ErrorInfo,
-    Memory,
     Numerics,
-    Recompute,
     Report,
-    Saved,
     ScenarioRecord,
-    Timing,
     Transforms,
 )
 from .scenario import Scenario
 from .step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
-
-
-class _LogCapture(logging.Handler):
-    def __init__(self, sink: list[str]):
-        super().__init__(logging.WARNING)
-        self.sink = sink
-
-    def emit(self, record):
-        try:
-            self.sink.append(f"{record.name}: {record.getMessage().strip()}")
-        except Exception:
-            # A log record whose message cannot be formatted is torch's bug, not the step's: a handler must not
-            # raise into the code that logged (logging's own rule), and the Report keeps the other warnings.
-            pass
-
-
-@contextlib.contextmanager
-def capture_warnings(sink: list[str]) -> Iterator[None]:
-    """Python warnings and torch's logger warnings go into `sink` instead of the notebook's stderr."""
-    logger = logging.getLogger("torch")
-    handler = _LogCapture(sink)
-    old_propagate = logger.propagate
-    old_handlers = list(logger.handlers)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for h in old_handlers:
-            logger.removeHandler(h)
-        logger.addHandler(handler)
-        logger.propagate = False
-        try:
-            yield
-        finally:
-            logger.removeHandler(handler)
-            for h in old_handlers:
-                logger.addHandler(h)
-            logger.propagate = old_propagate
-            for w in caught:
-                sink.append(f"{w.category.__name__}: {str(w.message).strip()}")
-
-
-def _saved(census) -> Saved:
-    tensors = census.tensors
-    by_module: dict[str, int] = {}
-    by_op: dict[str, int] = {}
-    by_kind: dict[str, int] = {}
-    for t in tensors:
-        by_module[t.module] = by_module.get(t.module, 0) + t.bytes
-        by_op[t.op] = by_op.get(t.op, 0) + t.bytes
-        by_kind[t.kind] = by_kind.get(t.kind, 0) + t.bytes
-    return Saved(
-        tensors=tensors,
-        total_bytes=sum(t.bytes for t in tensors),
-        by_module=by_module,
-        by_op=by_op,
-        by_kind=by_kind,
-        params_bytes=census.params_bytes,
-    )
-
-
-_WARM_NOTE = (
-    "graph breaks and recompiles of graphs compiled before the step: Dynamo reports them only when it "
-    "compiles (measure(..., cold=True) recompiles to see them)"
-)
-
-
-_REMAT_PLACEHOLDER_NOTE = (
-    "case C31, a CPU-build limit, not your model: torch_remat's placeholder for a kept region's output needs "
-    "torch._C._set_storage_data_ptr_access_error_msg, which only CUDA builds of torch have (the 2.14.1 wheel has it "
-    "even without a GPU), so on a +cpu build the recompute raises AttributeError. Mark the output with "
-    "torch_remat.recompute_needs_tensor(...) (it is then kept instead) or use a CUDA build."
-)
-
-
-_BARE_NOTE = (
-    "this was a bare run (Scenario.instrument=False): none of the toolkit's probes ran, so saved tensors, recompute "
-    "and memory were not measured; the outcome, gradients, and Dynamo's own count of graphs and breaks were"
-)
-
-_REMAT_STAND_IN_NOTE = (
-    "on this +cpu torch build the toolkit stands in for torch_remat's placeholders while a model with its remat "
-    "applied is alive (C31: the build lacks the helper they need): a kept region's output that nothing reads in "
-    "replay is a NaN-filled buffer made in backward instead of an AttributeError; saved bytes are unchanged"
-)
-
-
-def _assemble(
-    *,
-    instrumented: bool = True,
-    record: ScenarioRecord,
-    stage: Stage,
-    steps: StepResult | None,
-    err: BaseException | None,
-    warn: list[str],
-    timing: dict,
-    requested: bool,
-    orders: dict,
-    numerics: Numerics | None,
-    transforms: Transforms,
-) -> Report:
-    """The Report of one attempt at a step: what the probes saw (nothing, when it failed before they ran), its
-    error, warnings and blind spots."""
-    error = None
-    if err is not None:
-        msg = str(err).strip() or repr(err)
-        error = ErrorInfo(
-            type=f"{type(err).__module__}.{type(err).__qualname__}".replace("builtins.", ""),
-            message=msg[:4000],
-            stage=stage.name,
-        )
-    saved, recompute, comp, memory = Saved(), Recompute(), CompileInfo(requested=requested, orders=orders), Memory()
-    blind: list[str] = []
-    if steps is not None:
-        if steps.census is not None:
-            saved = _saved(steps.census)
-        p = steps.probes
-        if p is not None:
-            recompute = Recompute(
-                ops=sum(p.recompute_by_op.values()),
-                by_op=p.recompute_by_op,
-                by_module=p.recompute_by_module,
-                bookkeeping=sum(p.bookkeeping_by_op.values()),
-                bookkeeping_by_op=p.bookkeeping_by_op,
-                compiled_reruns=p.compiled_reruns,
-                in_compiled_backward=p.in_compiled_backward,
-            )
-            graphs = max(p.graphs_run, steps.compiled_total)
-            without = p.regions_without_graphs if requested else ()
-            warm = p.warm_graphs + (p.unknown_age_graphs if not steps.compiled_in_step else 0)
-            comp = CompileInfo(
-                requested=requested,
-                graphs=graphs,
-                compiled_in_step=steps.compiled_in_step,
-                warm_graphs=warm,
-                graph_breaks=steps.graph_breaks,
-                breaks=p.breaks,
-                recompiles=p.recompiles,
-                fell_back_to_eager=bool(requested and (without or graphs == 0)),
-                regions_without_graphs=tuple(without),
-                orders=orders,
-            )
-            names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
-            # A feature this torch lacks is named by its `compat` entry; what a probe failed to read in this step
-            # comes as its own sentence.
-            blind = [compat.blind_spot(name) if name in compat.FEATURES else name for name in dict.fromkeys(names)]
-            if warm and not steps.compiled_in_step:
-                blind.append(_WARM_NOTE)
-        elif not instrumented:
-            # A bare run: Dynamo's own counters give the graphs and breaks; nothing else was watched.
-            graphs = steps.compiled_total
-            comp = CompileInfo(
-                requested=requested,
-                graphs=graphs,
-                compiled_in_step=steps.compiled_in_step,
-                graph_breaks=steps.graph_breaks,
-                fell_back_to_eager=bool(requested and graphs == 0),
-                orders=orders,
-            )
-            blind.append(_BARE_NOTE)
-        if steps.memory is not None:
-            memory = steps.memory
-        elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
-            blind.append(compat.blind_spot("profiler_allocations"))
-    if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
-        warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
-    divergence = None
-    if is_checkpoint_error(err):
-        divergence = explain(err, steps.checkpoints if steps is not None else None)
-        warn[:0] = divergence.warnings()  # the first warning lines say what diverged and why
-    if compat.remat_placeholders_active():
-        warn.append(_REMAT_STAND_IN_NOTE)
-    t = steps.timings if steps is not None else {}
-    import torch.distributed as dist
-
-    # The rank is known even when the step failed (a rank's error row must say which rank it is).
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    calls = steps.probes.collectives if steps is not None and steps.probes is not None else {}
-    dist_info = Distributed(rank=rank, world_size=world, collectives=calls)
-    return Report(
-        outcome="ok" if err is None else "error",
-        error=error,
-        warnings=tuple(dict.fromkeys(warn)),
-        scenario=record,
-        environment=environment(),
-        saved=saved,
-        recompute=recompute,
-        compile=comp,
-        memory=memory,
-        numerics=numerics or Numerics(),
-        blind_spots=tuple(dict.fromkeys(blind)),
-        distributed=dist_info,
-        transforms=transforms,
-        checkpoint_error=divergence,
-        timing=Timing(
-            build_s=round(timing.get("build_s", 0.0), 4),
-            apply_s=round(timing.get("apply_s", 0.0), 4),
-            compile_s=round(steps.probes.compile_s, 4) if steps and steps.probes else 0.0,
-            **{
-                k: round(t.get(k, 0.0), 4)
-                for k in (
-                    "first_step_s",
-                    "first_forward_s",
-                    "first_backward_s",
-                    "steady_step_s",
-                    "steady_forward_s",
-                    "steady_backward_s",
-                )
-            },
-        ),
-    )
 
 
 class Refused(ConfigError):
@@ -315,7 +94,7 @@ class _Attempt:
         raise _numerics.NonFiniteLoss(_numerics.non_finite_message(loss, where, reference))
 
     def report(self) -> Report:
-        return _assemble(
+        return assemble(
             instrumented=self.instrumented,
             record=self.record,
             stage=self.stage,
@@ -335,7 +114,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
     `isolate`; the isolated child's step). Dynamo's compiled graphs are forgotten before and after: the model's
     code objects are shared with every earlier run, whose cache entries would count as recompiles."""
     if scenario.ep > 1:
-        _check_ranks_for_ep(scenario.ep)
+        check_ranks_for_ep(scenario.ep)
     model = None
     with _Attempt(
         ScenarioRecord.of(scenario),
@@ -353,11 +132,11 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 from ..stacks import torchtitan as titan
 
                 group.enter_context(titan.parallel_state())
-            built = _build(scenario, sharded=True)
+            built = build(scenario, sharded=True)
             a.timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
             if scenario.check_numerics:
-                ref = _build(scenario, sharded=False)
+                ref = build(scenario, sharded=False)
                 torch.manual_seed(built.seed)
                 ref_loss_t = built.loss_of(ref.model(built.tokens))
                 ref_loss_t.backward()
@@ -365,7 +144,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 del ref, ref_loss_t
             model = built.model
             t = time.perf_counter()
-            a.orders = _transform(scenario, model, stage)
+            a.orders = transform(scenario, model, stage)
             if scenario.stack == "toolkit":
                 rec = applied(model)
                 a.transforms = Transforms(checkpointed=tuple(rec.ac_wrapped), compiled=tuple(rec.compiled))
@@ -416,103 +195,6 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                     )
             model = None  # the model (and FSDP's hold on the process group) goes before the group does
     return a.report()
-
-
-@dataclass
-class _Built:
-    model: nn.Module
-    tokens: torch.Tensor
-    loss_of: Callable[[torch.Tensor], torch.Tensor]
-    device: torch.device
-    dtype: torch.dtype
-    seed: int
-    """Seeds the RNG before the measured forward and the reference's (router noise, dropout)."""
-
-
-def _check_ranks_for_ep(ep: int) -> None:
-    """Expert parallel needs a process group of `ep` ranks (or a multiple): refused before anything is built."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if world % ep:
-        raise ConfigError(
-            "Scenario",
-            "ep",
-            f"ep={ep} needs {ep} ranks; this process has {world}.",
-            f"run it with tk.run_distributed(scenario, nproc={ep}) or `python -m toolkit run --nproc {ep}`.",
-        )
-
-
-def _build(scenario: Scenario, *, sharded: bool) -> _Built:
-    """The model, batch and loss; `sharded=False` builds the unsharded reference (no EP sharding config)."""
-    if scenario.stack == "torchtitan":
-        from ..stacks import torchtitan as titan
-
-        cfg = scenario.torchtitan
-        tokens, labels = titan.make_batch(cfg)
-        loss = titan.loss_fn(cfg)
-        model = titan.build(cfg, ep=scenario.ep if sharded else 1)
-        return _Built(
-            model,
-            tokens,
-            lambda logits: loss(logits, labels),
-            torch.device(cfg.device),
-            next(model.parameters()).dtype,
-            cfg.seed + 2,
-        )
-    cfg = scenario.model_config
-    batch = make_batch(cfg)
-    return _Built(
-        build_model(cfg),
-        batch.tokens,
-        lambda logits: model_loss_fn(logits, batch.labels),
-        torch.device(cfg.device),
-        cfg.torch_dtype,
-        cfg.seed + 2,
-    )
-
-
-def _transform(scenario: Scenario, model: nn.Module, stage: Stage) -> dict[str, str]:
-    """AC, compile (or a recipe), then FSDP — the toolkit's transforms or torchtitan's own; returns the compile
-    orders (compile(AC(x)) / AC(compile(x))) per compile target."""
-    if scenario.stack == "torchtitan":
-        from ..stacks import torchtitan as titan
-
-        n = len(list(model.layers.children()))
-        orders = (
-            {f"layers.{i}": "compile(AC(x))" for i in range(n)}
-            if scenario.compile.enabled and scenario.ac.mode != "none"
-            else {}
-        )
-        if scenario.ep > 1:  # its parallelize_*: EP, then AC, compile and FSDP2
-            stage("parallelize")
-            titan.parallelize_ep(
-                model,
-                scenario.torchtitan.family,
-                ep=scenario.ep,
-                ac=scenario.ac.mode,
-                compile_backend=scenario.compile.backend if scenario.compile.enabled else None,
-            )
-            return orders
-        stage("ac")
-        titan.apply_ac(model, scenario.ac.mode)
-        stage("compile")
-        if scenario.compile.enabled:
-            titan.apply_compile(model, scenario.compile.backend)
-        if scenario.fsdp != "none":
-            titan.apply_fsdp(model)
-        return orders
-    if scenario.recipe is not None:
-        stage("compile")
-        apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
-    else:
-        stage("ac")
-        apply_ac(model, scenario.ac)
-        stage("compile")
-        apply_compile(model, scenario.compile)
-    if scenario.fsdp != "none":
-        apply_fsdp(model, scenario.fsdp)
-    return dict(applied(model).compile_orders)
 
 
 def _default_loss(out: Any) -> torch.Tensor:
@@ -685,4 +367,4 @@ def _checked_loss(loss_fn: Callable[[Any], Any]) -> Callable[[Any], torch.Tensor
     return loss_of
 
 
-__all__ = ["run_here", "measure", "capture_warnings", "Refused"]
+__all__ = ["run_here", "measure", "Refused"]

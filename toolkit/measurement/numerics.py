@@ -197,8 +197,8 @@ def first_non_finite(
             with torch.no_grad():
                 if _non_finite(loss_of(out)):
                     return "the loss function's result (the model's output is finite)"
-        except Exception:
-            pass  # the step itself called loss_of: its own error, if any, is the Report's
+        except Exception as e:  # the diagnosis is best effort: its failure must not hide the step's result
+            return f"(not located: the loss function raised {type(e).__name__} on the eager re-run)"
     return ""
 
 

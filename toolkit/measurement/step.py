@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import compat
 from ..compat import tree_leaves
-from ..transforms.settings import torch_settings
+from ..transforms.settings import remat_stand_ins, torch_settings
 from . import memory as _memory
 from .numerics import grads as _grads
 from .probes import ProbeRecord, Probes
@@ -81,6 +81,8 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
     checkpoints: Any = None
     """When the probed step failed: what the probes kept of its checkpoint regions (`explain.CheckpointView`)."""
+    remat_stand_ins: bool = False
+    """The step ran with torch_remat's placeholders stood in for (a +cpu build, the toolkit's remat applied: C31)."""
 
 
 def _output_bytes(out: Any) -> int:
@@ -114,6 +116,7 @@ def measured_step(
     the probes (no dispatch mode, no saved-tensor hooks, no patches): only its loss, gradients, and the graphs and
     breaks Dynamo's own counters saw — whether a failure happens without the instrument."""
     out = result if result is not None else StepResult()
+    out.remat_stand_ins = remat_stand_ins(model)
     older = older_node()  # before anything the step makes or measures (C59)
     before = compat.counters_snapshot()
     probes = Probes(model, inputs) if instrument else None
@@ -214,11 +217,11 @@ def measured_step(
 @contextlib.contextmanager
 def restoring_process_state(*, reset_dynamo: bool) -> Any:
     """Restore what a measurement may change in the process: compiler configs, Dynamo's LRU switch (its real
-    state, read by experiment), the RNG, Dynamo's counters; `reset_dynamo` also forgets compiled graphs before and
-    after (tk.run: its model's code objects are shared with every earlier run)."""
+    state, read by experiment, put back if the measurement set it), the RNG, Dynamo's counters; `reset_dynamo` also
+    forgets compiled graphs before and after (tk.run: its model's code objects are shared with every earlier run)."""
     configs = [(mod, mod.save_config()) for mod in compat.compiler_configs()]
     counters = compat.counters_snapshot()
-    lru = compat.lru_cache_enabled()
+    lru = compat.lru_cache_restored(compat.lru_cache_enabled())
     rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     early_stop = compat.checkpoint_early_stop()
@@ -226,7 +229,8 @@ def restoring_process_state(*, reset_dynamo: bool) -> Any:
     if reset_dynamo:
         compat.reset_dynamo()
     try:
-        yield
+        with lru:
+            yield
     finally:
         if reset_dynamo:
             compat.reset_dynamo()
@@ -236,8 +240,6 @@ def restoring_process_state(*, reset_dynamo: bool) -> Any:
             warnings.simplefilter("ignore")  # load_config warns about deprecated keys it sets back
             for mod, blob in configs:
                 mod.load_config(blob)
-        if lru is not None and compat.lru_cache_enabled() != lru:
-            compat.set_lru_cache(lru)
         compat.counters_restore(counters)
         torch.random.set_rng_state(rng)
         if cuda_rng is not None:

@@ -5,8 +5,8 @@ numerics), plus full-size estimates on fake tensors.
 """
 
 from .distributed import DistributedReport, run_distributed
-from .environment import environment
-from .estimate import LAYER_SHAPES, Estimate, estimate
+from .estimates import LAYER_SHAPES, Estimate, estimate
+from .machine import environment
 from .presets import PRESETS, preset
 from .report import Report, SavedTensor, ScenarioRecord, fmt_bytes
 from .runner import measure, run

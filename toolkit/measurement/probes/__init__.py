@@ -3,7 +3,7 @@
 Probes that see what a training step holds for backward through eager AC, SAC caches and compiled graphs, without
 turning compile off.
 
-How each thing is seen (methods measured in ../shared/research/feasibility.md §2):
+How each thing is seen (each method checked against an independent count in tests/_truth.py):
 - eager ops (`tracker.py`): a TorchDispatchMode that declares `ignore_compile_internals` (a plain mode silently
   disables compile, C9) records each output storage with the module running it (`modules.py`'s hooks outside
   compiled regions); whatever is still alive at the end of the forward is held for backward (`census.py`);
@@ -12,6 +12,8 @@ How each thing is seen (methods measured in ../shared/research/feasibility.md §
 - compiled graphs (`compiled.py`): AOTAutograd's partition (what each graph saves, with `nn_module_stack`, and
   the forward ops its backward recomputes) and its runtime save call (the real tensors each invocation saves);
   graphs compiled before the step are read from the forward graph the backend kept;
+- torch's checkpoint from inside (`checkpoint_hooks.py`): its pack hooks in the forward and each recompute, the
+  recompute machinery's own work counted apart, SAC kept out of the probes' own saved-tensor hooks;
 - graph breaks and recompiles (`trace.py`): torch's structured trace (the events tlparse reads).
 Every private torch API sits in `toolkit.compat`; what is missing becomes a blind spot of the record.
 """
@@ -31,6 +33,7 @@ from ... import compat
 from ...transforms.naming import has_checkpoint
 from ..report import GraphBreak
 from . import census as _census
+from . import checkpoint_hooks
 from .base import Held, StepState, dtype_name, is_real
 from .checkpoints import Checkpoints, CheckpointView
 from .compiled import CompiledGraphs
@@ -119,7 +122,9 @@ class Probes:
             stack.enter_context(_older_objects_frozen())
             stack.enter_context(self.compiled.patches())
             stack.enter_context(self.checkpoints.patches())
-            stack.enter_context(compat.recompute_bookkeeping(self._enter_bookkeeping, self._leave_bookkeeping))
+            stack.enter_context(
+                checkpoint_hooks.recompute_bookkeeping(self._enter_bookkeeping, self._leave_bookkeeping)
+            )
             stack.enter_context(self.trace.listening())
             stack.enter_context(self.modules.hooks())
             # Autograd calls the pack hook from inside frames Dynamo is running (a compiled model that fell back to

@@ -96,7 +96,7 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
             "--master_port",
             str(_free_port()),
             "-m",
-            "toolkit.measure.rank_worker",
+            "toolkit.measurement.rank_worker",
             str(spec),
             tmp,
         ]

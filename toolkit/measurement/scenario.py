@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._config import ConfigError, check_bool, check_choice, check_int
+from .._config import ConfigError, check_bool, check_choice, check_int, check_known
 from ..models import ModelConfig, build_model
 from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
@@ -147,7 +147,7 @@ class Scenario:
         check_ac_compile(self.ac, self.compile)
         check_int(own, "steady_steps", self.steady_steps, 0)
         self.model_config  # validates device/seed overrides
-        device = self.torchtitan.device if self.stack == "torchtitan" else self.model_config.device
+        device = self.torchtitan_config.device if self.stack == "torchtitan" else self.model_config.device
         if self.memory_snapshot is not None and not str(device).startswith("cuda"):
             raise ConfigError(
                 own,
@@ -159,9 +159,7 @@ class Scenario:
 
     def _check_torchtitan(self) -> None:
         own = "Scenario"
-        if self.torchtitan is None:
-            object.__setattr__(self, "torchtitan", TorchtitanConfig())
-        if not isinstance(self.torchtitan, TorchtitanConfig):
+        if self.torchtitan is not None and not isinstance(self.torchtitan, TorchtitanConfig):
             raise ConfigError(
                 own,
                 "torchtitan",
@@ -212,14 +210,19 @@ class Scenario:
                 "torchtitan 0.3.0 shards the experts inside each block's unit.",
                 "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.",
             )
-        if self.torchtitan.n_experts % self.ep:
+        if self.torchtitan_config.n_experts % self.ep:
             raise ConfigError(
                 own,
                 "ep",
-                f"{self.torchtitan.n_experts} routed experts do not split over ep={self.ep} ranks.",
-                f"pick ep dividing {self.torchtitan.n_experts}, or set TorchtitanConfig(n_experts=...).",
+                f"{self.torchtitan_config.n_experts} routed experts do not split over ep={self.ep} ranks.",
+                f"pick ep dividing {self.torchtitan_config.n_experts}, or set TorchtitanConfig(n_experts=...).",
             )
         require_torchtitan()
+
+    @property
+    def torchtitan_config(self) -> TorchtitanConfig:
+        """torchtitan's model to build (stack "torchtitan"): `torchtitan`, or the default `TorchtitanConfig()`."""
+        return self.torchtitan if self.torchtitan is not None else TorchtitanConfig()
 
     @property
     def model_config(self) -> ModelConfig:
@@ -252,8 +255,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stack": self.stack} if self.stack != "toolkit" else {}
-        if self.torchtitan is not None:
-            out["torchtitan"] = self.torchtitan.to_dict()
+        if self.stack == "torchtitan":
+            out["torchtitan"] = self.torchtitan_config.to_dict()
         if self.fsdp != "none":
             out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
         if self.ep > 1:
@@ -287,12 +290,7 @@ class Scenario:
                 "(Scenario.to_json() writes one).",
             )
         data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(
-                "Scenario", unknown[0], "is not a field of Scenario.", f"use one of {', '.join(sorted(known))}."
-            )
+        check_known(cls, data)
         for name, sub in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
             if name not in data:
                 continue

@@ -1,6 +1,6 @@
-"""`environment()`: what a Report records about the machine it ran on (torch, python, CPU, GPU).
+"""The machine a measurement ran on: `environment()`, what a Report records of it (torch, python, CPU, threads, GPU).
 
-The one home of `environment()`: what a Report records about the machine it ran on (torch, python, CPU, threads, GPU).
+The one home of `environment()` (the module is named apart from the function, so that neither shadows the other).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import time
 from typing import Callable
 
 from . import channel
-from .environment import environment
+from .machine import environment
 from .report import ErrorInfo, Report, ScenarioRecord, Timing
 from .scenario import Scenario
 
@@ -43,8 +43,8 @@ def run_isolated(
     on_stage: Callable[[str], None] | None = None,
     threads: int | None = None,
 ) -> Report:
-    """A fresh Python per call (torch imported each time); `toolkit.measure.forkserver` is the warm variant."""
-    cmd = [sys.executable, "-m", "toolkit.measure.worker"]
+    """A fresh Python per call (torch imported each time); `toolkit.measurement.forkserver` is the warm variant."""
+    cmd = [sys.executable, "-m", "toolkit.measurement.worker"]
     t0 = time.perf_counter()
     # Its own session, so a timeout kills the worker's own children too (Inductor's compile workers); it still
     # dies with this process (PR_SET_PDEATHSIG, set by the worker), so it is never left running on its own.

@@ -1,0 +1,276 @@
+"""`results.jsonl`, the sweep's store, and its folder: records read, repaired and merged; one sweep at a time.
+
+`results.jsonl` holds one record per line, `{"key", "cell", "report", "limit_s"}` (and `"timeouts"`, how many
+times in a row a timed-out cell did), keyed by scenario, torch version and device (`cells.cell_key`); the last
+record of a key wins, and a line that is not a record (torn by `kill -9`, not UTF-8, junk) is skipped and named.
+One sweep writes into a folder at a time (a lock: `FolderBusy` names the holder); results from several folders or
+machines merge by key, read the same way (`merge_results`, `--merge`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import socket
+import time
+from typing import Any, Iterable, NamedTuple
+
+from .._config import ConfigError, check_int, check_seconds
+from ..measurement import Report
+from ..measurement.report import OUTCOMES
+from .cells import Cell
+
+RESULTS = "results.jsonl"
+LOCK = ".sweep.lock"
+OUTPUTS = ("matrix.json", "matrix.md", "matrix.html")
+
+
+# ------------------------------------------------------------------------------------------------ results.jsonl
+
+
+class Skipped(NamedTuple):
+    """A line of a results.jsonl that is not a record: its number (from 1) and why."""
+
+    line: int
+    why: str
+
+
+_CELL_FIELDS = frozenset(f.name for f in dataclasses.fields(Cell))
+_CELL_NEEDS = frozenset(("block", "ac", "scope"))  # in every record ever written (later fields have defaults)
+
+
+def _record(raw: bytes) -> dict:
+    """One line as the record it must be — `{"key", "cell", "report", "limit_s"}` as `sweep` writes it — or
+    ValueError saying what it is instead. The one reader of records: resume, `load_results` and `--merge`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        raise ValueError("not JSON (a torn or foreign line)") from None
+    if not isinstance(rec, dict) or not {"key", "cell", "report"} <= set(rec):
+        raise ValueError("not a record (an object with key, cell and report)")
+    if not isinstance(rec["key"], str) or not rec["key"].strip():
+        raise ValueError(f"key {rec['key']!r} is not a cell key (a non-empty string)")
+    cell, report = rec["cell"], rec["report"]
+    if not isinstance(cell, dict) or not _CELL_NEEDS <= set(cell) <= _CELL_FIELDS:
+        raise ValueError("its cell does not hold the fields of a Cell")
+    if not isinstance(report, dict) or report.get("outcome") not in OUTCOMES:
+        raise ValueError("its report has no outcome")
+    if not isinstance(report.get("environment"), dict) or not isinstance(report["environment"].get("torch"), str):
+        raise ValueError("its report does not say which torch measured it")
+    try:
+        check_seconds("record", "limit_s", rec.get("limit_s"))
+    except ConfigError as e:
+        raise ValueError(f"limit_s {e.problem.rstrip('.')}") from None
+    if "timeouts" in rec:
+        try:
+            check_int("record", "timeouts", rec["timeouts"], 0)
+        except ConfigError as e:
+            raise ValueError(f"timeouts {e.problem.rstrip('.')}") from None
+    try:
+        rec["_cell"], rec["_report"] = Cell(**cell), Report.from_dict(report)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"its cell or report cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
+    return rec
+
+
+def read_results(path: str | os.PathLike) -> tuple[dict[str, dict], list[Skipped]]:
+    """key → the last valid record for it, and every line skipped with why: a torn line (`kill -9` mid-write), an
+    undecodable one (not UTF-8), junk that is not a record."""
+    out: dict[str, dict] = {}
+    skipped: list[Skipped] = []
+    p = pathlib.Path(path)
+    if not p.exists():
+        return out, skipped
+    for n, raw in enumerate(p.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = _record(raw)
+        except ValueError as e:
+            skipped.append(Skipped(n, str(e)))
+            continue
+        out[rec["key"]] = rec
+    return out, skipped
+
+
+def read_records(path: pathlib.Path) -> dict[str, dict]:
+    return read_results(path)[0]
+
+
+def skipped_text(path: str | os.PathLike, skipped: list[Skipped], limit: int = 5) -> str:
+    """`results.jsonl: skipped 3 lines that are not records (line 4: not UTF-8 …; line 9: not JSON …)`."""
+    shown = "; ".join(f"line {s.line}: {s.why}" for s in skipped[:limit])
+    more = f"; +{len(skipped) - limit} more" if len(skipped) > limit else ""
+    n = len(skipped)
+    return (
+        f"{path}: skipped {n} line{'' if n == 1 else 's'} that {'is' if n == 1 else 'are'} not a record ({shown}{more})"
+    )
+
+
+def load_results(path: str | os.PathLike) -> dict[str, tuple[Cell, Report]]:
+    """Finished cells from a results.jsonl, the last record of each key (torn, undecodable and junk lines are
+    skipped: `read_results` says which)."""
+    return {k: (r["_cell"], r["_report"]) for k, r in read_records(pathlib.Path(path)).items()}
+
+
+def repair_tail(path: str | os.PathLike) -> bool:
+    """Make sure the next record starts on a line of its own: a torn last line (a crash mid-write) is cut off,
+    a whole record missing only its newline gets one. True when something was changed."""
+    p = pathlib.Path(path)
+    if not p.exists():
+        return False
+    with open(p, "rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return False
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+            f.write(b"\n")
+        except ValueError:
+            f.truncate(cut)  # that cell's record is lost; it runs again
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def merge_results(
+    sources: Iterable[str | os.PathLike], into: str | os.PathLike, skipped: dict[str, list[Skipped]] | None = None
+) -> int:
+    """Append to `into` (a results.jsonl) the records of `sources` it lacks, by cell key; a measured result
+    replaces a `crashed`/`timeout` one. Each source is read as a sweep reads its own file (`read_results`): the lines
+    that are not records are skipped, and listed in `skipped` by source when a dict is given. Returns how many
+    records were added."""
+    into = pathlib.Path(into)
+    have = read_records(into)
+    repair_tail(into)
+    added = 0
+    with open(into, "a") as f:
+        for src in sources:
+            records, bad = read_results(src)
+            if skipped is not None and bad:
+                skipped[str(src)] = bad
+            for key, rec in records.items():
+                mine = have.get(key)
+                if mine is not None and (
+                    mine["_report"].outcome not in ("crashed", "timeout")
+                    or rec["_report"].outcome in ("crashed", "timeout")
+                ):
+                    continue
+                f.write(json.dumps({k: v for k, v in rec.items() if not k.startswith("_")}) + "\n")
+                have[key] = rec
+                added += 1
+        f.flush()
+        os.fsync(f.fileno())
+    return added
+
+
+def check_out(out: Any) -> None:
+    """An output folder is a non-empty path: `""` would write into the working directory (`wrote /matrix.json`)."""
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+        raise ConfigError(
+            "sweep",
+            "out",
+            f"{out!r} names no folder (an empty path would write into the working directory).",
+            "pass a folder, e.g. out='matrix-out' (--out matrix-out).",
+        )
+
+
+class FolderBusy(RuntimeError):
+    """The output folder's lock is held by another sweep: a condition of the moment, not a bad input (the same
+    command works once that sweep ends)."""
+
+
+class Folder:
+    """The output folder, checked before any cell runs: a folder (not a file), writable, and this sweep's alone."""
+
+    def __init__(self, out: str | os.PathLike):
+        check_out(out)
+        self.path = pathlib.Path(out)
+        self.results = self.path / RESULTS
+        self._lock = None
+
+    def __enter__(self) -> "Folder":
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"{str(p)!r} is a file, not a folder.",
+                "pass a folder (created if missing), or move the file away.",
+            )
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            lock = open(p / LOCK, "a+")
+        except OSError as e:
+            raise ConfigError(
+                "sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).", "pass a folder you can write to."
+            ) from None
+        import fcntl
+
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            who = lock.read().strip() or "another process"
+            lock.close()
+            raise FolderBusy(
+                f"another sweep is writing into {str(p)!r} ({who}). Fix: wait for it to finish, or pass another folder."
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        self._lock = lock
+        try:
+            with open(self.results, "a"):
+                pass
+            repair_tail(self.results)
+            for name in OUTPUTS:  # what the sweep writes at the end, checked before the first cell runs
+                target = p / name
+                if target.is_dir():
+                    raise IsADirectoryError(21, "Is a directory", str(target))
+                if target.exists() and not os.access(target, os.W_OK):
+                    raise PermissionError(13, "Permission denied", str(target))
+        except OSError as e:
+            self.__exit__()
+            where = e.filename or str(self.results)
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"cannot write {str(where)!r} ({e.strerror or e}).",
+                "move it away, or pass another folder.",
+            ) from None
+        return self
+
+    def append(self, rec: dict) -> None:
+        with open(self.results, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __exit__(self, *exc) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self._lock.truncate(0)
+            self._lock.close()  # closing releases the flock (so does dying: the kernel drops it)
+            self._lock = None
+
+
+def merge_into(out: str | os.PathLike, sources: Iterable[str | os.PathLike]) -> tuple[int, dict[str, list[Skipped]]]:
+    """`merge_results` into `out/results.jsonl`, holding the folder's lock as a sweep does; each source must be a
+    file. Returns how many records were added, and the lines of each source that were skipped (with why)."""
+    sources = list(sources)
+    for src in sources:
+        if not pathlib.Path(src).is_file():
+            raise ConfigError("matrix", "merge", f"{str(src)!r} is not a file.", "pass results.jsonl files.")
+    skipped: dict[str, list[Skipped]] = {}
+    with Folder(out) as folder:
+        return merge_results(sources, folder.results, skipped), skipped
