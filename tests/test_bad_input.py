@@ -9,10 +9,12 @@ import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
 import nbformat
+import psutil
 import pytest
 import torch
 from _helpers import extra
@@ -20,7 +22,7 @@ from torch import nn
 
 import toolkit as tk
 from toolkit import cli
-from toolkit._config import InputWarning
+from toolkit._config import InputWarning, printable
 from toolkit.analysis import sweeps
 from toolkit.analysis.cells import Cell
 from toolkit.analysis.executors import LocalExecutor
@@ -72,14 +74,18 @@ API = [
     ("train_step with tokens >= vocab_size",
      lambda: tk.train_step(_model(), tk.make_batch(TINY)._replace(tokens=torch.full((2, 8), 10**6))),
      tk.ConfigError, "vocab_size", "a token id is 1000000"),
-    ("vocab_size=2**40", lambda: tk.build_model(tk.ModelConfig(vocab_size=2**40)),
-     tk.ConfigError, "vocab_size", "vocab_size=1099511627776 makes"),
-    ("n_experts=2**22 (booked under the experts' hidden size)",
-     lambda: tk.build_model(tk.ModelConfig(n_experts=2**22)), tk.ConfigError, "n_experts", "n_experts=4194304 makes"),
-    ("n_layers=10**6", lambda: tk.build_model(tk.ModelConfig(n_layers=10**6)),
-     tk.ConfigError, "n_layers", "n_layers=1000000 makes"),
-    ("make_batch seq_len=2**40", lambda: tk.make_batch(tk.ModelConfig(seq_len=2**40)),
-     tk.ConfigError, "seq_len", "seq_len=1099511627776 makes a batch of 2 x 1099511627776 tokens"),
+    ("vocab_size=2**24 at dim 1024 (past this machine's memory)",
+     lambda: tk.build_model(tk.ModelConfig(vocab_size=2**24, dim=1024)),
+     tk.ConfigError, "vocab_size", "vocab_size=16777216 makes"),
+    ("vocab_size=2**40 (past any machine: the bound)", lambda: tk.ModelConfig(vocab_size=2**40),
+     tk.ConfigError, "vocab_size", "1099511627776 is above 16777216"),
+    ("n_experts=2**22", lambda: tk.ModelConfig(n_experts=2**22), tk.ConfigError, "n_experts", "4194304 is above 8192"),
+    ("n_layers=4096 at dim 4096 (past this machine's memory)",
+     lambda: tk.build_model(tk.ModelConfig(n_layers=4096, dim=4096, moe_layers="none")),
+     tk.ConfigError, "n_layers", "n_layers=4096 makes"),
+    ("n_layers=10**6", lambda: tk.ModelConfig(n_layers=10**6), tk.ConfigError, "n_layers", "1000000 is above 4096"),
+    ("make_batch seq_len=2**24, batch 1024", lambda: tk.make_batch(tk.ModelConfig(seq_len=2**24, batch=2**10)),
+     tk.ConfigError, "seq_len", "seq_len=16777216 makes a batch of 1024 x 16777216 tokens"),
     ("measure(nn.Identity())", lambda: tk.measure(nn.Identity(), torch.randn(3)),
      tk.ConfigError, "module_or_fn", "Identity has no parameters"),
     ("loss_fn returning a float", lambda: tk.measure(nn.Linear(3, 3), torch.randn(2, 3), loss_fn=lambda o: 1.0),
@@ -125,6 +131,58 @@ API = [
     ("repro.export under a file",
      lambda: pathlib.Path("afile").write_text("mine") and tk.repro.export(_REPORT(), "afile/sub"),
      tk.ConfigError, "path", "cannot make the folder 'afile'"),
+    # The 341-try audit (issue 38): raw AttributeErrors, silent accepts and unbounded sizes, each a named refusal now.
+    ("train_step(model, 'batch')", lambda: tk.train_step(_model(), "batch"), tk.ConfigError, "batch",
+     "'batch' (str) is not a Batch"),
+    ("reset(42)", lambda: tk.reset(42), tk.ConfigError, "model", "42 (int) is not a Module"),
+    ("named_modules(42)", lambda: list(tk.named_modules(42)), tk.ConfigError, "model", "42 (int) is not a Module"),
+    ("classify(None)", lambda: tk.classify(None), tk.ConfigError, "report", "None (NoneType) is not a Report"),
+    ("estimate(None)", lambda: tk.estimate(None), tk.ConfigError, "scenario", "is not a Scenario or ModelConfig"),
+    ("estimate('no such shape')", lambda: tk.estimate("no such shape"), tk.ConfigError, "scenario",
+     "a name of tk.LAYER_SHAPES (deepseek_v3_layer"),
+    ("estimate(cuda_rounding='yes')", lambda: tk.estimate(TINY, cuda_rounding="yes"), tk.ConfigError,
+     "cuda_rounding", "'yes' is not a bool"),
+    ("repro.export(None, path)", lambda: tk.repro.export(None, "bundle"), tk.ConfigError, "report",
+     "None (NoneType) is not a Report"),
+    ("repro.export timeout_s=-1, before writing",
+     lambda: tk.repro.export(_REPORT(), "bundle", trace=True, timeout_s=-1),
+     tk.ConfigError, "timeout_s", "-1 is not a positive number of seconds"),
+    ("sweep(cells='abc')", lambda: sweep(cells="abc", out="unused"), tk.ConfigError, "cells", "'abc' is not a list"),
+    ("sweep(progress='x')", lambda: sweep([DENSE], out="unused", progress="x"), tk.ConfigError, "progress",
+     "'x' is not a bool"),
+    ("run(isolate='yes')", lambda: tk.run(tk.Scenario(), isolate="yes"), tk.ConfigError, "isolate",
+     "'yes' is not a bool"),
+    ("run(timeout_s=1e300)", lambda: tk.run(tk.Scenario(), isolate=True, timeout_s=1e300), tk.ConfigError,
+     "timeout_s", "longer than 604800 s (a week)"),
+    ("ModelConfig(seed=2**70)", lambda: tk.ModelConfig(seed=2**70), tk.ConfigError, "seed",
+     "is above 9223372036854775807"),
+    ("ModelConfig(n_layers=99999999999)", lambda: tk.ModelConfig(n_layers=99999999999), tk.ConfigError, "n_layers",
+     "99999999999 is above 4096"),
+    ("ModelConfig(n_experts=10**6)", lambda: tk.ModelConfig(n_experts=10**6, top_k=8), tk.ConfigError, "n_experts",
+     "1000000 is above 8192"),
+    ("ModelConfig(dim=5001 digits)", lambda: tk.ModelConfig(dim=10**5000), tk.ConfigError, "dim",
+     "a number of about 5001 digits is above"),
+    ("Scenario(steady_steps=10**9)", lambda: tk.Scenario(steady_steps=10**9), tk.ConfigError, "steady_steps",
+     "1000000000 is above 1000"),
+    ("measure(steady_steps=10**9)", lambda: tk.measure(nn.Linear(3, 3), torch.randn(2, 3), steady_steps=10**9),
+     tk.ConfigError, "steady_steps", "1000000000 is above 1000"),
+    ("run_distributed(nproc=100000)", lambda: tk.run_distributed(tk.Scenario(), nproc=100000), tk.ConfigError,
+     "nproc", "100000 is above 64"),
+    ("Scenario name with an ESC colour code", lambda: tk.Scenario(name="red\x1b[31m"), tk.ConfigError, "name",
+     "holds the control character '\\x1b'"),
+    ("Scenario name with a newline", lambda: tk.Scenario(name="a\nb"), tk.ConfigError, "name",
+     "holds the control character '\\n'"),
+    ("selective_layer wrapping no block",
+     lambda: tk.apply_ac(_model(), tk.ACConfig(mode="selective_layer", layer_every=4096)), tk.ConfigError,
+     "layer_every", "layer_every=4096 checkpoints none of the model's 1 blocks"),
+    ("Report.from_json('{}')", lambda: tk.Report.from_json("{}"), tk.ConfigError, "outcome", "is missing"),
+    ("Report with outcome 5", lambda: tk.Report.from_dict({"outcome": 5, "saved": {}, "environment": {}}),
+     tk.ConfigError, "outcome", "5 is not one of ok, error"),
+    ("Report of schema 99", lambda: tk.Report.from_dict({**_REPORT().to_dict(), "schema_version": 99}),
+     tk.ConfigError, "schema_version", "99 is not a schema this toolkit reads"),
+    ("bugs.export into a file",
+     lambda: pathlib.Path("afile").write_text("mine") and tk.bugs.export("C27", "afile"), tk.ConfigError,
+     "directory", "'afile' is a file, not a folder"),
 ]  # fmt: skip
 
 
@@ -211,7 +269,11 @@ def _run_script(path, cwd):
 
 
 def test_nothing_a_report_holds_becomes_code_in_a_bundle(tmp_path):
-    report = _REPORT(INJECT)
+    """A Report read from a file can hold any name (a Scenario refuses control characters when it is made): the
+    bundle shows it escaped, as data, and nothing of it runs."""
+    report = _REPORT()
+    record = dataclasses.replace(report.scenario, name=INJECT, config={**report.scenario.config, "name": INJECT})
+    report = dataclasses.replace(report, scenario=record)
     # The torch version is the other string that went into the script unescaped.
     report = dataclasses.replace(report, environment={**report.environment, "torch": "2.13'\nopen('INJECTED2','w')\n#"})
     bundle = tk.repro.export(report, tmp_path / "b")
@@ -220,8 +282,9 @@ def test_nothing_a_report_holds_becomes_code_in_a_bundle(tmp_path):
     data = {"NAME", "OBSERVED", "SCENARIO"}
     assigns = [n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id in data]
     values = {n.targets[0].id: ast.literal_eval(n.value) for n in assigns}  # literals, nothing that runs
-    assert values["NAME"] == INJECT and values["OBSERVED"]["torch"] == report.environment["torch"]
-    assert json.loads(values["SCENARIO"])["name"] == INJECT
+    shown = printable(INJECT)
+    assert values["NAME"] == shown and values["OBSERVED"]["torch"] == report.environment["torch"]
+    assert json.loads(values["SCENARIO"])["name"] == shown
     assert not any("INJECTED" in ast.unparse(n) for n in tree.body if n not in assigns)
     nb = nbformat.read(bundle.notebook, as_version=4)
     assert all("open(" not in line for c in nb.cells if c.cell_type == "code" for line in c.source.splitlines()[1:] if
@@ -229,7 +292,7 @@ def test_nothing_a_report_holds_becomes_code_in_a_bundle(tmp_path):
     assert "\n" not in nb.cells[0].source.split("\n\n")[0]  # the title is one line of inert markdown
     done = _run_script(bundle.script, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "reproduced" in done.stdout and f"reproducing {INJECT}" in done.stdout
+    assert "reproduced" in done.stdout and f"reproducing {shown}" in done.stdout
     assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "INJECTED2").exists()
 
 
@@ -371,6 +434,14 @@ def _files(tmp: pathlib.Path) -> dict:
     (tmp / "no-verdict.jsonl").write_text('{"case": "C2"}\n{"case": "C2", "torch": "2.13.0", "reproduced": true}\n')
     (tmp / "a-folder").mkdir()
     (tmp / "junk.jsonl").write_bytes(b'{"key":"k","cell":{},"report":{}}\n\xff\n')
+    os.mkfifo(tmp / "fifo.json")  # no writer: open() would block for ever
+    (tmp / "zero.json").symlink_to("/dev/zero")  # read() would never end
+    (tmp / "digits.json").write_text('{"seed": ' + "9" * 5001 + "}")
+    (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp / "steady.json").write_text('{"steady_steps": 1000000000}')
+    (tmp / "zero-results").mkdir()
+    (tmp / "zero-results" / "results.jsonl").symlink_to("/dev/zero")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
     return {}
 
 
@@ -403,6 +474,30 @@ CLI = [
     ("run --isolate --timeout-s nan", ["run", "--preset", "moe_eager", "--isolate", "--timeout-s", "nan"], {}, 2,
      "nan is not a positive number of seconds"),
     ("run --config of JSON lines", ["run", "--config", "findings.jsonl"], {}, 2, "is not valid JSON"),
+    # The 341-try audit (issue 38): hangs, unbounded reads and sizes, tracebacks; each one line, exit 2, at once.
+    ("run --config naming a FIFO with no writer", ["run", "--config", "fifo.json"], {}, 2,
+     "it is not a regular file (a FIFO, a device or a folder)"),
+    ("run --config naming /dev/zero", ["run", "--config", "zero.json"], {}, 2, "it is not a regular file"),
+    ("run --config with a 5001-digit integer", ["run", "--config", "digits.json"], {}, 2,
+     "it holds Exceeds the limit (4300 digits)"),
+    ("run --config nested 100,000 deep", ["run", "--config", "deep.json"], {}, 2, "it is JSON nested too deep"),
+    ("run --config steady_steps 10**9", ["run", "--config", "steady.json"], {}, 2,
+     "Scenario.steady_steps: 1000000000 is above 1000"),
+    ("run --preset ''", ["run", "--preset", ""], {}, 2, "preset.name: '' is not a preset"),
+    ("run --nproc 100000", ["run", "--preset", "moe_eager", "--nproc", "100000"], {}, 2,
+     "argument --nproc: 100000 is above 64"),
+    ("run --isolate --timeout-s 1e300", ["run", "--preset", "moe_eager", "--isolate", "--timeout-s", "1e300"], {}, 2,
+     "longer than 604800 s (a week)"),
+    ("demo --layers 99999999999", ["demo", "--layers", "99999999999"], {}, 2,
+     "argument --layers: 99999999999 is above 4096"),
+    ("matrix --partition with the local executor", ["matrix", "--partition", "gpu", "--out", "o"], {}, 2,
+     "--partition is an option of --executor submitit; --executor local would ignore it"),
+    ("matrix --address with the local executor", ["matrix", "--address=auto", "--out", "o"], {}, 2,
+     "--address is an option of --executor ray"),
+    ("matrix --out a dangling symlink", ["matrix", "--only", "^dense \\| AC none \\| eager", "--out", "dangling"], {},
+     2, "is a symlink to"),
+    ("matrix whose results.jsonl is /dev/zero",
+     ["matrix", "--only", "^dense \\| AC none \\| eager", "--out", "zero-results"], {}, 2, "is not a regular file"),
 ]  # fmt: skip
 
 
@@ -630,3 +725,198 @@ def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
     pool = WarmPool.__new__(WarmPool)
     pool._lock, pool._ctrl, pool._waiting = threading.Lock(), None, {}
     pool._read(Closed(), Slow())  # raised TimeoutExpired (a traceback in the reader thread) before
+
+
+# ------------------------------------------------------------------------------------- faults: files and processes
+
+
+def test_a_full_disk_leaves_the_previous_outputs_whole_and_says_so_in_one_line(tmp_path):
+    """The page rewritten on a disk that takes no more (a file-size limit stands in for a full disk: the write
+    fails with an OSError part way): matrix.json, .md and .html are each the previous file, byte for byte, no
+    temporary is left, and the error is one line naming the file."""
+    script = textwrap.dedent(f"""
+        import os, resource, signal, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from _helpers import synthetic_matrix
+        from toolkit import _files
+        result, _ = synthetic_matrix()
+        result.write({str(tmp_path)!r})
+        before = {{p: open(os.path.join({str(tmp_path)!r}, p), "rb").read() for p in os.listdir({str(tmp_path)!r})}}
+        result.environment["torch"] = "changed"  # every output changes
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            result.write({str(tmp_path)!r})
+        except _files.WriteFailed as e:
+            print("error:", e.strerror)
+        after = {{p: open(os.path.join({str(tmp_path)!r}, p), "rb").read() for p in os.listdir({str(tmp_path)!r})}}
+        print("same" if after == before else sorted(set(after) ^ set(before)) or "changed")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr
+    error, verdict = p.stdout.strip().splitlines()
+    assert error.startswith("error: could not write") and "the previous file is as it was" in error, error
+    assert verdict == "same", verdict  # no temporary left beside them either
+
+
+def test_the_stamp_on_a_full_disk_leaves_no_temporary(tmp_path):
+    from toolkit import _stamp
+
+    script = textwrap.dedent(f"""
+        import resource, signal
+        from toolkit import _stamp
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
+        _stamp.write(["--out", {str(tmp_path)!r}], {str(tmp_path)!r}, {{"stdout": [["x" * 100, False]], "code": 0}})
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == [] and not (tmp_path / _stamp.STAMP).exists()
+
+
+def test_a_torn_last_line_is_cut_and_said(tmp_path, capsys):
+    report = _REPORT()
+    first = sweep([DENSE], out=tmp_path, progress=False, runner=lambda sc: report)
+    results = tmp_path / "results.jsonl"
+    whole = results.read_bytes()
+    results.write_bytes(whole + b'{"key": "torn", "cell": {"blo')  # a crash mid-write
+    capsys.readouterr()
+    again = sweep([DENSE], out=tmp_path, progress=False, runner=lambda sc: report)
+    err = capsys.readouterr().err
+    assert "its last line was torn (a crash mid-write): 29 bytes cut, that cell runs again" in err, err
+    assert results.read_bytes() == whole and [r.key for r in again.rows] == [r.key for r in first.rows]
+
+
+def test_bugs_export_never_overwrites_an_edited_script(tmp_path):
+    path = tk.bugs.export("C27", tmp_path)
+    path.write_text("# my edits\n")
+    with pytest.raises(tk.ConfigError, match="exists \\(perhaps edited since it was exported\\).*overwrite=True"):
+        tk.bugs.export("C27", tmp_path)
+    assert path.read_text() == "# my edits\n"
+    assert tk.bugs.export("C27", tmp_path, overwrite=True) == path and "import torch" in path.read_text()
+
+
+def test_an_option_dropped_from_an_old_config_file_is_said_naming_the_file(tmp_path):
+    """A record written before AC options became mode-specific held every option: one the mode does not read, at
+    the value old files held, is dropped with one line naming the file and the option; any other value is refused."""
+    old = tmp_path / "old.json"
+    old.write_text('{"ac": {"mode": "full", "memory_budget": 0.5}, "check_numerics": false, "steady_steps": 0}')
+    out = _cli("run", "--config", str(old), "--no-refs", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if "dropped" in ln]
+    assert line.startswith(f"warning: --config {old}: ACConfig.memory_budget: 0.5 dropped: mode='full'"), line
+
+
+def _marked(mark: str) -> list[str]:
+    """The command lines of every process whose environment carries `mark` (a run's descendants, whoever their
+    parent is now)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != os.getpid() and p.environ().get("TOOLKIT_TEST_MARK") == mark:
+                found.append(" ".join(p.info["cmdline"] or []))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    "argv, kill_after_s",
+    [
+        (["run", "--preset", "moe_eager", "--nproc", "2"], 1.0),  # while the command imports
+        (["run", "--preset", "moe_eager", "--nproc", "2"], 4.0),  # torchrun starting its ranks
+        (["run", "--preset", "moe_eager", "--nproc", "2"], 7.0),  # the ranks measuring
+        (["run", "--preset", "moe_eager", "--isolate"], 3.0),
+    ],
+)
+def test_kill_minus_nine_of_the_command_leaves_no_process_and_no_folder(tmp_path, argv, kill_after_s):
+    """Every process a command starts dies with it, kill -9 included: torchrun's ranks (sessions of their own) and
+    the launcher, the isolated worker; a later run removes the rank folder the killed one left."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = {**ENV, "TOOLKIT_TEST_MARK": mark, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(kill_after_s)
+    seen = _marked(mark)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and _marked(mark):
+        time.sleep(0.25)
+    assert _marked(mark) == [], f"left running after kill -9 at {kill_after_s} s (had {len(seen)}): {_marked(mark)}"
+    from toolkit.measurement import distributed
+
+    distributed.remove_orphaned_folders(tmp_path)  # what the next run_distributed does first
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("toolkit-ranks-")] == []
+
+
+def test_a_distributed_run_past_its_time_limit_leaves_no_rank(tmp_path):
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = {**ENV, "TOOLKIT_TEST_MARK": mark, "TMPDIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "toolkit", "run", "--preset", "moe_eager", "--nproc", "2", "--timeout-s", "3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1 and "no result after 3 s" in out.stdout + out.stderr
+    deadline = time.time() + 10
+    while time.time() < deadline and _marked(mark):
+        time.sleep(0.25)
+    assert _marked(mark) == [] and not [p for p in tmp_path.iterdir() if p.name.startswith("toolkit-ranks-")]
+
+
+def test_a_results_line_the_disk_cannot_take_is_one_error_and_the_file_stays_readable(tmp_path):
+    """A sweep whose results.jsonl cannot grow (a file-size limit for a full disk): `WriteFailed`, one line naming
+    the file, and what was there before reads as before."""
+    results = tmp_path / "results.jsonl"
+    script = textwrap.dedent(f"""
+        import resource, signal, toolkit as tk
+        from toolkit import _files
+        from toolkit.analysis.cells import Cell
+        from toolkit.analysis.sweeps import sweep
+        report = tk.run(tk.Scenario(model=tk.ModelConfig(n_layers=1), check_numerics=False, measure_memory=False,
+                                    steady_steps=0))
+        sweep([Cell("dense")], out={str(tmp_path)!r}, progress=False, runner=lambda sc: report)
+        size = len(open({str(results)!r}, "rb").read())
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, size + 100))
+        try:
+            sweep([Cell("dense", "full")], out={str(tmp_path)!r}, progress=False, runner=lambda sc: report)
+        except _files.WriteFailed as e:
+            print("error:", e.strerror)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (line,) = p.stdout.strip().splitlines()
+    assert line.startswith(f"error: could not append to {str(results)!r}: "), line
+    assert len(read_results(results)[0]) == 1  # the first record still reads; a torn tail is skipped and named
+
+
+def test_an_estimate_checks_each_storage_a_bounded_number_of_times():
+    """A deep model's estimate is linear in its layers: it no longer looks at every live storage after every op
+    (40 layers took 40 s, 500 never ended). Counted, not timed: the weak-reference checks per layer stay flat."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    calls = [0]
+    original = StorageWeakRef.expired
+
+    def counting(self):
+        calls[0] += 1
+        return original(self)
+
+    per_layer = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StorageWeakRef, "expired", counting)
+        for n in (4, 16):
+            calls[0] = 0
+            tk.estimate(tk.ModelConfig(n_layers=n))
+            per_layer[n] = calls[0] / n
+    assert per_layer[16] < 1.5 * per_layer[4], per_layer  # quadratic was 4x per layer at 16 layers

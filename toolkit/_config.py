@@ -51,20 +51,76 @@ def check_strings(owner: str, field: str, value: Any, example: str, *, non_empty
     return tuple(value)
 
 
-def check_int(owner: str, field: str, value: Any, minimum: int | None = None) -> None:
-    """A whole number (not a bool), at or above `minimum`: the one home of every such check."""
+def check_int(
+    owner: str, field: str, value: Any, minimum: int | None = None, maximum: int | None = None, why: str = ""
+) -> None:
+    """A whole number (not a bool), at or above `minimum` and at or below `maximum` (`why`: what the bound is for):
+    the one home of every such check. Every size a user gives has its bound, checked before any work starts."""
     at_least = f" >= {minimum}" if minimum is not None else ""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(
-            owner, field, f"{value!r} is not a whole number{at_least}.", f"pass e.g. {field}={max(1, minimum or 0)}."
+            owner,
+            field,
+            f"{_short(value)} is not a whole number{at_least}.",
+            f"pass e.g. {field}={max(1, minimum or 0)}.",
         )
     if minimum is not None and value < minimum:
         raise ConfigError(
             owner,
             field,
-            f"{value} is not a whole number{at_least} (it is below {minimum}).",
+            f"{_short(value)} is not a whole number{at_least} (it is below {minimum}).",
             f"pass e.g. {field}={max(1, minimum)}.",
         )
+    if maximum is not None and value > maximum:
+        raise ConfigError(
+            owner,
+            field,
+            f"{_short(value)} is above {maximum}, the most this takes{f' ({why})' if why else ''}.",
+            f"pass {field} <= {maximum}.",
+        )
+
+
+def check_instance(owner: str, field: str, value: Any, kind: type | tuple[type, ...], fix: str) -> None:
+    """`value` is a `kind` (an API handed a string for a model, None for a Report): a ConfigError naming the field and
+    the fix, before anything reads an attribute of it."""
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ConfigError(owner, field, f"{_short(value)} ({type(value).__name__}) is not a {names}.", fix)
+
+
+def check_text(owner: str, field: str, value: Any, limit: int = 200) -> None:
+    """A name shown on a terminal line: a string of at most `limit` characters with no control character (a NUL, a
+    newline or an ESC colour code would break the line that leads with the classification)."""
+    if not isinstance(value, str):
+        raise ConfigError(owner, field, f"{_short(value)} is not a string.", f"pass {field} as text.")
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ConfigError(
+            owner, field, f"holds the control character {bad!r}, which a terminal line cannot show.", "drop it."
+        )
+    if len(value) > limit:
+        raise ConfigError(owner, field, f"is {len(value)} characters long, over {limit}.", "pass a shorter name.")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character escaped (`\\x1b`): what any line shows of a name read from a file."""
+    return "".join(c if 32 <= ord(c) != 127 else repr(c)[1:-1] for c in text)
+
+
+def _short(value: Any) -> str:
+    """A value as an error message shows it: a huge integer (5001 digits) by its size, not its digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+MAX_STEADY_STEPS = 1000
+"""The most timing steps a measurement takes after its measured one (a median needs a few, not a billion)."""
+MAX_RANKS = 64
+"""The most ranks one machine runs under torchrun (each a process with torch imported: gloo on one host)."""
+MAX_SECONDS = 7 * 24 * 3600
+"""The longest time limit anything takes (a week): a longer one is no limit, and 1e300 overflows a deadline."""
 
 
 def check_seconds(owner: str, field: str, value: Any) -> None:
@@ -77,8 +133,15 @@ def check_seconds(owner: str, field: str, value: Any) -> None:
         raise ConfigError(
             owner,
             field,
-            f"{value!r} is not a positive number of seconds.",
+            f"{_short(value)} is not a positive number of seconds.",
             f"pass e.g. {field}=600, or None for no limit.",
+        )
+    if value > MAX_SECONDS:
+        raise ConfigError(
+            owner,
+            field,
+            f"{value:g} s is longer than {MAX_SECONDS} s (a week), the longest limit this takes.",
+            f"pass {field} <= {MAX_SECONDS}, or None for no limit.",
         )
 
 

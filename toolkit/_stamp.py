@@ -96,12 +96,11 @@ def write(argv: list[str], out: str | os.PathLike, printed: dict[str, Any]) -> N
     """Stamp `out` after a sweep that leaves nothing to run again: `printed` holds the summary's lines (`stdout`,
     each with whether it is cut to the terminal's width), `stderr` (lines) and `code` (the exit code). A folder
     that cannot take the stamp just goes without it."""
-    path = pathlib.Path(out) / STAMP
-    tmp = path.with_name(path.name + ".tmp")
+    from . import _files
+
     try:
-        tmp.write_text(json.dumps({"inputs": inputs(argv, out), "printed": printed}))
-        os.replace(tmp, path)
-    except OSError:
+        _files.write_text(pathlib.Path(out) / STAMP, json.dumps({"inputs": inputs(argv, out), "printed": printed}))
+    except OSError:  # a full disk, a read-only folder: no stamp (and no temporary left), the next run sweeps again
         clear(out)
 
 

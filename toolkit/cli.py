@@ -97,40 +97,34 @@ EXIT_INTERRUPTED = 130
 
 
 def _load_scenario(args):
-    """The scenario `run` was asked for; a ConfigError or an unreadable file becomes one line naming the file."""
-    from ._config import ConfigError
+    """The scenario `run` was asked for; a ConfigError or an unreadable file becomes one line naming the file. A
+    record's option dropped on the way in (`InputWarning`) is said in one line naming the file."""
+    import warnings
+
+    from . import _files
+    from ._config import ConfigError, InputWarning
     from .measurement import Scenario, preset
 
-    if args.preset:
+    if args.preset is not None:
         return preset(args.preset)
     path = args.config
+    fix = "pass the path of a Scenario JSON file (Scenario.to_json() writes one)."
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise _UsageError(
-            f"--config {path}: cannot read it ({e.strerror or e}).",
-            "pass the path of a Scenario JSON file (Scenario.to_json() writes one).",
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _UsageError(
-            f"--config {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): not a Scenario "
-            "JSON file.",
-            "pass the path of a Scenario JSON file (Scenario.to_json() writes one).",
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _UsageError(
-            f"--config {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.",
-            "fix the JSON, or write the file with Scenario.to_json().",
-        ) from None
-    try:
-        return Scenario.from_dict(data)
+        text = _files.read_capped(path, "run", "--config", name="it")
+        data = _files.loads(text, "run", "--config", name="it")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InputWarning)
+            scenario = Scenario.from_dict(data)
     except ConfigError as e:
+        if e.owner == "run":  # the file itself: "--config FILE: cannot read it (…)", "… it is not valid JSON: …"
+            raise _UsageError(f"--config {path}: {e.problem}", fix) from None
         raise _UsageError(f"--config {path}: {e}") from None
+    for w in caught:
+        if issubclass(w.category, InputWarning):
+            print(f"warning: --config {path}: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return scenario
 
 
 class _UsageError(Exception):
@@ -295,6 +289,15 @@ def _matrix_parser() -> argparse.ArgumentParser:
         help="check the options, the cells and the --merge files, say how many cells would run "
         "(and how many OUT already holds), then exit without running or writing anything",
     )
+    # Which executors read each option, from the groups above: one given to an executor that does not read it is
+    # refused (it used to be dropped without a word).
+    groups = {loc: ("local",), sub: ("submitit",), both: ("submitit", "ray"), ray: ("ray",)}
+    parser.executor_options = {
+        opt: readers
+        for group, readers in groups.items()
+        for action in group._group_actions
+        for opt in action.option_strings
+    }
     return parser
 
 
@@ -316,6 +319,13 @@ def _matrix_command(argv: list[str]) -> int:
 
     parser = _matrix_parser()
     args = parser.parse_args(argv)
+    for given in argv:
+        readers = parser.executor_options.get(given.split("=", 1)[0])
+        if readers is not None and args.executor not in readers:
+            parser.error(
+                f"{given.split('=', 1)[0]} is an option of --executor {' or '.join(readers)}; --executor "
+                f"{args.executor} would ignore it. Fix: drop it, or pass --executor {readers[0]}."
+            )
     if args.workers is None:  # local's option: the cluster executors run each cell as a job of its own
         args.workers = max(1, min(2, os.cpu_count() or 1)) if args.executor == "local" else 1
     backends = args.backend or ["aot_eager"]
@@ -438,13 +448,15 @@ def _lab_command(extra: list[str]) -> int:
     import subprocess
     import tempfile
 
+    from . import _files
+
     here = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
     # JupyterLab reads overrides.json from its app settings folder: start from the environment's own overrides.
     own = pathlib.Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
     overrides = json.loads(own.read_text()) if own.is_file() else {}
     overrides.setdefault("@jupyterlab/docmanager-extension:plugin", {})["autosave"] = False
     with tempfile.TemporaryDirectory(prefix="toolkit-lab-") as settings:
-        (pathlib.Path(settings) / "overrides.json").write_text(json.dumps(overrides, indent=1))
+        _files.write_text(pathlib.Path(settings) / "overrides.json", json.dumps(overrides, indent=1))
         cmd = [sys.executable, "-m", "jupyterlab", f"--LabApp.app_settings_dir={settings}"]
         if not any(not a.startswith("-") for a in extra) and here.is_dir():
             cmd.append(str(here))
@@ -495,7 +507,7 @@ same setup without AC (and, for a selective mode, with full AC), which sac_not_a
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ._config import arg_type, check_int, check_seconds
+    from ._config import MAX_RANKS, arg_type, check_int, check_seconds
     from .analysis.catalogue import CPU_STATUSES, cases
 
     ids = [c.id for c in cases()]
@@ -519,7 +531,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--layers",
-        type=arg_type(lambda v: check_int("demo", "layers", v, 1), convert=int, example="--layers 2"),
+        type=arg_type(lambda v: check_int("demo", "layers", v, 1, 4096), convert=int, example="--layers 2"),
         default=2,
         help="transformer blocks of the model (default 2)",
     )
@@ -562,7 +574,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--nproc",
-        type=arg_type(lambda v: check_int("run", "nproc", v, 1), convert=int),
+        type=arg_type(lambda v: check_int("run", "nproc", v, 1, MAX_RANKS, "ranks on one machine"), convert=int),
         default=1,
         metavar="N",
         help="run on N ranks under torchrun (gloo, 127.0.0.1) and print the ranks side by side",
@@ -597,9 +609,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: one line `error: … Fix: …` and exit 2 for bad input (never a traceback), 130 after Ctrl-C
-    (the interrupted command has already stopped its workers)."""
-    from . import _interrupt
+    """The command line: one line `error: … Fix: …` and exit 2 for bad input (never a traceback), one line and exit 1
+    for a file it could not write (a full disk: the previous file is left whole), 130 after Ctrl-C (the interrupted
+    command has already stopped its workers)."""
+    from . import _files, _interrupt
     from ._config import ConfigError
 
     _interrupt.raise_again()
@@ -611,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, _UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except _files.WriteFailed as e:
+        print(f"error: {e.strerror}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _main(argv: list[str] | None) -> int:

@@ -235,11 +235,12 @@ def findings_path() -> pathlib.Path:
 
 def record(finding) -> None:
     """Append a `toolkit.bugs.Finding` whose verdict is new for its torch version (one JSON line)."""
+    from .. import _files
+
     path = findings_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(finding.to_json(), sort_keys=True) + "\n")
+        _files.append_line(path, json.dumps(finding.to_json(), sort_keys=True))  # synced; a torn tail is skipped
     except OSError as e:
         raise ConfigError(
             "TOOLKIT_FINDINGS", "", f"cannot write {str(path)!r} ({e.strerror or e}).", "point it at a writable file."
@@ -250,11 +251,14 @@ def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
     """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins. A torn last
     line (an interrupted append) is skipped; any other line that is not a finding (not UTF-8, not JSON, or without
     its case, torch and verdict) is refused, naming the file and line."""
+    from .. import _files
+
     out: dict[str, dict[str, str]] = {}
     path = findings_path()
     if not path.exists():
         return out
-    lines = path.read_bytes().splitlines()
+    # A regular file, read up to 64 MiB (a finding is a line of ~100 bytes): a FIFO or /dev/zero is refused, not read.
+    lines = _files.read_bytes_capped(path, "TOOLKIT_FINDINGS", "", 64 << 20).splitlines()
     for n, raw in enumerate(lines, 1):
         try:
             f = json.loads(raw.decode("utf-8"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._config import check_instance, printable
 from ..measurement.report import Report, fmt_bytes, short_paths
 from ..transforms.ac import MODES
 from . import catalogue
@@ -63,7 +64,10 @@ class Classification:
 def classify(report: Report, refs: dict[str, Report] | None = None) -> Classification:
     """Sort a cell's report into works / error / the silent failures; `refs` holds the same block and compile
     setup with AC "none" and "full" (keys "none", "full"), for the checks that compare against them."""
+    check_instance("classify", "report", report, Report, "pass a Report (tk.run(...) or tk.measure(...) returns one).")
     refs = refs or {}
+    for key, ref in refs.items():
+        check_instance("classify", f"refs[{key!r}]", ref, Report, "pass Reports of the reference runs.")
     flags: list[str] = []
     why: dict[str, str] = {}
     if report.outcome in ("crashed", "timeout"):
@@ -173,7 +177,7 @@ def headline(report: Report, cl: Classification, title: str | None = None) -> st
     compile requested, but layers.0, layers.1 ran eagerly (0 graphs); known case C2` (`title` replaces the name)."""
     tag = " [silent failure]" if cl.label in SILENT else ""
     cases = f"; known case {', '.join(cl.cases)}" if cl.cases else ""
-    return f"{title or report.scenario.name or 'scenario'}: {cl.label}{tag} — {cl.explanation}{cases}"
+    return f"{printable(title or report.scenario.name) or 'scenario'}: {cl.label}{tag} — {cl.explanation}{cases}"
 
 
 def describe(report: Report, cl: Classification, *, references: bool | None = None) -> str:

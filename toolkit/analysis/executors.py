@@ -71,7 +71,7 @@ class LocalExecutor(Executor):
     """Measures one scenario instead of the isolated run (tests, custom measurement)."""
 
     def __post_init__(self) -> None:
-        check_int("LocalExecutor", "workers", self.workers, 1)
+        check_int("LocalExecutor", "workers", self.workers, 1, 1024)
 
     def describe(self) -> str:
         if self.runner is not None:

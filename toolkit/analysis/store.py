@@ -15,9 +15,11 @@ import json
 import os
 import pathlib
 import socket
+import sys
 import time
 from typing import Any, Iterable, NamedTuple
 
+from .. import _files
 from .._config import ConfigError, check_int, check_seconds
 from ..measurement import Report
 from ..measurement.report import OUTCOMES
@@ -80,15 +82,49 @@ def _record(raw: bytes) -> dict:
     return rec
 
 
+LINE_CAP = 64 << 20
+"""The longest line read as a record (a record is tens of KiB): a longer one is skipped, never held whole."""
+
+
+def _lines(p: pathlib.Path) -> Iterable[tuple[int, bytes | None]]:
+    """(number from 1, the line) for each line of `p`, read a line at a time; None for a line over `LINE_CAP` (its
+    bytes are skipped unread). A file ending in `.xz` is read decompressed (a committed central list's records).
+    A path that is not a regular file (a FIFO, `/dev/zero` behind a symlink) is a ConfigError: it could block or
+    never end."""
+    import lzma
+    import stat
+
+    if not stat.S_ISREG(os.stat(p).st_mode):
+        raise ConfigError(
+            "results", "path", f"{str(p)!r} is not a regular file (a FIFO, a device).", "pass a results.jsonl file."
+        )
+    with lzma.open(p, "rb") if p.suffix == ".xz" else open(p, "rb") as f:
+        n = 0
+        while True:
+            raw = f.readline(LINE_CAP + 1)
+            if not raw:
+                return
+            n += 1
+            if len(raw) > LINE_CAP and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # the rest of the over-long line, in pieces
+                    raw = f.readline(LINE_CAP)
+                yield n, None
+                continue
+            yield n, raw.rstrip(b"\n")
+
+
 def read_results(path: str | os.PathLike) -> tuple[dict[str, dict], list[Skipped]]:
     """key → the last valid record for it, and every line skipped with why: a torn line (`kill -9` mid-write), an
-    undecodable one (not UTF-8), junk that is not a record."""
+    undecodable one (not UTF-8), junk that is not a record, one too long to be a record."""
     out: dict[str, dict] = {}
     skipped: list[Skipped] = []
     p = pathlib.Path(path)
     if not p.exists():
         return out, skipped
-    for n, raw in enumerate(p.read_bytes().split(b"\n"), 1):
+    for n, raw in _lines(p):
+        if raw is None:
+            skipped.append(Skipped(n, f"longer than {LINE_CAP >> 20} MiB: not a record"))
+            continue
         if not raw.strip():
             continue
         try:
@@ -120,25 +156,35 @@ def load_results(path: str | os.PathLike) -> dict[str, tuple[Cell, Report]]:
     return {k: (r["_cell"], r["_report"]) for k, r in read_records(pathlib.Path(path)).items()}
 
 
-def repair_tail(path: str | os.PathLike) -> bool:
-    """Make sure the next record starts on a line of its own: a torn last line (a crash mid-write) is cut off,
-    a whole record missing only its newline gets one. True when something was changed."""
+def repair_tail(path: str | os.PathLike) -> str | None:
+    """Make sure the next record starts on a line of its own: a torn last line (a crash mid-write) is cut off, a
+    whole record missing only its newline gets one. Says what it did, in words (None when nothing needed doing).
+    Reads only the file's tail (at most `LINE_CAP` bytes)."""
     p = pathlib.Path(path)
     if not p.exists():
-        return False
+        return None
     with open(p, "rb+") as f:
-        data = f.read()
-        if not data or data.endswith(b"\n"):
-            return False
-        cut = data.rfind(b"\n") + 1
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return None
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        start = max(0, size - LINE_CAP)
+        f.seek(start)
+        tail = f.read()
+        cut = start + tail.rfind(b"\n") + 1 if b"\n" in tail else start
+        last = tail[cut - start :]
         try:
-            json.loads(data[cut:])
+            json.loads(last)
             f.write(b"\n")
+            said = "its last record had no newline: one was added"
         except ValueError:
             f.truncate(cut)  # that cell's record is lost; it runs again
+            said = f"its last line was torn (a crash mid-write): {len(last)} bytes cut, that cell runs again"
         f.flush()
         os.fsync(f.fileno())
-    return True
+    return f"{str(p)!r}: {said}"
 
 
 def merge_results(
@@ -206,6 +252,17 @@ class Folder:
                 f"{str(p)!r} is a file, not a folder.",
                 "pass a folder (created if missing), or move the file away.",
             )
+        if p.is_symlink() and not p.exists():
+            raise ConfigError(
+                "sweep",
+                "out",
+                f"{str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist.",
+                "create the folder it points to, or pass another folder.",
+            )
+        if self.results.exists() and not self.results.is_file():  # a FIFO or /dev/zero would block or never end
+            raise ConfigError(
+                "sweep", "out", f"{str(self.results)!r} is not a regular file.", "move it away, or pass another folder."
+            )
         try:
             p.mkdir(parents=True, exist_ok=True)
             lock = open(p / LOCK, "a+")
@@ -232,7 +289,9 @@ class Folder:
         try:
             with open(self.results, "a"):
                 pass
-            repair_tail(self.results)
+            said = repair_tail(self.results)
+            if said:  # a torn line cut is a cell lost: said, as every line the readers skip is
+                print(f"matrix: {said}", file=sys.stderr, flush=True)
             for name in OUTPUTS:  # what the sweep writes at the end, checked before the first cell runs
                 target = p / name
                 if target.is_dir():
@@ -251,10 +310,7 @@ class Folder:
         return self
 
     def append(self, rec: dict) -> None:
-        with open(self.results, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _files.append_line(self.results, json.dumps(rec))  # a full disk: one line (WriteFailed), a torn line at most
 
     def __exit__(self, *exc) -> None:
         if self._lock is not None:

@@ -112,14 +112,27 @@ def sweep(
     probes (`Cell.bare`), so the list says whether the failure happens without the instrument. Writes
     matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
-    check_bool("sweep", "retry_timeouts", retry_timeouts)
-    check_bool("sweep", "bare", bare)
+    for name, flag in (("retry_timeouts", retry_timeouts), ("bare", bare), ("progress", progress), ("quick", quick)):
+        check_bool("sweep", name, flag)
+    check_bool("sweep", "warm", warm)
     if cells is None:
         cells = default_cells(
             quick=quick, backends=backends if isinstance(backends, str) else tuple(backends), stack=stack
         )
+    if isinstance(cells, (str, bytes)) or not hasattr(cells, "__iter__"):
+        raise ConfigError(
+            "sweep", "cells", f"{cells!r} is not a list of Cells.", "pass e.g. tk.analysis.quick_cells()."
+        )
     cells = list(cells)
-    check_int("sweep", "workers", workers, 1)
+    bad = next((c for c in cells if not isinstance(c, Cell)), None)
+    if bad is not None:
+        raise ConfigError(
+            "sweep",
+            "cells",
+            f"{bad!r} is a {type(bad).__name__}, not a Cell.",
+            "pass Cells (tk.analysis.quick_cells()).",
+        )
+    check_int("sweep", "workers", workers, 1, 1024)
     ex = make(executor, workers=workers, warm=warm, runner=runner, **executor_options)
     folder = Folder(out) if out is not None else contextlib.nullcontext()
     device = environment()["device"]

@@ -11,6 +11,7 @@ import os
 import pathlib
 from typing import Any
 
+from .. import _files
 from ..measurement.report import fmt_bytes, fmt_measured_bytes
 from ..transforms.ac import MODES
 from . import catalogue
@@ -367,11 +368,12 @@ class MatrixViews:
             + (f"{recipes}\n" if recipes else "")
             + f"## By classification\n\n{CASE_IDS}\n\n{self.table()}\n"
         )
-        paths["json"].write_text(data)
-        paths["md"].write_text(md)
+        # Each written whole or not at all (a full disk leaves the previous file as it was: `_files.WriteFailed`).
+        _files.write_text(paths["json"], data)
+        _files.write_text(paths["md"], md)
         stamp = _stamp(data, md)
         if _stamp_of(paths["html"]) != stamp:
-            paths["html"].write_text(self.html(stamp=stamp))
+            _files.write_text(paths["html"], self.html(stamp=stamp))
         return paths
 
     def html(self, *, stamp: str = "") -> str:

@@ -21,7 +21,6 @@ import pathlib
 import pkgutil
 import platform
 import re
-import shutil
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -226,9 +225,33 @@ def show(case_id: str, *names: str) -> None:
         print(inspect.getsource(getattr(mod, name)))
 
 
-def export(case_id: str, directory: str | pathlib.Path) -> pathlib.Path:
-    """Copy a case's standalone repro script into `directory`; it runs with `python FILE` and imports only torch."""
+def export(case_id: str, directory: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path:
+    """Copy a case's standalone repro script into `directory`; it runs with `python FILE` and imports only torch.
+    A script already there (perhaps edited since) is not replaced unless `overwrite=True`, as `repro.export`
+    refuses; both refusals come before anything is written."""
+    from .. import _files
+    from .._config import ConfigError, check_bool
+
+    check_bool("bugs.export", "overwrite", overwrite)
     src = pathlib.Path(inspect.getfile(script(case_id)))
     out = pathlib.Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    return pathlib.Path(shutil.copy(src, out / src.name))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            "bugs.export", "directory", f"{str(out)!r} is a file, not a folder.", "pass a folder (created if missing)."
+        )
+    target = out / src.name
+    if target.exists() and not overwrite:
+        raise ConfigError(
+            "bugs.export",
+            "directory",
+            f"{str(target)!r} exists (perhaps edited since it was exported).",
+            "pass overwrite=True to replace it, or another folder.",
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            "bugs.export", "directory", f"cannot make {str(out)!r} ({e.strerror or e}).", "pass another folder."
+        ) from None
+    _files.write_text(target, src.read_text())
+    return target

@@ -17,7 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from .._config import ConfigError, check_bool
+from .. import _files
+from .._config import ConfigError, check_bool, check_instance, check_seconds, printable
 from ..analysis.classification import classify
 from ..measurement.machine import environment
 from ..measurement.report import Report
@@ -112,7 +113,7 @@ def _markdown_text(text: str) -> str:
 
 def _script(report: Report, scenario: Scenario, case: str | None) -> tuple[str, str]:
     """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal."""
-    name = report.scenario.name or case or "scenario"
+    name = printable(report.scenario.name) or case or "scenario"
     checks = [f"assert report.outcome == {report.outcome!r}, report"]
     if report.error is not None:
         checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
@@ -165,7 +166,10 @@ def export(
     (ConfigError, before anything is written)."""
     import nbformat
 
+    check_instance("repro.export", "report", report, Report, "pass the Report to reproduce (tk.run(...)).")
     check_bool("repro.export", "overwrite", overwrite)
+    check_bool("repro.export", "trace", trace)
+    check_seconds("repro.export", "timeout_s", timeout_s)  # before anything is written
     if case is not None:
         shown = classify(report).cases
         if case not in shown:
@@ -187,10 +191,10 @@ def export(
             "pass another path.",
         ) from None
     setup, check = _script(report, scenario, case)
-    py.write_text(setup + check)
+    _files.write_text(py, setup + check)  # each file whole or not at all
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    title = report.scenario.name or case or "scenario"
+    title = printable(report.scenario.name) or case or "scenario"
     nb.cells = [
         nbformat.v4.new_markdown_cell(
             f"# Repro: {_markdown_text(title)}\n\n"
@@ -200,8 +204,10 @@ def export(
         nbformat.v4.new_code_cell(setup.strip()),
         nbformat.v4.new_code_cell(check.strip()),
     ]
-    nbformat.write(nb, str(ipynb))
-    env.write_text(json.dumps({"observed": report.environment, "exported_on": environment()}, indent=2, sort_keys=True))
+    _files.write_text(ipynb, nbformat.writes(nb))
+    _files.write_text(
+        env, json.dumps({"observed": report.environment, "exported_on": environment()}, indent=2, sort_keys=True)
+    )
     trace_dir = None
     if trace:
         trace_dir = targets[".trace"]
@@ -209,8 +215,16 @@ def export(
         for old in trace_dir.glob("dedicated_log_torch_trace*"):  # overwrite=True: this run's logs only
             old.unlink()
         run_env = {**os.environ, "TORCH_TRACE": str(trace_dir)}
-        done = subprocess.run([sys.executable, str(py)], env=run_env, capture_output=True, text=True, timeout=timeout_s)
-        (trace_dir / "script-output.txt").write_text(done.stdout + done.stderr)
+        try:
+            done = subprocess.run(
+                [sys.executable, str(py)], env=run_env, capture_output=True, text=True, timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"the bundle is written, but its script ran past timeout_s={timeout_s:g} s under TORCH_TRACE, so "
+                f"{trace_dir} holds no complete trace; export again with a longer timeout_s"
+            ) from None
+        _files.write_text(trace_dir / "script-output.txt", done.stdout + done.stderr)
         if not any(p.name.startswith("dedicated_log_torch_trace") for p in trace_dir.iterdir()):
             raise RuntimeError(
                 f"the script ran (exit {done.returncode}) but wrote no TORCH_TRACE log into {trace_dir}; "

@@ -71,6 +71,21 @@ def die_with_parent(parent: int | None = None) -> None:
         os._exit(1)
 
 
+def watch_parent(parent: int) -> None:
+    """Exit at once (within half a second) when this process stops being `parent`'s child, whatever killed the
+    parent (kill -9 included) and whichever thread of it started this process: a watchdog thread, for children of a
+    launcher this process does not control (torchrun's ranks)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="toolkit-lifeline").start()
+
+
 def send_stage(chan: IO[str], name: str) -> None:
     chan.write(f"stage {name}\n")
     chan.flush()

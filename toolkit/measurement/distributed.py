@@ -6,9 +6,12 @@ merged into one view.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import check_int, check_seconds
+from .._config import MAX_RANKS, check_int, check_seconds
+from . import channel
 from .report import Report, fmt_bytes, fmt_measured_bytes
 from .scenario import Scenario
 
@@ -72,21 +76,51 @@ class DistributedReport:
         return "\n".join(lines)
 
 
+_PREFIX = "toolkit-ranks-"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def remove_orphaned_folders(root: str | os.PathLike | None = None) -> None:
+    """The rank folders (in `root`, the temporary folder by default) of runs whose process is gone: killed with -9,
+    before it could remove its own."""
+    for path in pathlib.Path(root or tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to judge
+    return True
+
+
 def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 900) -> DistributedReport:
     """Run `scenario` on `nproc` ranks of one machine under torchrun: gloo on 127.0.0.1 (`GLOO_SOCKET_IFNAME=lo`),
     each rank measuring its own step (FSDP2 shards across them), every Report collected. A rank that dies is
     reported with the launcher's stderr."""
     if not isinstance(scenario, Scenario):
         raise TypeError(f"run_distributed() needs a Scenario, got {type(scenario).__name__}")
-    check_int("run_distributed", "nproc", nproc, 1)
+    check_int("run_distributed", "nproc", nproc, 1, MAX_RANKS, "ranks on one machine")
     check_seconds("run_distributed", "timeout_s", timeout_s)
-    with tempfile.TemporaryDirectory(prefix="toolkit-ranks-") as tmp:
+    remove_orphaned_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-") as tmp:
         spec = pathlib.Path(tmp, "scenario.json")
         spec.write_text(scenario.to_json())
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "toolkit.measurement.rank_worker",
+            "--launch",
             "--nproc_per_node",
             str(nproc),
             "--nnodes",
@@ -105,12 +139,23 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
             "GLOO_SOCKET_IFNAME": "lo",
             "MASTER_ADDR": "127.0.0.1",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
+            channel.PARENT_ENV: str(os.getpid()),
         }
+        # Its own session, so that a timeout or an interrupt kills the launcher's whole group; its ranks (sessions
+        # of their own) exit within half a second of it (`channel.watch_parent`), and it within half a second of
+        # this process, however this process ends.
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-            tail = "" if done.returncode == 0 else " | ".join(done.stderr.strip().splitlines()[-8:])
+            _, err = proc.communicate(timeout=timeout_s)
+            tail = "" if proc.returncode == 0 else " | ".join(err.strip().splitlines()[-8:])
         except subprocess.TimeoutExpired:
+            _kill(proc)
             tail = f"no result after {timeout_s:g} s"
+        except BaseException:
+            _kill(proc)  # interrupted: the launcher and its ranks go with it
+            raise
         reports = []
         for rank in range(nproc):
             path = pathlib.Path(tmp, f"rank{rank}.json")

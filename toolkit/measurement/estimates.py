@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import json
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import compat
-from .._config import ConfigError
+from .._config import ConfigError, check_bool, check_instance
 from ..compat import TorchDispatchMode, tree_leaves
 from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..transforms import ACConfig, apply_ac, apply_compile
@@ -331,13 +332,38 @@ class _Live(TorchDispatchMode):
         self.live: dict[int, _Storage] = {}
         self.total = self.peak = 0
         self.fake = compat.not_real_tensor_types()
+        # When a storage dies, without looking at every storage after every op (that scan made a deep model's
+        # estimate quadratic in its layers: 40 layers took 40 s). Each op's output tensors are counted per storage
+        # and watched (`weakref.finalize`: a fake tensor's Python object lives as long as the tensor, autograd's
+        # saved copies included); a storage whose last watched tensor is gone is a suspect, gone for real once
+        # its weak reference expires (an unwatched view may still hold it), which is checked after every op.
+        self.holders: dict[int, int] = {}
+        self.suspects: set[int] = set()
 
     def size(self, nbytes: int) -> int:
         return -(-nbytes // self.round_to) * self.round_to if self.round_to > 1 else nbytes
 
     def sweep(self) -> None:
-        for key in [k for k, s in self.live.items() if s.ref.expired()]:
+        """Forget the storages found dead: the suspects whose weak reference expired."""
+        for key in [k for k in self.suspects if self.live[k].ref.expired()]:
+            self.suspects.discard(key)
+            self.holders.pop(key, None)
             self.total -= self.live.pop(key).nbytes
+
+    def sweep_all(self) -> None:
+        """Every storage checked (the end of the forward, before what is alive is read as what is saved)."""
+        self.suspects.update(k for k, s in self.live.items() if s.ref.expired())
+        self.sweep()
+
+    def _released(self, key: int) -> None:
+        n = self.holders.get(key)
+        if n is None:
+            return
+        if n > 1:
+            self.holders[key] = n - 1
+        elif key in self.live:
+            self.holders[key] = 0
+            self.suspects.add(key)
 
     def add(self, t: torch.Tensor, op: str) -> None:
         if not isinstance(t, self.fake):
@@ -345,12 +371,18 @@ class _Live(TorchDispatchMode):
         st = t.untyped_storage()
         ref = StorageWeakRef(st)
         key = ref.cdata
-        if key not in self.live and key not in self.known and st.nbytes():
+        if key in self.known or not st.nbytes():
+            return
+        if key not in self.live:
             n = self.size(st.nbytes())
             self.live[key] = _Storage(
                 ref, n, self.state.module(), op, str(t.dtype).replace("torch.", ""), tuple(t.shape)
             )
             self.total += n
+            self.holders[key] = 0
+        self.holders[key] += 1
+        self.suspects.discard(key)
+        weakref.finalize(t, self._released, key)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -399,7 +431,20 @@ def _transform(scenario: Scenario, model: nn.Module) -> None:
 
 
 def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cuda_rounding: bool = True) -> Estimate:
-    """Measure one training step of `scenario` (or a ModelConfig with `ac`) on fake tensors; see the module doc."""
+    """Measure one training step of `scenario` (or a ModelConfig with `ac`, or the name of one of `LAYER_SHAPES`) on
+    fake tensors; see the module doc."""
+    if isinstance(scenario, str) and scenario in LAYER_SHAPES:
+        scenario = LAYER_SHAPES[scenario]
+    check_instance(
+        "estimate",
+        "scenario",
+        scenario,
+        (Scenario, ModelConfig),
+        f"pass a Scenario, a ModelConfig, or a name of tk.LAYER_SHAPES ({', '.join(LAYER_SHAPES)}).",
+    )
+    check_bool("estimate", "cuda_rounding", cuda_rounding)
+    if ac is not None:
+        check_instance("estimate", "ac", ac, ACConfig, "pass tk.ACConfig(mode=...), or None.")
     if isinstance(scenario, ModelConfig):
         scenario = Scenario(model=scenario, ac=ac or ACConfig(), name="estimate")
     elif ac is not None:
@@ -462,7 +507,7 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
             state.phase = "forward"
             out = model(tokens)
             gc.collect()  # a reference cycle is not kept for backward
-            live.sweep()
+            live.sweep_all()
             out_key = StorageWeakRef(out.untyped_storage()).cdata
             saved = {**{k: v for k, v in live.live.items() if k != out_key}, **inputs}
             state.phase = "backward"

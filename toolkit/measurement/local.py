@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError, check_bool, check_int
+from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_text
 from ..compat import tree_leaves
 from ..transforms.fsdp import process_group
 from ..transforms.naming import has_compiled, unwrap
@@ -244,7 +244,8 @@ def measure(
         )
     for opt, value in (("cold", cold), ("measure_memory", measure_memory)):
         check_bool(own, opt, value)
-    check_int(own, "steady_steps", steady_steps, 0)
+    check_text(own, "name", name)
+    check_int(own, "steady_steps", steady_steps, 0, MAX_STEADY_STEPS, "timing steps after the measured one")
     call_kwargs = {**(forward_kwargs or {}), **kwargs}
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()
     leaves = [t for t in tree_leaves((args, call_kwargs)) if isinstance(t, torch.Tensor)]

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._config import ConfigError, check_object, printable
+
 SCHEMA_VERSION = 2
 Outcome = Literal["ok", "error", "crashed", "timeout"]
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
@@ -86,7 +88,8 @@ class ScenarioRecord:
                 f"{self.name!r} was a user's module, not a Scenario.",
                 "pass the Scenario explicitly (e.g. repro.export(report, path, scenario=...)).",
             )
-        return Scenario.from_dict({**self.config, "name": self.config.get("name", "")})
+        # A name read from a file is shown, never run: its control characters escaped, as every line shows them.
+        return Scenario.from_dict({**self.config, "name": printable(self.config.get("name", ""))[:200]})
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,33 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
+        """Rebuild from `to_dict` output: a record that is not one (no outcome, an unknown outcome, no saved or
+        environment section, a schema newer than this toolkit's) is a ConfigError naming the field, never a Report
+        that reads as ok with zeros."""
+        check_object("Report", data, '{"outcome": "ok", "saved": {...}, ...} as Report.to_json() writes it')
+        for key in ("outcome", "saved", "environment"):
+            if key not in data:
+                raise ConfigError(
+                    "Report", key, "is missing: this is not a Report record.", "pass Report.to_json()'s output."
+                )
+        if data["outcome"] not in OUTCOMES:
+            raise ConfigError(
+                "Report",
+                "outcome",
+                f"{data['outcome']!r} is not one of {', '.join(OUTCOMES)}.",
+                "pass a Report record.",
+            )
+        version = data.get("schema_version", 1)
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+            raise ConfigError(
+                "Report",
+                "schema_version",
+                f"{version!r} is not a schema this toolkit reads (1 to {SCHEMA_VERSION}).",
+                "read it with the toolkit that wrote it, or measure again.",
+            )
+        for key in ("saved", "environment"):
+            if not isinstance(data[key], dict):
+                raise ConfigError("Report", key, f"is {data[key]!r}, not an object.", "pass a Report record.")
         data = dict(data)
         scen = data.get("scenario")
         if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
@@ -511,7 +541,7 @@ def _top(d: dict[str, int], n: int = 6) -> str:
 def format_report(r: Report) -> str:
     """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
     lines = []
-    title = r.scenario.name or "scenario"
+    title = printable(r.scenario.name) or "scenario"  # a Report read from a file may carry anything
     lines.append(f"{title}: {r.outcome}")
     if r.error is not None:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")

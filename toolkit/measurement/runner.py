@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._config import ConfigError, check_int, check_seconds
+from .._config import ConfigError, check_bool, check_instance, check_int, check_seconds
 from .local import measure, run_here
 from .report import Report
 from .scenario import Scenario
@@ -30,8 +30,8 @@ def run(
     In process, `run` forgets Dynamo's compiled graphs before and after (its model's code objects are shared
     with every earlier run, whose cache entries would count as recompiles); `isolate=True` leaves this process
     untouched."""
-    if not isinstance(scenario, Scenario):
-        raise TypeError(f"run() needs a Scenario, got {type(scenario).__name__}")
+    check_instance("run", "scenario", scenario, Scenario, "pass a tk.Scenario(...) (or a preset: tk.preset(name)).")
+    check_bool("run", "isolate", isolate)
     check_seconds("run", "timeout_s", timeout_s)
     if threads is not None:
         check_int("run", "threads", threads, 1)

@@ -8,7 +8,16 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._config import ConfigError, check_bool, check_choice, check_int, check_known
+from .._config import (
+    MAX_RANKS,
+    MAX_STEADY_STEPS,
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_known,
+    check_text,
+)
 from ..models import ModelConfig, build_model
 from ..stacks.torchtitan import TorchtitanConfig
 from ..stacks.torchtitan import require as require_torchtitan
@@ -73,7 +82,7 @@ class Scenario:
         own = "Scenario"
         check_choice(own, "stack", self.stack, STACKS)
         check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
-        check_int(own, "ep", self.ep, 1)
+        check_int(own, "ep", self.ep, 1, MAX_RANKS, "ranks on one machine")
         if self.ep > 1 and self.stack != "torchtitan":
             raise ConfigError(
                 own,
@@ -107,9 +116,9 @@ class Scenario:
                 )
         for name in ("check_numerics", "measure_memory", "instrument"):
             check_bool(own, name, getattr(self, name))
-        for name in ("name", "recipe_backend"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(own, name, f"{getattr(self, name)!r} is not a string.", f"pass {name} as text.")
+        check_text(own, "name", self.name)
+        if not isinstance(self.recipe_backend, str):
+            raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a string.", "pass it as text.")
         for name in ("recipe", "device", "memory_snapshot"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(
@@ -145,7 +154,7 @@ class Scenario:
                 "set recipe=..., or pick the backend with compile=CompileConfig(scope=..., backend=...).",
             )
         check_ac_compile(self.ac, self.compile)
-        check_int(own, "steady_steps", self.steady_steps, 0)
+        check_int(own, "steady_steps", self.steady_steps, 0, MAX_STEADY_STEPS, "timing steps after the measured one")
         self.model_config  # validates device/seed overrides
         device = self.torchtitan_config.device if self.stack == "torchtitan" else self.model_config.device
         if self.memory_snapshot is not None and not str(device).startswith("cuda"):

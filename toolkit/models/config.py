@@ -118,21 +118,23 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
-        for name, minimum in [
-            ("n_layers", 1),
-            ("dim", 2),
-            ("n_heads", 1),
-            ("ffn_hidden", 1),
-            ("vocab_size", 2),
-            ("seq_len", 1),
-            ("batch", 1),
-            ("n_experts", 1),
-            ("top_k", 1),
-            ("moe_hidden", 1),
-            ("n_shared_experts", 0),
-            ("seed", 0),
+        # Upper bounds well past any real model's (DeepSeek-V3: 61 layers, 256 experts, top-8), checked before anything
+        # walks the layers or experts: sizes beyond them fit no machine, and a layer loop of 10**11 never ends.
+        for name, minimum, maximum in [
+            ("n_layers", 1, 4096),
+            ("dim", 2, 1 << 20),
+            ("n_heads", 1, 4096),
+            ("ffn_hidden", 1, 1 << 22),
+            ("vocab_size", 2, 1 << 24),
+            ("seq_len", 1, 1 << 24),
+            ("batch", 1, 1 << 20),
+            ("n_experts", 1, 8192),
+            ("top_k", 1, 8192),
+            ("moe_hidden", 1, 1 << 22),
+            ("n_shared_experts", 0, 256),
+            ("seed", 0, 2**63 - 1),  # torch.manual_seed takes a signed 64-bit seed
         ]:
-            check_int(own, name, getattr(self, name), minimum)
+            check_int(own, name, getattr(self, name), minimum, maximum)
         for name in ["layout", "dtype", "score_func", "experts_impl", "token_count", "attention"]:
             check_choice(own, name, getattr(self, name), literal_choices(ModelConfig, name))
         self._check_heads()

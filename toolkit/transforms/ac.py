@@ -408,10 +408,18 @@ class SelectiveLayerAC(Checkpointing):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_int("ACConfig", "layer_every", self.layer_every, 1)
+        check_int("ACConfig", "layer_every", self.layer_every, 1, 4096, "ModelConfig.n_layers' own bound")
 
     def _apply(self, model, layer_items, rec, undo):
         chosen = [(k, b) for i, (k, b) in enumerate(layer_items) if (i + 1) % self.layer_every == 0]
+        if not chosen:  # AC asked for and nothing checkpointed is a silent failure: refused before anything changes
+            raise ConfigError(
+                "ACConfig",
+                "layer_every",
+                f"layer_every={self.layer_every} checkpoints none of the model's {len(layer_items)} blocks (it wraps "
+                "every layer_every-th).",
+                f"pass layer_every <= {len(layer_items)}, or mode='none'.",
+            )
         return self._wrap_blocks(unwrap(model).layers, chosen, undo)
 
 

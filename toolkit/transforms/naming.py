@@ -11,6 +11,7 @@ from typing import Iterator
 from torch import nn
 
 from .. import compat
+from .._config import check_instance
 
 # Path segments that wrappers insert into `named_modules()` names.
 WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod")
@@ -72,6 +73,7 @@ def canonical_name(fqn: str) -> str:
 
 def named_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """`(canonical name, unwrapped module)` for every real module, each once, wrappers skipped."""
+    check_instance("named_modules", "model", model, nn.Module, "pass a torch.nn.Module.")
     seen: set[int] = set()
     for fqn, m in model.named_modules():
         if is_wrapper(m) or id(m) in seen:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .._config import ConfigError
+from .._config import ConfigError, check_bool, check_instance
 from .._extras import missing
 from ..models import ModelConfig
 from .ac import ACConfig, apply_ac, blocks, record_ac, remove_ac
@@ -48,6 +48,8 @@ def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileCon
 
 def reset(model: nn.Module, *, dynamo: bool = True) -> nn.Module:
     """Undo every toolkit transform on `model` (compile, then AC) and, by default, `torch._dynamo.reset()`."""
+    check_instance("reset", "model", model, nn.Module, "pass the model the transforms were applied to.")
+    check_bool("reset", "dynamo", dynamo)
     remove_compile(model)
     remove_ac(model)
     if dynamo:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError
+from .._config import ConfigError, check_bool, check_instance
 from ..models import local_compile
 
 _RECORD = "_toolkit_applied"
@@ -146,9 +146,12 @@ def remat_stand_ins(model: nn.Module | None) -> bool:
 
 def train_step(model: nn.Module, batch: Any, *, zero_grad: bool = True) -> torch.Tensor:
     """Forward, loss and backward under the torch settings the applied transforms need; returns the detached loss."""
-    from ..models import ModelConfig, loss_fn
+    from ..models import Batch, ModelConfig, loss_fn
     from ..models.transformer import check_tokens
 
+    check_instance("train_step", "model", model, nn.Module, "pass the model (tk.build_model(cfg)).")
+    check_instance("train_step", "batch", batch, Batch, "pass tk.make_batch(cfg), a Batch of tokens and labels.")
+    check_bool("train_step", "zero_grad", zero_grad)
     cfg = getattr(model, "config", None)
     if isinstance(cfg, ModelConfig) and isinstance(getattr(batch, "tokens", None), torch.Tensor):
         check_tokens(cfg, batch.tokens, "train_step")

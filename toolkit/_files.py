@@ -1,0 +1,135 @@
+"""The one way the toolkit writes and reads a file: atomically, and within a size it checks first.
+
+A file the toolkit writes is written to a temporary file beside it and renamed over it: a failure (a full disk, a
+kill) leaves the previous file whole and no temporary behind, and is said in one line (`WriteFailed`). A file a user
+gives (a `--config`, a `results.jsonl`) must be a regular file, is read up to a cap, and its JSON within the
+nesting and digit limits Python's parser enforces: each refusal is a ConfigError naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import stat
+import tempfile
+from typing import Any, Iterator
+
+from ._config import ConfigError
+
+CONFIG_CAP = 1 << 20
+"""A scenario or config file: 1 MiB (a scenario is a few KiB)."""
+
+
+class WriteFailed(OSError):
+    """A file could not be written; the previous one, if any, is as it was."""
+
+
+def _reason(e: OSError) -> str:
+    return "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+
+
+@contextlib.contextmanager
+def atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
+    """An open file that becomes `path` when the block ends without an error (fsync, then rename); on any error the
+    temporary is removed and `path` is left as it was. An OSError comes out as `WriteFailed`, in one line."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteFailed(
+            e.errno, f"could not write {str(path)!r}: {_reason(e)}; the previous file is as it was"
+        ) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """`path` holds `text`, or (on any failure) what it held before."""
+    with atomic(path) as f:
+        f.write(text)
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """One line appended and synced. A failure leaves at most a torn last line, which the readers of such files skip
+    and name; it comes out as `WriteFailed`, in one line."""
+    try:
+        with open(path, "a") as f:
+            f.write(line.rstrip("\n") + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise WriteFailed(e.errno, f"could not append to {str(path)!r}: {_reason(e)}") from None
+
+
+def read_bytes_capped(
+    path: str | os.PathLike, owner: str, field: str, cap: int = CONFIG_CAP, *, name: str = ""
+) -> bytes:
+    """The bytes of a regular file of at most `cap` bytes, or a ConfigError on `owner.field` saying why not (no such
+    file, a FIFO or device — which would block or never end — too large). `name` is how the problem calls the
+    file ("it" where the caller names it already; its path by default)."""
+    path = pathlib.Path(path)
+    name = name or repr(str(path))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(
+            owner, field, f"cannot read {name} ({e.strerror or e}).", "pass a file that exists."
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(
+            owner, field, f"{name} is not a regular file (a FIFO, a device or a folder).", "pass a regular file."
+        )
+    if st.st_size > cap:
+        raise ConfigError(
+            owner, field, f"{name} holds {st.st_size} bytes, over the {cap}-byte cap.", "pass a smaller file."
+        )
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(cap + 1)  # a file that grew since the stat is still read no further than the cap
+    except OSError as e:
+        raise ConfigError(owner, field, f"cannot read {name} ({e.strerror or e}).", "pass a readable file.") from None
+    if len(raw) > cap:
+        raise ConfigError(owner, field, f"{name} is over the {cap}-byte cap.", "pass a smaller file.")
+    return raw
+
+
+def read_capped(path: str | os.PathLike, owner: str, field: str, cap: int = CONFIG_CAP, *, name: str = "") -> str:
+    """`read_bytes_capped` as UTF-8 text (a ConfigError where it is not)."""
+    raw = read_bytes_capped(path, owner, field, cap, name=name)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            owner,
+            field,
+            f"{name or repr(str(path))} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}).",
+            "pass a JSON file.",
+        ) from None
+
+
+def loads(text: str, owner: str, field: str, *, name: str = "the text") -> Any:
+    """JSON, or a ConfigError on `owner.field`: not JSON, nested too deep, an integer past Python's digit limit."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(owner, field, f"{name} is JSON nested too deep to read.", "write a flat object.") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            owner, field, f"{name} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.", "fix the JSON."
+        ) from None
+    except ValueError as e:  # an integer longer than Python's digit limit (4300)
+        raise ConfigError(
+            owner, field, f"{name} holds {str(e).splitlines()[0][:120]}", "write smaller numbers."
+        ) from None
