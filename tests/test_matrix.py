@@ -374,3 +374,33 @@ def test_the_committed_central_list_names_a_case_for_every_cell_that_does_not_wo
     assert "2.13.0" in by_case and "2.14.1" in by_case
     backends = {r[3] for r in cells}
     assert backends >= {"aot_eager", "inductor"}, backends
+
+
+def test_a_cell_that_saves_other_bytes_on_another_release_is_listed_with_its_cause():
+    """The central list's "Changed between torch releases" lists byte differences too, each named by the ops whose
+    saved bytes differ and explained where the cause is known (the RNG stash 2.14 stopped keeping)."""
+    from toolkit.analysis.classification import classify
+    from toolkit.analysis.matrix import MatrixResult, Row
+    from toolkit.measurement.report import Report, Saved, ScenarioRecord
+
+    cell = Cell("dense", "full", "blocks", True)
+    record = ScenarioRecord(name=cell.label, ac_mode="full", compile_scope="blocks", backend="aot_eager")
+
+    def row(rng: int, other: int = 32768) -> Row:
+        by_op = {"aten.add.Tensor": other, **({"run_and_save_rng_state": rng} if rng else {})}
+        report = Report(outcome="ok", scenario=record, saved=Saved(total_bytes=sum(by_op.values()), by_op=by_op))
+        return Row(cell.label, cell, report, classify(report))
+
+    old = MatrixResult(rows=[row(10112)], environment={"torch": "2.13.0+cpu"})
+    new = MatrixResult(rows=[row(0)], environment={"torch": "2.15.0+cu132"}, others={"2.13.0+cpu": old})
+    ((r, there),) = new.torch_changes()
+    assert there["2.13.0+cpu"].saved_bytes == 42880 and there["2.13.0+cpu"].label == "works"
+    assert there["2.13.0+cpu"].cause.startswith("run_and_save_rng_state +10,112 B: the compiled checkpoint's RNG stash")
+    md = new.changes_table()
+    assert "## Changed between torch releases (1)" in md and "1 × run_and_save_rng_state +10,112 B" in md
+    # An op the table does not know is named with its difference, unexplained; the same bytes are no change.
+    unknown = MatrixResult(rows=[row(0, 4096)], environment={"torch": "2.15.0"}, others={"2.13.0": old})
+    cause = unknown.torch_changes()[0][1]["2.13.0"].cause
+    assert cause.startswith("aten.add.Tensor +28,672 B; run_and_save_rng_state +10,112 B: the compiled checkpoint's")
+    same = MatrixResult(rows=[row(10112)], environment={"torch": "2.14.1"}, others={"2.13.0": old})
+    assert same.torch_changes() == [] and "none classifies differently or saves other bytes" in same.changes_table()

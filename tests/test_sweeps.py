@@ -562,7 +562,9 @@ def test_central_list_command_on_a_subset_of_the_full_sweep(tmp_path):
     assert p.returncode == 0, p.stderr
     md = (out / "matrix.md").read_text()
     changed = md[md.index("## Changed between torch releases (1)") : md.index("### works")]
-    assert "| dense \\| AC none \\| blocks \\| aot_eager | works | crashed |" in changed
+    (line,) = [ln for ln in changed.splitlines() if ln.startswith("| dense \\| AC none \\| blocks \\| aot_eager |")]
+    assert line.startswith("| dense \\| AC none \\| blocks \\| aot_eager | works, ") and "KiB | crashed |" in line
+    assert "| classified crashed there" in line and "1 × classified crashed there" in changed
     assert "eager | eager" not in changed and "fullgraph" not in changed
     assert "changed from another torch release (1):" in p.stdout and "was crashed on 2.99.0" in p.stdout
     assert "Changed between torch releases (1)" in (out / "matrix.html").read_text()

@@ -166,21 +166,34 @@ class MatrixResult(MatrixViews):
                 out.append((a, r, what))
         return out
 
-    def torch_changes(self) -> list[tuple[Row, dict[str, str]]]:
-        """Cells whose classification differs on another torch release in `others`: (row, {torch: label})."""
+    def torch_changes(self) -> list[tuple[Row, dict[str, "ReleaseChange"]]]:
+        """Cells that classify differently, or save different bytes, on another torch release in `others`:
+        (row, {torch: what it was there and why it differs}), most common cause first."""
         out = []
         for r in self.rows:
-            there = {t: o.label_of(r.cell) for t, o in sorted(self.others.items())}
-            there = {t: lab for t, lab in there.items() if lab is not None and lab != r.classification.label}
+            there = {}
+            for t, o in sorted(self.others.items()):
+                other = o.row_of(r.cell)
+                if other is not None:
+                    change = release_change(r, other)
+                    if change is not None:
+                        there[t] = change
             if there:
                 out.append((r, there))
-        return out
+        causes: dict[str, int] = {}
+        for _, there in out:
+            for c in there.values():
+                causes[c.cause] = causes.get(c.cause, 0) + 1
+        return sorted(out, key=lambda e: (-max(causes[c.cause] for c in e[1].values()), e[0].cell.label))
+
+    def row_of(self, cell: Cell) -> Row | None:
+        if not hasattr(self, "_by_cell"):
+            self._by_cell = {r.cell: r for r in self.rows}
+        return self._by_cell.get(cell)
 
     def label_of(self, cell: Cell) -> str | None:
-        for r in self.rows:
-            if r.cell == cell:
-                return r.classification.label
-        return None
+        r = self.row_of(cell)
+        return r.classification.label if r is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -215,6 +228,46 @@ class MatrixResult(MatrixViews):
 
     def __str__(self) -> str:
         return f"MatrixResult: {len(self.rows)} cells: " + ", ".join(f"{v} {k}" for k, v in self.counts().items())
+
+
+# What a byte difference between releases in an op's saved tensors means, where it is known (measured on the central
+# list's cells; README's "Supported torch releases"). An op not here is named with its difference, unexplained.
+KNOWN_SAVE_CHANGES = {
+    "run_and_save_rng_state": "the compiled checkpoint's RNG stash (torch 2.14 keeps it only when the block draws "
+    "random numbers)",
+}
+
+
+@dataclass(frozen=True)
+class ReleaseChange:
+    """A cell as another torch release measured it: its classification, its saved bytes (None unless it ran), and
+    why it differs from this release's (the classification, or the ops whose saved bytes differ, explained where
+    `KNOWN_SAVE_CHANGES` knows them)."""
+
+    label: str
+    saved_bytes: int | None
+    cause: str
+
+
+def release_change(mine: Row, theirs: Row) -> ReleaseChange | None:
+    """How `theirs` (the same cell on another release) differs from `mine`, or None when it classifies the same and
+    saves the same bytes."""
+    a, b = mine.report, theirs.report
+    label = theirs.classification.label
+    saved = b.saved.total_bytes if b.ok else None
+    if label != mine.classification.label:
+        why = f"classified {label} there"
+        if b.error is not None and (a.error is None or a.error.type != b.error.type):
+            why += f" ({b.error.type.rsplit('.', 1)[-1]}: {b.error.message.splitlines()[0][:120]})"
+        return ReleaseChange(label, saved, why)
+    if not (a.ok and b.ok) or a.saved.total_bytes == b.saved.total_bytes:
+        return None
+    deltas = {op: b.saved.by_op.get(op, 0) - a.saved.by_op.get(op, 0) for op in {*a.saved.by_op, *b.saved.by_op}}
+    parts = []
+    for op, d in sorted(((op, d) for op, d in deltas.items() if d), key=lambda e: (-abs(e[1]), e[0])):
+        known = KNOWN_SAVE_CHANGES.get(op)
+        parts.append(f"{op} {d:+,} B" + (f": {known}" if known else ""))
+    return ReleaseChange(label, saved, "; ".join(parts) or f"saved {b.saved.total_bytes - a.saved.total_bytes:+,} B")
 
 
 def _compact(report: Report) -> dict[str, Any]:

@@ -285,7 +285,7 @@ def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
     if changes:
         lines.append((f"\nchanged from another torch release ({len(changes)}):", False))
         for r, there in changes:
-            was = ", ".join(f"{lab} on {t}" for t, lab in there.items())
+            was = ", ".join(f"{c.label} on {t}" for t, c in there.items())
             lines.append((f"  {r.classification.label:20} {r.cell.label}  (was {was})", True))
     return lines
 

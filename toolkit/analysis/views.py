@@ -52,38 +52,56 @@ class MatrixViews:
     `torch_changes()` — kept apart from the result model."""
 
     def changes_table(self) -> str:
-        """Markdown: the cells that change between this torch and the others measured; when none do, one line saying
-        so (with how many cells were compared); "" when no other release was measured."""
+        """Markdown: the cells that classify differently or save different bytes on the other torch releases measured
+        (same results.jsonl), each with what it was there and why, most common cause first; when none differ, one line
+        saying how many cells were compared; "" when no other release was measured."""
         changes = self.torch_changes()
         mine = self.environment.get("torch", "this torch")
+        if not self.others:
+            return ""
+        compared = {
+            t: sum(1 for r in self.rows if o.label_of(r.cell) is not None) for t, o in sorted(self.others.items())
+        }
+        measured = "; ".join(
+            f"{n} of these {len(self.rows)} cells were also measured on torch {t}" for t, n in compared.items()
+        )
         if not changes:
-            if not self.others:
-                return ""
-            compared = {
-                t: sum(1 for r in self.rows if o.label_of(r.cell) is not None) for t, o in sorted(self.others.items())
-            }
             return (
-                "## Changed between torch releases (0)\n\n"
-                + "; ".join(
-                    f"{n} of these {len(self.rows)} cells were also measured on torch {t}" for t, n in compared.items()
-                )
-                + f": none is classified differently from torch {mine}.\n"
+                f"## Changed between torch releases (0)\n\n{measured}: none classifies differently or saves other "
+                f"bytes than on torch {mine}.\n"
             )
         others = sorted({t for _, there in changes for t in there})
+        causes: dict[str, int] = {}
+        for _, there in changes:
+            for c in there.values():
+                causes[c.cause] = causes.get(c.cause, 0) + 1
         lines = [
             f"## Changed between torch releases ({len(changes)})",
             "",
-            f"Cells classified differently on torch {mine} and on {', '.join(others)} (same results.jsonl).",
+            f"{measured}. These classify differently or save different bytes there than on torch {mine}; each "
+            "difference is named by the ops whose saved bytes differ (a classification change, by what it was), "
+            "explained where the cause is known. By cause: "
+            + "; ".join(f"{n} × {_md(c)}" for c, n in sorted(causes.items(), key=lambda e: -e[1]))
+            + ".",
             "",
-            f"| cell | torch {mine} | " + " | ".join(f"torch {t}" for t in others) + " |",
-            "| --- | --- | " + " | ".join("---" for _ in others) + " |",
+            f"| cell | torch {mine} | " + " | ".join(f"torch {t}" for t in others) + " | why it differs |",
+            "| --- | --- | " + " | ".join("---" for _ in others) + " | --- |",
         ]
         for r, there in changes:
-            lines.append(
-                f"| {_md(r.cell.label)} | {r.classification.label} | "
-                + " | ".join(there.get(t, "same") for t in others)
-                + " |"
+            here = f"{r.classification.label}" + (f", {fmt_bytes(r.report.saved.total_bytes)}" if r.report.ok else "")
+            cells = [
+                (
+                    f"{there[t].label}"
+                    + (f", {fmt_bytes(there[t].saved_bytes)}" if there[t].saved_bytes is not None else "")
+                )
+                if t in there
+                else "same"
+                for t in others
+            ]
+            why = "; ".join(
+                dict.fromkeys(f"{t}: {there[t].cause}" if len(there) > 1 else there[t].cause for t in there)
             )
+            lines.append(f"| {_md(r.cell.label)} | {here} | " + " | ".join(cells) + f" | {_md(why)} |")
         return "\n".join(lines) + "\n"
 
     def recipes_table(self, old: str = "torchtitan_0_3_0", new: str = "torchtitan_main") -> str:
@@ -451,14 +469,16 @@ class MatrixViews:
             head = "".join(f"<th>torch {_h.escape(t)}</th>" for t in others)
             body = "".join(
                 f"<tr><td>{_h.escape(r.cell.label)}</td><td>{r.classification.label}</td>"
-                + "".join(f"<td>{there.get(t, 'same')}</td>" for t in others)
+                + "".join(f"<td>{there[t].label if t in there else 'same'}</td>" for t in others)
+                + f"<td>{_h.escape('; '.join(dict.fromkeys(c.cause for c in there.values())))}</td>"
                 + "</tr>"
                 for r, there in changes
             )
             parts.insert(
                 0,
                 f"<h2>Changed between torch releases ({len(changes)})</h2><table><tr><th>cell</th>"
-                f"<th>torch {_h.escape(str(self.environment.get('torch', '?')))}</th>{head}</tr>{body}</table>",
+                f"<th>torch {_h.escape(str(self.environment.get('torch', '?')))}</th>{head}<th>why it differs</th></tr>"
+                f"{body}</table>",
             )
         return (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
