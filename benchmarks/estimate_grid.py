@@ -1,14 +1,16 @@
-"""Every compiled estimate against a real CPU step: expert type × AC mode × order × compile scope × backend.
+"""Every compiled estimate against a real CPU step: expert type × dropout × AC mode × order × compile scope × backend.
 
     python benchmarks/estimate_grid.py [--experts IMPL ...] [--backends BACKEND ...] [--scopes SCOPE ...]
+        [--dropout P ...]
 
 tests/test_estimate.py checks a chosen slice of this grid in CI (each mode once under inductor, the orders and
 scopes that differ); this runs all of it, in one process, by the tests' own comparison (`_assert_exact`'s): saved
 storages op for op against an outer `saved_tensors_hooks` on the real step, the peak against the storages alive
 past the op that made them, and the profiler's raw peak beside it. The models are the tests' two: bf16 `grouped_mm`
-experts in both blocks, and fp32 `masked` experts with a dense first block. A combination the toolkit refuses
-(remat with AC outside the compiled block) is printed with its refusal. One line per combination, its seconds,
-then the counts. Run two at once, one per core, split by --experts.
+experts in both blocks, and fp32 `masked` experts with a dense first block, each without and with residual
+dropout (p=0.1: the cells whose compiled checkpoints stash an RNG state per random op). A combination the toolkit
+refuses (remat with AC outside the compiled block) is printed with its refusal. One line per combination, its
+seconds, then the counts. Run two at once, one per core, split by --experts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ ORDERS = (None, "ac_outside")
 SCOPES = ("blocks", "model", "moe", "attention")
 BACKENDS = ("aot_eager", "inductor")
 EXPERTS = ("grouped_mm", "masked")
+DROPOUT = (0.0, 0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--scopes", nargs="+", choices=SCOPES, default=list(SCOPES))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--dropout", nargs="+", type=float, default=list(DROPOUT))
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -43,12 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     counts = {"exact": 0, "peak off": 0, "refused": 0, "SAVED DIFFERS": 0, "ERROR": 0}
     start = time.perf_counter()
     print(f"torch {torch.__version__}")
-    print(f"{'experts':10} {'backend':9} {'scope':9} {'AC mode':15} {'order':10} verdict   seconds  saved B / peak B")
-    for impl, backend, scope, mode, order in itertools.product(
-        args.experts, args.backends, args.scopes, args.modes, ORDERS
+    print(
+        f"{'experts':10} {'dropout':7} {'backend':9} {'scope':9} {'AC mode':15} {'order':10} verdict   seconds  "
+        "saved B (RNG stash B) / peak B"
+    )
+    for impl, p, backend, scope, mode, order in itertools.product(
+        args.experts, args.dropout, args.backends, args.scopes, args.modes, ORDERS
     ):
-        cfg = {"grouped_mm": GROUPED, "masked": MASKED}[impl]
-        label = f"{impl:10} {backend:9} {scope:9} {mode:15} {order or 'default':10}"
+        cfg = {"grouped_mm": GROUPED, "masked": MASKED}[impl].replace(residual_dropout=p)
+        label = f"{impl:10} {p:<7} {backend:9} {scope:9} {mode:15} {order or 'default':10}"
         t0 = time.perf_counter()
         try:
             scenario = _compiled(cfg, mode, backend=backend, scope=scope, order=order)
@@ -63,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             est, off = c.est, c.peak_off
             verdict = "exact" if c.saved_equal and off == 0 else ("peak off" if c.saved_equal else "SAVED DIFFERS")
             detail = (
-                f"{est.saved_bytes} vs {sum(c.sizes)} / {est.peak_bytes} vs {c.outliving} outliving "
-                f"({off:+d} B, {off / c.outliving:+.4%}), {c.raw} raw ({(c.raw - est.peak_bytes) / c.raw:+.2%})"
+                f"{est.saved_bytes} vs {sum(c.sizes)} ({est.rng_state_bytes}) / {est.peak_bytes} vs {c.outliving} "
+                f"outliving ({off:+d} B, {off / c.outliving:+.4%}), {c.raw} raw: {c.raw - c.outliving} B of kernel "
+                f"scratch the estimate leaves out ({(c.raw - est.peak_bytes) / c.raw:+.2%})"
             )
         counts[verdict] += 1
         print(f"{label} {verdict:9} {time.perf_counter() - t0:6.1f}  {detail}", flush=True)

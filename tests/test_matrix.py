@@ -395,12 +395,13 @@ def test_a_cell_that_saves_other_bytes_on_another_release_is_listed_with_its_cau
     new = MatrixResult(rows=[row(0)], environment={"torch": "2.15.0+cu132"}, others={"2.13.0+cpu": old})
     ((r, there),) = new.torch_changes()
     assert there["2.13.0+cpu"].saved_bytes == 42880 and there["2.13.0+cpu"].label == "works"
-    assert there["2.13.0+cpu"].cause.startswith("run_and_save_rng_state +10,112 B: the compiled checkpoint's RNG stash")
+    assert there["2.13.0+cpu"].cause.startswith("+10,112 B there: the compiled checkpoint's RNG stash")
+    assert there["2.13.0+cpu"].cause.endswith("(by op: run_and_save_rng_state +10,112 B)")
     md = new.changes_table()
-    assert "## Changed between torch releases (1)" in md and "1 × run_and_save_rng_state +10,112 B" in md
+    assert "## Changed between torch releases (1)" in md and "1 × +10,112 B there: the compiled checkpoint's" in md
     # An op the table does not know is named with its difference, unexplained; the same bytes are no change.
     unknown = MatrixResult(rows=[row(0, 4096)], environment={"torch": "2.15.0"}, others={"2.13.0": old})
     cause = unknown.torch_changes()[0][1]["2.13.0"].cause
-    assert cause.startswith("aten.add.Tensor +28,672 B; run_and_save_rng_state +10,112 B: the compiled checkpoint's")
+    assert cause == "+38,784 B there (by op: aten.add.Tensor +28,672 B; run_and_save_rng_state +10,112 B)"
     same = MatrixResult(rows=[row(10112)], environment={"torch": "2.14.1"}, others={"2.13.0": old})
     assert same.torch_changes() == [] and "none classifies differently or saves other bytes" in same.changes_table()

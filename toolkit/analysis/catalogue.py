@@ -30,6 +30,8 @@ _REPORT_KEYS = {
     "fsdp",
     "max_graph_breaks",
     "recompile_reason_contains",
+    "redrawn_contains",
+    "redrawn_none",
 }
 
 
@@ -135,6 +137,11 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
         if not _shows(ops, sig["recompute_op_contains"]):
             return False
     if "warning_contains" in sig and not _shows(" ".join(report.warnings), sig["warning_contains"]):
+        return False
+    redrawn = report.recompute.redrawn  # one entry per random op a recompute drew again: matched entry by entry
+    if "redrawn_contains" in sig and not any(_shows(r, sig["redrawn_contains"]) for r in redrawn):
+        return False
+    if "redrawn_none" in sig and bool(redrawn) == sig["redrawn_none"]:
         return False
     return True
 

@@ -24,6 +24,11 @@ from ..transforms.recipes import RECIPES
 BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
 # The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
 REMAT_ACS = ("remat", "remat_selective")
+# Randomness under recompute: the dense model with residual dropout, and the AC setups that restore the RNG for the
+# recompute or do not ("_no_rng": preserve_rng_state=False; "remat" is torch_remat's own default, False;
+# "remat_rng": the toolkit's RecomputeStateHook restoring it).
+DROPOUT_BLOCK = "dense:dropout"
+RANDOM_ACS = ("none", "full", "full_no_rng", "selective_op", "memory_budget", "remat", "remat_rng")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Cell:
         model = (
             ModelConfig(moe_layers="none")
             if self.block == "dense"
+            else ModelConfig(moe_layers="none", residual_dropout=0.1)
+            if self.block == DROPOUT_BLOCK
             else ModelConfig(experts_impl=self.block.split(":", 1)[1])
         )
         return RECIPES[self.recipe].model_config(model, fsdp=self.fsdp) if self.recipe else model
@@ -78,6 +85,10 @@ class Cell:
             if self.ac == "memory_budget"
             else ACConfig.remat_selective()
             if self.ac == "remat_selective"
+            else ACConfig(mode="full", preserve_rng_state=False)
+            if self.ac == "full_no_rng"
+            else ACConfig(mode="remat", preserve_rng_state=True)
+            if self.ac == "remat_rng"
             else ACConfig(mode=self.ac)
         )
         comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
@@ -171,6 +182,23 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                     cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
         for fsdp in ("blocks", "blocks+experts"):
             cells.append(Cell("moe:for_loop", recipe="torchtitan_2025_09", backend=backend, fsdp=fsdp))
+    return _dedupe(cells + random_cells(backends))
+
+
+def random_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
+    """Randomness under recompute: dropout × the AC setups that restore the RNG for the recompute or do not × eager
+    and each block compiled whole. What the classification tells apart: the RNG restored (works), new random numbers
+    drawn in a recompute (grads_differ, named: C60 compiled, C61 eager), compiled code drawing otherwise than eager (a
+    compiled reference, works)."""
+    cells = []
+    remat = compat.available("torch_remat")
+    for backend in backends:
+        for ac in RANDOM_ACS:
+            if ac.startswith("remat") and not remat:
+                continue
+            if ac != "memory_budget":
+                cells.append(Cell(DROPOUT_BLOCK, ac))
+            cells.append(Cell(DROPOUT_BLOCK, ac, "blocks", True, None, backend))
     return _dedupe(cells)
 
 

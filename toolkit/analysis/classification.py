@@ -28,7 +28,8 @@ SEVERITY = (
     "works",
 )
 EXPLAIN = {
-    "grads_differ": "gradients differ from the eager no-AC run: silently wrong training",
+    "grads_differ": "gradients differ from the reference (or a recompute drew new random numbers): silently wrong "
+    "training",
     "crashed": "the worker process died",
     "timeout": "no result within the time limit",
     "error": "raised an error",
@@ -83,15 +84,10 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
         else:
             why["error"] = f"{e.type.rsplit('.', 1)[-1]} at {e.stage}: {e.message.strip().splitlines()[0][:160]}"
     else:
-        n = report.numerics
-        if n.compared and not n.grads_match:
-            flags.append("grads_differ")
-            why["grads_differ"] = f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs the eager no-AC run"
+        for label, text in report.silent_failures:  # grads_differ, fell_back_to_eager: the Report's own rule
+            flags.append(label)
+            why[label] = text
         c = report.compile
-        if c.fell_back_to_eager:
-            flags.append("fell_back_to_eager")
-            where = ", ".join(c.regions_without_graphs) or "every region"
-            why["fell_back_to_eager"] = f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"
         ac = report.scenario.ac_mode
         saved = report.saved.total_bytes
         none_ref, full_ref = refs.get("none"), refs.get("full")
@@ -145,7 +141,12 @@ def _works(report: Report) -> str:
     else:
         ran = "ran eagerly (no compile requested)"
     if n.compared:
-        grads = "gradients match eager"
+        # The reference's own words where it is not plain eager (a compiled one, for compiled random draws).
+        grads = (
+            "gradients match eager"
+            if n.reference.startswith("eager")
+            else f"gradients match the same model {n.reference}"
+        )
     else:
         grads = "gradients not compared" + (f" ({n.reference})" if n.reference else "")
     return f"{ran}, {grads}"

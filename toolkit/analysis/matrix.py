@@ -235,6 +235,8 @@ class MatrixResult(MatrixViews):
 KNOWN_SAVE_CHANGES = {
     "run_and_save_rng_state": "the compiled checkpoint's RNG stash (torch 2.14 keeps it only when the block draws "
     "random numbers)",
+    "aten.full.default": "a filled buffer torch 2.13's Inductor keeps for backward and later releases do not "
+    "(notebook 04 shows it op by op)",
 }
 
 
@@ -263,11 +265,16 @@ def release_change(mine: Row, theirs: Row) -> ReleaseChange | None:
     if not (a.ok and b.ok) or a.saved.total_bytes == b.saved.total_bytes:
         return None
     deltas = {op: b.saved.by_op.get(op, 0) - a.saved.by_op.get(op, 0) for op in {*a.saved.by_op, *b.saved.by_op}}
-    parts = []
-    for op, d in sorted(((op, d) for op, d in deltas.items() if d), key=lambda e: (-abs(e[1]), e[0])):
-        known = KNOWN_SAVE_CHANGES.get(op)
-        parts.append(f"{op} {d:+,} B" + (f": {known}" if known else ""))
-    return ReleaseChange(label, saved, "; ".join(parts) or f"saved {b.saved.total_bytes - a.saved.total_bytes:+,} B")
+    net = b.saved.total_bytes - a.saved.total_bytes
+    moved = [(op, d) for op, d in sorted(deltas.items(), key=lambda e: (-abs(e[1]), e[0])) if d]
+    # A storage a partition attributes to another op on another release moves bytes between ops, netting to nothing:
+    # the cause is what is left once those cancel, and the one explained is the op whose difference is the net.
+    known = next((KNOWN_SAVE_CHANGES[op] for op, d in moved if d == net and op in KNOWN_SAVE_CHANGES), None)
+    if known is None and len(moved) == 1:
+        known = KNOWN_SAVE_CHANGES.get(moved[0][0])
+    ops = "; ".join(f"{op} {d:+,} B" for op, d in moved)
+    cause = f"{net:+,} B there" + (f": {known}" if known else "") + (f" (by op: {ops})" if ops else "")
+    return ReleaseChange(label, saved, cause)
 
 
 def _compact(report: Report) -> dict[str, Any]:

@@ -108,6 +108,7 @@ def assemble(
                 bookkeeping_by_op=p.bookkeeping_by_op,
                 compiled_reruns=p.compiled_reruns,
                 in_compiled_backward=p.in_compiled_backward,
+                redrawn=p.redrawn,
             )
             graphs = max(p.graphs_run, steps.compiled_total)
             without = p.regions_without_graphs if requested else ()

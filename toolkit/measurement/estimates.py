@@ -165,6 +165,10 @@ class Estimate:
     """The compile backend followed ("eager": nothing compiled)."""
     graphs: int = 0
     """Graphs compiled in the step (forward + backward pairs count once)."""
+    rng_state_bytes: int = 0
+    """The RNG states checkpoints stash for their recompute: host memory, the CPU generator's (5,056 B a stash). Part
+    of `saved_bytes` when the estimate is sized for the CPU (`cuda_rounding=False`, as a CPU run counts them); sized
+    for CUDA, host memory beside the device figures, counted here only. `peak_bytes` leaves them out."""
 
     def __str__(self) -> str:
         name = self.scenario.get("name") or "scenario"
@@ -175,6 +179,12 @@ class Estimate:
         ]
         for mod, n in sorted(self.saved_by_module.items(), key=lambda kv: -kv[1])[:8]:
             lines.append(f"  {mod or '(model)':<34} {fmt_bytes(n):>10}")
+        if self.rng_state_bytes:
+            where = "of it" if not self.cuda_rounding else "besides, not in the device figures"
+            lines.append(
+                f"  {where}, RNG states stashed for recompute: {fmt_bytes(self.rng_state_bytes)} on the host (the "
+                "CPU generator's, 5,056 B a stash; on CUDA a compiled checkpoint stashes the device generator's, 16 B)"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -339,6 +349,9 @@ class _Live(TorchDispatchMode):
         # its weak reference expires (an unwatched view may still hold it), which is checked after every op.
         self.holders: dict[int, int] = {}
         self.suspects: set[int] = set()
+        self.rng: dict[int, _Storage] = {}
+        """The RNG states stashed for a recompute: real CPU tensors among the fake ones (a compiled checkpoint's
+        `run_and_save_rng_state`, an eager one's `torch.get_rng_state`), host memory, kept apart from the peak."""
 
     def size(self, nbytes: int) -> int:
         return -(-nbytes // self.round_to) * self.round_to if self.round_to > 1 else nbytes
@@ -365,9 +378,18 @@ class _Live(TorchDispatchMode):
             self.holders[key] = 0
             self.suspects.add(key)
 
+    def stash(self, t: torch.Tensor, op: str) -> None:
+        """An RNG state a checkpoint stashed (its exact size: host memory, no device rounding)."""
+        st = t.untyped_storage()
+        ref = StorageWeakRef(st)
+        if ref.cdata not in self.rng:
+            self.rng[ref.cdata] = _Storage(ref, st.nbytes(), self.state.module(), op, "uint8", tuple(t.shape))
+
     def add(self, t: torch.Tensor, op: str) -> None:
         if not isinstance(t, self.fake):
-            return  # a real tensor among fake ones is host memory: the RNG state a compiled checkpoint stashes
+            if t.dtype == torch.uint8 and self.state.phase == "forward":
+                self.stash(t, op)  # a real tensor among fake ones: the RNG state a compiled checkpoint stashes
+            return
         st = t.untyped_storage()
         ref = StorageWeakRef(st)
         key = ref.cdata
@@ -502,6 +524,15 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         stack.enter_context(graphs.patches())
         stack.enter_context(modules.hooks())
         stack.enter_context(torch_settings(model))
+        real_get_rng_state = torch.get_rng_state
+
+        def get_rng_state(*args, **kwargs):  # an eager checkpoint's stash (not an op: no dispatch mode sees it)
+            out = real_get_rng_state(*args, **kwargs)
+            if state.phase == "forward":
+                live.stash(out, "torch.get_rng_state")
+            return out
+
+        stack.enter_context(compat.patched(torch, "get_rng_state", get_rng_state))
         counted = compat.counters_snapshot()
         with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), sac_bypasses_hooks_of(pack):
             state.phase = "forward"
@@ -509,7 +540,12 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
             gc.collect()  # a reference cycle is not kept for backward
             live.sweep_all()
             out_key = StorageWeakRef(out.untyped_storage()).cdata
+            rng = {k: v for k, v in live.rng.items() if not v.ref.expired()}
             saved = {**{k: v for k, v in live.live.items() if k != out_key}, **inputs}
+            if not cuda_rounding:
+                # Sized for the CPU the stashes are the same memory as the rest; sized for CUDA they are host memory
+                # beside the device figures, said apart (`rng_state_bytes`).
+                saved.update(rng)
             state.phase = "backward"
             loss = loss_fn(out, labels)
             del out
@@ -539,6 +575,7 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         saved_tensors=tuple(tensors),
         backend=backend,
         graphs=compiled,
+        rng_state_bytes=sum(s.nbytes for s in rng.values()),
     )
 
 

@@ -18,10 +18,11 @@ from torch import nn
 from .. import compat
 from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_text
 from ..compat import tree_leaves
+from ..transforms import apply_compile
 from ..transforms.fsdp import process_group
 from ..transforms.naming import has_compiled, unwrap
 from ..transforms.recipes import reset
-from ..transforms.settings import applied
+from ..transforms.settings import applied, torch_settings
 from . import numerics as _numerics
 from .assemble import assemble
 from .build import build, check_ranks_for_ep, transform
@@ -135,13 +136,19 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             built = build(scenario, sharded=True)
             a.timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
-            if scenario.check_numerics:
+            reference = _numerics.reference_for(scenario)
+            if scenario.check_numerics and reference.what:
                 ref = build(scenario, sharded=False)
+                if reference.compile is not None:
+                    apply_compile(ref.model, reference.compile)
                 torch.manual_seed(built.seed)
-                ref_loss_t = built.loss_of(ref.model(built.tokens))
-                ref_loss_t.backward()
+                with torch_settings(ref.model):
+                    ref_loss_t = built.loss_of(ref.model(built.tokens))
+                    ref_loss_t.backward()
                 ref_loss, ref_grads = float(ref_loss_t.detach().float()), _numerics.grads(ref.model)
                 del ref, ref_loss_t
+                if reference.compile is not None:
+                    compat.reset_dynamo()  # the measured model compiles the same code: no entry of the reference's
             model = built.model
             t = time.perf_counter()
             a.orders = transform(scenario, model, stage)
@@ -164,15 +171,17 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 result=steps,
                 instrument=scenario.instrument,
             )
-            ref_note = "" if ref_loss is None else f"the same model eager without AC: loss {ref_loss:.4f}"
+            ref_note = "" if ref_loss is None else f"the same model {reference.what}: loss {ref_loss:.4f}"
 
             def again():
                 torch.manual_seed(built.seed)  # the measured forward's RNG stream (router noise, dropout)
                 return model(built.tokens)
 
             a.check_loss(model, again, built.tokens, built.loss_of, ref_note)
-            if ref_grads is None:
+            if not scenario.check_numerics:
                 a.numerics = _numerics.not_compared(steps.loss, "check_numerics=False")
+            elif ref_grads is None:
+                a.numerics = _numerics.not_compared(steps.loss, reference.why)
             elif world > 1:
                 a.numerics = _numerics.not_compared(steps.loss, f"FSDP-sharded over {world} ranks: each holds a shard")
             else:
@@ -182,8 +191,9 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                     ref_loss,
                     ref_grads,
                     built.dtype,
-                    "eager without AC" + (" or FSDP" if scenario.fsdp != "none" else ""),
+                    reference.what + (" or FSDP" if scenario.fsdp != "none" else ""),
                 )
+                a.numerics = _numerics.unless_the_forward_drew_otherwise(a.numerics, reference, built.dtype)
         finally:
             if model is not None and scenario.stack == "toolkit":
                 try:
@@ -297,7 +307,18 @@ def measure(
         else:
             ref_note = ""
         a.check_loss(model, forward, (args, call_kwargs), loss_of, ref_note)
-        if ref_result is not None:
+        draws = steps.probes.draws_compiled if steps.probes is not None else False
+        if ref_result is not None and draws is not False:
+            # Compiled code draws its random numbers otherwise than the eager copy: not a mismatch, and not a match
+            # either. A recompute's new draws are still found (Recompute.redrawn), which is the failure that matters.
+            a.numerics = _numerics.not_compared(
+                steps.loss,
+                "the step draws random numbers inside compiled code, which the eager copy draws otherwise"
+                if draws
+                else "a compiled graph compiled before the step may draw random numbers, which the eager copy would "
+                "draw otherwise (cold=True reads every graph)",
+            )
+        elif ref_result is not None:
             a.numerics = _numerics.compare(
                 steps.loss, steps.grads, ref_result[0], ref_result[1], _numerics.param_dtype(model), ref_result[2]
             )

@@ -7,7 +7,7 @@ with its checkpoint wrappers removed (`tk.measure`).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -69,6 +69,57 @@ def _class_forward_under(m: nn.Module) -> bool:
             return True
         f, seen = getattr(f, "__wrapped__", None), seen + 1
     return False
+
+
+class Reference(NamedTuple):
+    """What a scenario's gradients are compared with: `compile`, the compile the reference model gets (None: eager),
+    and `what` the Report says it was; `why` instead when there is none (`compile` None and `what` "")."""
+
+    compile: Any
+    what: str
+    why: str = ""
+
+
+def reference_for(scenario: Any) -> Reference:
+    """The run a scenario's gradients are compared with.
+
+    The same model eager without AC, when that draws the same numbers: always, unless the step draws random numbers
+    (dropout, router noise) inside compiled code, which draws them otherwise than eager does (a benign difference,
+    never a mismatch). Then the same model compiled the same way without AC, whose compiled code draws as the
+    measured step's does; a recompute that draws new numbers is found either way (`Recompute.redrawn`). A compiled
+    recipe, or compile with no AC, has no such reference."""
+    compiled = bool(scenario.recipe) or scenario.compile.enabled
+    draws = scenario.stack == "toolkit" and scenario.model_config.draws_random
+    if not (compiled and draws):
+        return Reference(None, "eager without AC")  # the words every Report has always shown
+    if scenario.recipe or scenario.ac.mode == "none":
+        return Reference(
+            None,
+            "",
+            "the step draws random numbers inside compiled code, which an eager run draws otherwise, and it has no AC "
+            "to take away for a compiled reference; a recompute's new draws are still checked",
+        )
+    return Reference(
+        scenario.compile.replace(order=None),
+        "compiled the same way without AC (the compiled code draws random numbers, which eager draws otherwise)",
+    )
+
+
+def unless_the_forward_drew_otherwise(n: Numerics, reference: Reference, dtype: torch.dtype) -> Numerics:
+    """A compiled reference is exact only while the step's compiled code draws the numbers it draws: a recompute that
+    draws again leaves the forward, so the loss, as it was. Where the losses differ, the compiled checkpoint itself
+    drew otherwise (inductor functionalizes the RNG of a checkpointed region, from torch 2.14): a benign difference,
+    so not compared, saying by how much; a recompute's new draws are named apart (`Recompute.redrawn`)."""
+    if reference.compile is None or n.grads_match is not False:
+        return n
+    rtol, atol = tolerance(dtype)
+    if n.loss_diff is None or n.loss_diff <= atol + rtol * abs(n.reference_loss or 0.0):
+        return n
+    return not_compared(
+        n.loss,
+        f"the compiled code with AC draws its random numbers otherwise than the same compile without AC (the losses "
+        f"differ by {n.loss_diff:.1e}), so no run draws what this one drew; a recompute's new draws are still checked",
+    )
 
 
 def not_compared(loss: float, why: str) -> Numerics:

@@ -139,6 +139,9 @@ class Recompute:
     """Compiled regions whose forward ran again during backward (AC(compile(x))), with how often."""
     in_compiled_backward: int = 0
     """Forward ops the partitioner placed in compiled backward graphs (compile(AC(x)) recompute), per step."""
+    redrawn: tuple[str, ...] = ()
+    """"module (op)" of each random op an eager recompute ran with other random numbers than its forward drew (the
+    RNG state not restored: `preserve_rng_state=False`, a policy recomputing dropout): silently wrong gradients."""
 
 
 @dataclass(frozen=True)
@@ -391,7 +394,42 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """The step ran to its end (it may still be a silent failure: `verdict`)."""
         return self.outcome == "ok"
+
+    @property
+    def silent_failures(self) -> tuple[tuple[str, str], ...]:
+        """`(label, why)` of each silent failure this Report shows on its own, most severe first: gradients that
+        differ from the reference (a recompute that drew new random numbers always does), compile that fell back to
+        eager. The one rule `classify` and the summary's first line both read (the failures that need reference
+        runs, a policy with no effect, are `classify`'s)."""
+        if not self.ok:
+            return ()
+        out = []
+        n, redrawn = self.numerics, self.recompute.redrawn
+        if redrawn or (n.compared and not n.grads_match):
+            why = []
+            if redrawn:
+                why.append(
+                    f"recompute re-drew random numbers: {', '.join(redrawn[:3])}" + (" …" if len(redrawn) > 3 else "")
+                )
+            if n.compared and not n.grads_match:
+                why.append(f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs {n.reference or 'the reference'}")
+            out.append(("grads_differ", "; ".join(why)))
+        c = self.compile
+        if c.fell_back_to_eager:
+            where = ", ".join(c.regions_without_graphs) or "every region"
+            out.append(("fell_back_to_eager", f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"))
+        return tuple(out)
+
+    @property
+    def verdict(self) -> str:
+        """The first line's word: the outcome when the step did not end ("error", "crashed", "timeout"), else the most
+        severe silent failure it shows, else "ok"."""
+        if not self.ok:
+            return self.outcome
+        silent = self.silent_failures
+        return silent[0][0] if silent else "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -542,7 +580,11 @@ def format_report(r: Report) -> str:
     """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
     lines = []
     title = printable(r.scenario.name) or "scenario"  # a Report read from a file may carry anything
-    lines.append(f"{title}: {r.outcome}")
+    silent = r.silent_failures
+    # The verdict leads: a step that ran to its end with wrong gradients is not "ok" on the first line.
+    lines.append(
+        f"{title}: {r.outcome}" if not silent else f"{title}: {silent[0][0]} [silent failure] — {silent[0][1]}"
+    )
     if r.error is not None:
         lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
     if r.checkpoint_error is not None:

@@ -251,7 +251,7 @@ class Scenario:
         if self.stack == "torchtitan":
             c = self.compile
             comp = "eager" if not c.enabled else f"compile blocks ({c.backend_name}, fullgraph)"
-            return f"{self.torchtitan.label} | AC {self.ac.mode} | {comp}{fsdp}"
+            return f"{self.torchtitan_config.label} | AC {self.ac.mode} | {comp}{fsdp}"
         if self.recipe:
             return f"recipe {self.recipe}{fsdp}"
         c = self.compile
@@ -343,7 +343,10 @@ def check_structure(scenario: Scenario) -> None:
         return
     import warnings
 
-    model = build_model(scenario.model_config.replace(n_layers=min(2, scenario.model.n_layers), device="cpu"))
+    # Two blocks tell what the structure allows, but as many as every layer_every-th block needs to exist.
+    every = getattr(scenario.ac, "layer_every", 1)
+    n = min(max(2, every), scenario.model.n_layers)
+    model = build_model(scenario.model_config.replace(n_layers=n, device="cpu"))
     with warnings.catch_warnings():
         # What applying the transforms would warn about belongs to the run's Report, not to this check.
         warnings.simplefilter("ignore")

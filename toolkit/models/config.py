@@ -24,7 +24,7 @@ Layout = Literal["torchtitan_0_3_0", "torchtitan_main", "torchtitan_2025"]
 
 
 # Fields added after results were first recorded (left out of `to_dict` while at their defaults).
-_LATER_FIELDS = ("n_kv_heads", "attention_head_dim", "qk_norm")
+_LATER_FIELDS = ("n_kv_heads", "attention_head_dim", "qk_norm", "attention_dropout", "residual_dropout")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +96,12 @@ class ModelConfig:
     router_noise: float = 0.0
     """Uniform noise scale added to the selection scores in training (RNG-driven routing, for the
     non-deterministic-routing-under-recompute case C11). 0 disables it."""
+    attention_dropout: float = 0.0
+    """Dropout probability on the attention weights in training (`scaled_dot_product_attention`'s `dropout_p`), as
+    models with attention dropout have it; torchtitan's models have none. 0 (the default) draws nothing."""
+    residual_dropout: float = 0.0
+    """Dropout probability on each block's attention and feed-forward / MoE output before its residual add (GPT-2's
+    `resid_pdrop`); the random numbers a recompute must draw again the same (C60). 0 (the default) draws nothing."""
     experts_impl: ExpertsImpl = "grouped_mm"
     """How routed experts run: "grouped_mm" (`torch._grouped_mm`, torchtitan 0.3.0's only path: in bfloat16 in
     the 0.3.0 layout, in the model's dtype in the 2025 layout, where CPU compile needs bfloat16, C14), "for_loop"
@@ -167,6 +173,8 @@ class ModelConfig:
         # `> 0` that enables it skips it and the run looks like no noise at all.
         check_number(own, "route_scale", self.route_scale, minimum=0.0, inclusive=False, example="1.0")
         check_number(own, "router_noise", self.router_noise, minimum=0.0, example="0.0 (off) or 0.5")
+        for name in ("attention_dropout", "residual_dropout"):
+            check_number(own, name, getattr(self, name), minimum=0.0, maximum=0.99, example="0.0 (off) or 0.1")
         self._check_moe_layers()
         self._check_device()
         if self.experts_impl == "grouped_mm" and self.has_moe:
@@ -320,6 +328,12 @@ class ModelConfig:
     @property
     def has_moe(self) -> bool:
         return bool(self.moe_layer_ids)
+
+    @property
+    def draws_random(self) -> bool:
+        """A training step draws random numbers (router noise, dropout): what a recompute must draw again the same,
+        and what compiled code draws otherwise than eager."""
+        return bool(self.attention_dropout or self.residual_dropout or (self.router_noise and self.has_moe))
 
     @property
     def torch_dtype(self):

@@ -86,6 +86,7 @@ class Attention(nn.Module):
         self.wo = Linear(H * Dh, D)
         self.kind = cfg.attention
         self._block_mask = None
+        self.dropout = cfg.attention_dropout
 
     def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         B, S, D = x_BSD.shape
@@ -113,7 +114,9 @@ class Attention(nn.Module):
         gqa = {"enable_gqa": True} if self.n_kv_heads != self.n_heads else {}
         if self.kind == "flex":
             return self._flex(q, k, v, **gqa)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+        # Passed only when on: with none, the call (and every graph and count of it) is the one it always was.
+        drop = {"dropout_p": self.dropout} if self.dropout and self.training else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa, **drop)
 
     def remat_regions(self, fqn: str) -> list[str]:
         return [regions.qualified(fqn, "inner_attention")]
@@ -145,15 +148,24 @@ class TransformerBlock(nn.Module):
             self.moe = MoE(cfg)
         else:
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden, fused=cfg.layout == "torchtitan_main")
+        self.dropout = cfg.residual_dropout
 
     def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         attn_BSD = self.attention(self.attention_norm(x_BSD), rope)
         regions.needs(self, attn_BSD)  # the residual add reads the attention output with a bare op
-        h_BSD = x_BSD + attn_BSD
+        h_BSD = x_BSD + self._drop(attn_BSD)
         ffn = self.moe if self.moe_enabled else self.feed_forward
+        out_BSD = ffn(self.ffn_norm(h_BSD))
+        if self.dropout:
+            regions.needs(self, out_BSD)  # the dropout reads the output with a bare op
+            out_BSD = self._drop(out_BSD)
         # The trailing add, kept under every policy: it saves nothing for backward, so replay skips it and its
         # inputs need no marker (main's `ffn_residual`).
-        return regions.kept(self, "ffn_residual", torch.add, h_BSD, ffn(self.ffn_norm(h_BSD)))
+        return regions.kept(self, "ffn_residual", torch.add, h_BSD, out_BSD)
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        # No op at all when off: the block's graphs and counts are the ones it had before dropout existed.
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
     def remat_regions(self, fqn: str) -> list[str]:
         return ["ffn_residual"]

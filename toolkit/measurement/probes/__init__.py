@@ -70,6 +70,11 @@ class ProbeRecord:
     failed to see in this step."""
     collectives: dict[str, int]
     """"phase: op" → calls of collective ops dispatched eagerly during the step."""
+    redrawn: tuple[str, ...] = ()
+    """"module (op)" of each random op whose recompute drew other numbers than its forward (the RNG not restored)."""
+    draws_compiled: bool | None = False
+    """A compiled graph of the step drew random numbers, which eager code draws otherwise (None: unknown, a graph
+    whose forward could not be read)."""
 
 
 class Probes:
@@ -221,6 +226,12 @@ class Probes:
             unknown_age_graphs=sum(1 for k in self.compiled.graphs_run if self.compiled.records[k].warm is None),
             blind_spots=tuple(sorted(blind)) + tuple(dict.fromkeys(self.compiled.failures)),
             collectives=dict(sorted(self.tracker.collectives.items())),
+            redrawn=tuple(
+                dict.fromkeys(
+                    [f"{m or '<model>'} ({op})" for m, op in self.tracker.redrawn] + self.compiled.random_recomputed()
+                )
+            ),
+            draws_compiled=self.compiled.draws(),
         )
 
 

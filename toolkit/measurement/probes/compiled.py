@@ -67,6 +67,12 @@ class GraphRecord:
     """Compiled before the step (None: unknown, the partition was not watched)."""
     function_cls: Any = None
     """The AOTAutograd function, to read its kept backward graph once the backward ran."""
+    draws: bool | None = None
+    """Its forward graph draws random numbers (dropout, `rand`): an eager reference draws them otherwise. None when
+    its forward graph could not be read (a warm inductor graph)."""
+    random_recomputed: tuple[str, ...] = ()
+    """Random ops (dropout, `rand`) the partitioner placed in the backward graph: drawn again there, with new numbers
+    unless their RNG state is replayed (`rngprims` ops, which this leaves out)."""
 
 
 @dataclass
@@ -211,6 +217,7 @@ class CompiledGraphs:
             recompute_known=False,
             warm=warm,
             function_cls=compat.compiled_function_of(ctx),
+            draws=bool(_random_in(fw)),
         )
 
     def finish(self) -> None:
@@ -220,6 +227,7 @@ class CompiledGraphs:
                 bw = compat.backward_graph_of(rec.function_cls)
                 if bw is not None:
                     rec.recompute_ops, rec.recompute_known = _recompute_ops(bw), True
+                    rec.random_recomputed = _random_in(bw)
             rec.function_cls = None
 
     def resolve(self, region: str, rel: str) -> str:
@@ -240,6 +248,20 @@ class CompiledGraphs:
 
     def in_compiled_backward(self) -> int:
         return sum(sum(rec.recompute_ops.values()) * rec.runs for rec in self.records.values())
+
+    def draws(self) -> bool | None:
+        """A compiled graph that ran drew random numbers (None: one whose forward graph could not be read may have)."""
+        seen = [rec.draws for rec in self.records.values() if rec.runs]
+        return True if any(seen) else None if None in seen else False
+
+    def random_recomputed(self) -> list[str]:
+        """ "compiled region (op)" of each random op a compiled backward that ran draws again."""
+        return [
+            f"the compiled backward of {rec.region or '<model>'} ({op})"
+            for rec in self.records.values()
+            if rec.runs
+            for op in rec.random_recomputed
+        ]
 
     def recompute_unknown(self) -> bool:
         return any(not rec.recompute_known for rec in self.records.values() if rec.runs)
@@ -290,6 +312,20 @@ def _recompute_ops(bw) -> Counter:
     return recompute
 
 
+def _random_in(gm) -> tuple[str, ...]:
+    """The ops of a graph that draw from torch's global RNG (`nondeterministic_seeded`, with a nonzero dropout
+    probability). In a backward graph each is a forward op recomputed, drawing new numbers: whether the partitioner
+    tagged it as a forward op or not (a budget's recompute is not always tagged), a backward has none of its own."""
+    out = []
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and torch.Tag.nondeterministic_seeded in (getattr(target, "tags", ()) or ()):
+            args = [a.meta.get("val", a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+            if compat.draws_random(target, tuple(args), dict(node.kwargs)):
+                out.append(str(target))
+    return tuple(out)
+
+
 def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
     outs = fw.graph.output_node().args[0]
     saved = [
@@ -297,4 +333,4 @@ def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
         for node in outs[n_fwd_outputs:]
         if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
     ]
-    return GraphRecord(region, saved, _recompute_ops(bw))
+    return GraphRecord(region, saved, _recompute_ops(bw), draws=bool(_random_in(fw)), random_recomputed=_random_in(bw))

@@ -50,6 +50,20 @@ def _info(func, name: str) -> _OpInfo:
     return info
 
 
+def _fingerprint(out: Any) -> int:
+    """A checksum of an op's output numbers (its bytes), computed out of sight of every dispatch mode: the probes'
+    own work must be no op of the step's (a SAC region's caching mode would take it for one)."""
+    import zlib
+
+    crc = 0
+    with compat.disable_current_modes():
+        for t in tensors(out):
+            if is_real(t) and t.numel():
+                data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+                crc = zlib.crc32(data, crc)
+    return crc
+
+
 def _keys(value: Any) -> list[int]:
     """Storage keys of the real tensors in an op argument (a tensor, or a list of them)."""
     if isinstance(value, torch.Tensor):
@@ -91,6 +105,11 @@ class Tracker(TorchDispatchMode):
         """Storage keys of the last op's outputs."""
         self.watched: set[int] = set()
         """Older tensors a checkpoint region wrote in place in the forward: reads of them in a recompute are noted."""
+        self.draws: Counter = Counter()
+        """(op, fingerprint) of every random draw the forward made eagerly, counted (not by module: torch_remat
+        replays a block with no module hooks running, so a recompute's module is not the forward's)."""
+        self.redrawn: list[tuple[str, str]] = []
+        """(module, op) of each draw a recompute made that no forward draw of that op matches: new randomness."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -114,6 +133,9 @@ class Tracker(TorchDispatchMode):
             self.collectives[f"{state.phase}: {name}"] += 1
             if state.phase == "forward":
                 self.comm_buffers.update(t.untyped_storage()._cdata for t in tensors(args) if is_real(t))
+        info = _info(func, name)
+        if info.random and not state.in_pack and not state.bookkeeping:
+            self._draw(func, name, args, kwargs or {}, out)
         if state.phase == "forward":
             produced = self.produced
             module = None
@@ -137,6 +159,20 @@ class Tracker(TorchDispatchMode):
                 self.recompute_by_op[name] += 1
                 self.recompute_by_module[state.module()] += 1
         return out
+
+    def _draw(self, func, name: str, args, kwargs, out) -> None:
+        """A random op's draw, fingerprinted: remembered in the forward, checked against those in a recompute (the
+        same module, op and numbers: the RNG was restored; other numbers: the recompute drew new randomness)."""
+        state = self.state
+        if state.phase == "forward":
+            if compat.draws_random(func, args, kwargs):
+                self.draws[(name, _fingerprint(out))] += 1
+        elif state.in_recompute and compat.draws_random(func, args, kwargs):
+            key = (name, _fingerprint(out))
+            if self.draws[key] > 0:
+                self.draws[key] -= 1  # matched: each forward draw answers one recompute
+            else:
+                self.redrawn.append((state.module(), name))
 
     def _in_checkpoint(self, func, name: str, args, kwargs, out) -> None:
         """What could make a region's recompute differ from its forward, as the ops go by (`FrameRecord`)."""
