@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -545,7 +546,7 @@ def test_merge_says_how_many_lines_it_skipped_and_why(tmp_path):
     dry = _cli("matrix", "--merge", "junk.jsonl", "--out", "d", "--dry-run", *only, cwd=tmp_path)
     assert dry.returncode == 0 and "Traceback" not in dry.stderr, dry.stderr
     assert "--merge junk.jsonl: skipped 2 lines that are not a record" in dry.stderr
-    assert "would first merge 0 records from 1 results file(s)" in dry.stdout and not (tmp_path / "d").exists()
+    assert "once 0 records from 1 results file(s) are merged in" in dry.stdout and not (tmp_path / "d").exists()
 
 
 def test_a_matrix_where_every_cell_timed_out_exits_4_and_retries_them_once(tmp_path):
@@ -757,6 +758,24 @@ def test_a_full_disk_leaves_the_previous_outputs_whole_and_says_so_in_one_line(t
     error, verdict = p.stdout.strip().splitlines()
     assert error.startswith("error: could not write") and "the previous file is as it was" in error, error
     assert verdict == "same", verdict  # no temporary left beside them either
+
+
+def test_a_file_written_atomically_gets_the_mode_open_would_give_it(tmp_path):
+    """mkstemp's temporary is 0600: renamed as it is, a matrix.html would be unreadable to a web server that served
+    the last one. A new file gets 0666 less the umask; a rewritten one keeps its mode."""
+    from toolkit import _files
+
+    old = os.umask(0o027)
+    try:
+        _files.write_text(tmp_path / "new.md", "a")
+        (tmp_path / "kept.md").write_text("a")
+        os.chmod(tmp_path / "kept.md", 0o604)
+        _files.write_text(tmp_path / "kept.md", "b")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.md").st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(tmp_path / "kept.md").st_mode) == 0o604
+    assert (tmp_path / "kept.md").read_text() == "b"
 
 
 def test_the_stamp_on_a_full_disk_leaves_no_temporary(tmp_path):

@@ -12,6 +12,7 @@ PKG = ROOT / "toolkit"
 # Each layer may import the ones before it in this list (README's Layout), never one after it.
 LAYERS = [
     "_config",
+    "_files",
     "_extras",
     "_interrupt",
     "_stamp",

@@ -75,6 +75,11 @@ def scratch(tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.jsonl").write_text("")
+    # The central list's commands name the committed folder: its records, read by --merge (a dry run writes nothing).
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "central-list").mkdir()
+    for name in ("results.jsonl.xz",):
+        (tmp_path / "docs" / "central-list" / name).symlink_to(ROOT / "docs" / "central-list" / name)
     if available("torchtitan"):
         import toolkit as tk
 

@@ -219,6 +219,13 @@ def test_merge_results_from_two_machines_by_key(tmp_path):
     assert calls == [] and [r.classification.label for r in result.rows] == ["works"] * 3
     # The same through the CLI (a first, so b's crashed record is never taken): --merge, then nothing left to run.
     d = tmp_path / "d"
+    only = ("--only", "^dense \\| AC (none|full|selective_op) \\| eager")
+    # A dry run counts what the merge would bring: b alone leaves its crashed cell and the one it lacks to run.
+    for merged, to_run in (([b], 2), ([a, b], 0)):
+        dry = _cli("--merge", *(str(x / "results.jsonl") for x in merged), "--out", str(d), *only, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert f"{to_run} to run on" in dry.stdout and f"{3 - to_run} already in" in dry.stdout, dry.stdout
+        assert not d.exists()
     p = _cli(
         "--merge",
         str(a / "results.jsonl"),

@@ -38,7 +38,10 @@ def atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     path = pathlib.Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; the renamed file gets what open() would have given it (the old file's mode, or
+        # 0666 less the umask), so a matrix.html stays readable by whoever served the last one.
         with os.fdopen(fd, mode) as f:
+            os.fchmod(f.fileno(), _mode_for(path))
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -53,6 +56,15 @@ def atomic(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _mode_for(path: pathlib.Path) -> int:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0o022)  # the only way to read it; set back at once
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

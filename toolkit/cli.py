@@ -365,23 +365,23 @@ def _matrix_command(argv: list[str]) -> int:
             ex = make(args.executor, workers=args.workers, warm=not args.cold, **options)
             if args.executor in ("submitit", "ray") and not available(args.executor):
                 raise _UsageError(f"--executor {args.executor} {reason(args.executor)}")
-            merging = 0
+            merging: list[dict] = []
             for src in args.merge:
                 if not os.path.isfile(src):
                     raise ConfigError("matrix", "merge", f"{src!r} is not a file.", "pass results.jsonl files.")
                 records, skipped = store.read_results(src)  # read as --merge would, nothing written
-                merging += len(records)
+                merging.extend(records.values())
                 if skipped:
                     print(f"--merge {store.skipped_text(src, skipped)}", file=sys.stderr)
             runnable, pending = sweeps.plan(
-                cells, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts
+                cells, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts, merging=merging
             )
             print(
                 f"matrix --dry-run: {len(runnable)} cells ({len(cells) - len(runnable)} invalid combinations left "
                 f"out), {len(pending)} to run on {ex.describe()}, {len(runnable) - len(pending)} already in "
                 f"{os.path.join(args.out, store.RESULTS)}"
                 + (
-                    f"; would first merge {merging} records from {len(args.merge)} results file(s)"
+                    f" once {len(merging)} records from {len(args.merge)} results file(s) are merged in"
                     if args.merge
                     else ""
                 )

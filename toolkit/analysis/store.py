@@ -187,6 +187,15 @@ def repair_tail(path: str | os.PathLike) -> str | None:
     return f"{str(p)!r}: {said}"
 
 
+def replaces(rec: dict, mine: dict | None) -> bool:
+    """The one merge rule: a record is taken where the folder has none, or where it has only a crash or a timeout
+    and the record is a measured result."""
+    if mine is None:
+        return True
+    unfinished = ("crashed", "timeout")
+    return mine["_report"].outcome in unfinished and rec["_report"].outcome not in unfinished
+
+
 def merge_results(
     sources: Iterable[str | os.PathLike], into: str | os.PathLike, skipped: dict[str, list[Skipped]] | None = None
 ) -> int:
@@ -204,11 +213,7 @@ def merge_results(
             if skipped is not None and bad:
                 skipped[str(src)] = bad
             for key, rec in records.items():
-                mine = have.get(key)
-                if mine is not None and (
-                    mine["_report"].outcome not in ("crashed", "timeout")
-                    or rec["_report"].outcome in ("crashed", "timeout")
-                ):
+                if not replaces(rec, have.get(key)):
                     continue
                 f.write(json.dumps({k: v for k, v in rec.items() if not k.startswith("_")}) + "\n")
                 have[key] = rec

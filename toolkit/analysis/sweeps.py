@@ -28,7 +28,7 @@ from .classification import EXPLAIN, classify
 from .executors import Executor, Job, make
 from .matrix import MatrixResult, Row
 from .progress import Progress
-from .store import RESULTS, Folder, check_out, read_records, read_results, skipped_text
+from .store import RESULTS, Folder, check_out, read_records, read_results, replaces, skipped_text
 
 
 def _needs_run(rec: dict | None, limit_s: float | None, retry_timeouts: bool = True) -> bool:
@@ -282,24 +282,38 @@ def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
             )
         )
     changes = result.torch_changes()
-    if changes:
-        lines.append((f"\nchanged from another torch release ({len(changes)}):", False))
-        for r, there in changes:
+    relabeled = [(r, {t: c for t, c in there.items() if c.label != r.classification.label}) for r, there in changes]
+    relabeled = [(r, there) for r, there in relabeled if there]
+    if relabeled:
+        lines.append((f"\nchanged from another torch release ({len(relabeled)}):", False))
+        for r, there in relabeled:
             was = ", ".join(f"{c.label} on {t}" for t, c in there.items())
             lines.append((f"  {r.classification.label:20} {r.cell.label}  (was {was})", True))
+    if len(changes) > len(relabeled):
+        n = len(changes) - len(relabeled)
+        lines.append((f"\n{n} cells save other bytes on another torch release (matrix.md says which and why)", False))
     return lines
 
 
 def plan(
-    cells: Iterable[Cell], *, out: str | os.PathLike, timeout_s: float | None = 600, retry_timeouts: bool = True
+    cells: Iterable[Cell],
+    *,
+    out: str | os.PathLike,
+    timeout_s: float | None = 600,
+    retry_timeouts: bool = True,
+    merging: Iterable[dict] = (),
 ) -> tuple[list[Cell], list[Cell]]:
     """`(runnable, pending)`: the cells that can be built, and those of them `sweep` would run into `out` (not in
-    its results.jsonl yet, crashed, or timed out under a shorter limit) — read only, nothing is run or written."""
+    its results.jsonl yet, crashed, or timed out under a shorter limit) once the records `merging` (a `--merge`'s)
+    were merged in by `store.replaces` — read only, nothing is run or written."""
     check_seconds("sweep", "timeout_s", timeout_s)
     check_bool("sweep", "retry_timeouts", retry_timeouts)
     check_out(out)
     results = pathlib.Path(out) / RESULTS
     records = read_records(results) if results.is_file() else {}
+    for rec in merging:
+        if replaces(rec, records.get(rec["key"])):
+            records[rec["key"]] = rec
     keys = _keys(cells, environment()["device"])
     runnable = [c for c in cells if c in keys and (keys[c] in records or valid(c) is None)]
     return runnable, [c for c in runnable if _needs_run(records.get(keys[c]), timeout_s, retry_timeouts)]
