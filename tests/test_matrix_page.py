@@ -4,13 +4,21 @@ The page is written from a hand-made MatrixResult (nothing is measured), opened 
 request refused, and checked as a reader sees it: each classification drawn in its own colour (read back from the
 rendered heatmap's pixels), empty cells white and unlike every classification, a label in every cell, the recipes in
 a panel of their own, and the backend column in every table. The screenshot is kept in the test's tmp folder
-(`matrix.png`) and, when TOOLKIT_SCREENSHOTS names a folder, copied there. Outside CI the test skips when
-Playwright or Chromium is missing; in CI (`CI` set) it fails instead, since `.ci/run` installs both.
+(`matrix.png`) and, when TOOLKIT_SCREENSHOTS names a folder, copied there.
+
+The committed central list (docs/central-list, its newest release) is drawn the same way and read as a user reads
+it: every case id on the page is a link that leads somewhere (a row of the page, an upstream thread, a notebook that
+exists), the notebook column links to the notebooks, and no table repeats one explanation row after row. Outside CI
+the tests skip when Playwright or Chromium is missing; in CI (`CI` set) they fail instead, since `.ci/run` installs
+both.
 """
 
 import os
+import pathlib
+import re
 import shutil
 import tempfile
+import urllib.parse
 
 import pytest
 from _helpers import playwright_and_chromium, synthetic_matrix
@@ -57,6 +65,21 @@ CELL_COLOURS = """async () => {
 }"""
 
 
+# Every case id in the page's text (the heatmap, a picture, aside) that is not inside a link.
+UNLINKED_IDS = """() => {
+    const bad = [], heat = document.getElementById('matrix-heatmap');
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    for (let n; (n = walker.nextNode());) {
+        const el = n.parentElement;
+        if (heat.contains(el) || el.closest('script, style')) continue;
+        for (const id of n.textContent.match(/(?<![\\w/#.-])C\\d+\\b/g) || [])
+            if (!el.closest('a')) bad.push(`${id} in "${n.textContent.trim().slice(0, 80)}"`);
+    }
+    return bad;
+}"""
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
     h = hex_colour.lstrip("#")
     return tuple(int(h[i : i + 2], 16) for i in (0, 2, 4))
@@ -73,12 +96,36 @@ def test_colours_are_distinct_and_unlike_empty_cells():
     assert set(SYMBOLS) == set(COLORS) and len(set(SYMBOLS.values())) == len(SYMBOLS)
 
 
-def test_matrix_page_in_headless_chromium(tmp_path):
-    sync_playwright, chromium = playwright_and_chromium()
-    result, cells = synthetic_matrix()
-    page_path = tmp_path / "matrix.html"
-    page_path.write_text(result.html())
-    problems, refused = [], []
+def _links_lead_somewhere(page) -> None:
+    """Every case id is a link; in-page links find their row, file links a file that exists; the by-case table's
+    notebook column links to notebooks."""
+    assert page.evaluate(UNLINKED_IDS) == []
+    hrefs = page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
+    assert hrefs
+    for href in set(hrefs):
+        if href.startswith("#"):
+            assert page.locator(f"[id='{href[1:]}']").count() == 1, href
+        elif href.startswith("file:"):
+            assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(href).path)).is_file(), href
+        else:
+            assert href.startswith("https://"), href
+    rows = page.locator("#by-case + table tr[id^='case-']")
+    for i in range(rows.count()):
+        nb = rows.nth(i).locator("td").nth(6)
+        if nb.inner_text() != "-":  # a case with no notebook (a standalone repro) says so
+            assert nb.locator("a").get_attribute("href").endswith(".ipynb"), nb.inner_html()
+
+
+def _open(p, chromium, profile):
+    context = p.chromium.launch_persistent_context(
+        profile,
+        executable_path=chromium,
+        args=ARGS,
+        headless=True,
+        viewport={"width": 1300, "height": 900},
+        offline=True,
+    )
+    refused = []
 
     def only_local(route):
         url = route.request.url
@@ -88,17 +135,74 @@ def test_matrix_page_in_headless_chromium(tmp_path):
             refused.append(url)
             route.abort()
 
+    context.route("**/*", only_local)
+    return context, refused
+
+
+def test_the_central_list_page_links_every_case_and_says_each_explanation_once(tmp_path):
+    """The committed central list on its newest release, drawn as `matrix` writes it into docs/central-list."""
+    from toolkit.analysis import store
+    from toolkit.analysis.matrix import MatrixResult, Row
+
+    sync_playwright, chromium = playwright_and_chromium()
+    records = store.read_records(ROOT / "docs" / "central-list" / "results.jsonl.xz")
+    release = lambda t: tuple(int(x) for x in re.findall(r"\d+", t.split("+")[0]))  # noqa: E731
+    newest = max((r["_report"].environment.get("torch", "0") for r in records.values()), key=release)
+    rows = [
+        Row(k, r["_cell"], r["_report"])
+        for k, r in records.items()
+        if r["_report"].environment.get("torch") == newest and not r["_cell"].bare
+    ]
+    result = MatrixResult(rows, {"torch": newest, "device": "cpu"})
+    folder = tmp_path / "docs" / "central-list"
+    folder.mkdir(parents=True)
+    # As `write` links it from docs/central-list: relative to the page, and so to this checkout's notebooks.
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    page_path = folder / "matrix.html"
+    page_path.write_text(result.html(notebooks="../../notebooks"))
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        context = p.chromium.launch_persistent_context(
-            profile,
-            executable_path=chromium,
-            args=ARGS,
-            headless=True,
-            viewport={"width": 1300, "height": 900},
-            offline=True,
-        )
+        context, refused = _open(p, chromium, profile)
         try:
-            context.route("**/*", only_local)
+            page = context.new_page()
+            page.goto(page_path.as_uri())
+            page.wait_for_selector("#matrix-heatmap .hm image", state="attached", timeout=60_000)
+            # What a reader looks at first (the list by case) and longest (the works table).
+            page.locator("#by-case + table").screenshot(path=str(tmp_path / "central-by-case.png"))
+            page.locator("h3#works").evaluate("e => e.scrollIntoView()")
+            page.screenshot(path=str(tmp_path / "central-works.png"))
+            if os.environ.get("TOOLKIT_SCREENSHOTS"):
+                for name in ("central-by-case.png", "central-works.png"):
+                    shutil.copy(tmp_path / name, os.environ["TOOLKIT_SCREENSHOTS"])
+            assert page.evaluate(UNLINKED_IDS) == []
+            ids = page.locator("#by-case + table tr[id^='case-']").evaluate_all("rs => rs.map(r => r.id)")
+            assert "case-C1" in ids and len(ids) >= 10  # C1 has no upstream thread: its id links to its notebook
+            c1 = page.locator("#case-C1 td").first.locator("a").first
+            assert c1.inner_text() == "C1" and c1.get_attribute("href").endswith("C01_order_matrix.ipynb")
+            for href in set(page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)")):
+                if href.startswith("file:") and "#" not in href:
+                    assert pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(href).path)).is_file(), href
+            notebooks = page.locator("#by-case + table tr[id^='case-'] td:nth-child(7)")
+            assert all(n.locator("a").count() == 1 for n in notebooks.all() if n.inner_text() != "-")
+            # The works table: its cells grouped under the few explanations they share, each said once.
+            works = page.locator("h3#works + table")
+            heads = works.locator("tr.explanation").all_inner_texts()
+            assert len(heads) == len(set(heads)) and len(heads) < works.locator("tr.cell").count() / 10, heads
+            assert works.locator("tr.cell").count() == len(dict(result.central_list())["works"])
+        finally:
+            context.close()
+    assert not refused
+
+
+def test_matrix_page_in_headless_chromium(tmp_path):
+    sync_playwright, chromium = playwright_and_chromium()
+    result, cells = synthetic_matrix()
+    page_path = tmp_path / "matrix.html"
+    page_path.write_text(result.html())
+    problems = []
+
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        context, refused = _open(p, chromium, profile)
+        try:
             page = context.new_page()
             page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -162,11 +266,12 @@ def test_matrix_page_in_headless_chromium(tmp_path):
                 )
             )
             for label, rows in result.central_list():
-                assert counts[SYMBOLS[label]] == len(rows) == page.locator(f"h3#{label} + table tr").count() - 1
+                assert counts[SYMBOLS[label]] == len(rows) == page.locator(f"h3#{label} + table tr.cell").count()
             chips = page.evaluate(
                 "() => [...document.querySelectorAll('#legend .chip')].map(c => getComputedStyle(c).backgroundColor)"
             )
             assert len(set(chips)) == len(COLORS)
+            _links_lead_somewhere(page)
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
             raise

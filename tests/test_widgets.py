@@ -5,6 +5,7 @@ import sys
 
 from _helpers import extra
 
+from toolkit.models import ModelConfig
 from toolkit.notebook.widgets import Explorer
 
 
@@ -114,6 +115,7 @@ def test_not_set_choices_show_a_label_not_a_blank():
 def test_mode_options_reach_only_their_mode():
     ex = Explorer()
     c = ex.controls
+    c["n_layers"].value = 4  # every 3rd of 4 blocks (the default 2 blocks have no 3rd to checkpoint)
     c["ac_mode"].value, c["layer_every"].value = "selective_layer", 3
     assert ex.scenario.ac.layer_every == 3
     c["ac_mode"].value = "full"  # the slider keeps 3, but full AC must not be handed layer_every
@@ -242,3 +244,19 @@ def test_the_scenario_estimated_at_a_full_size_the_user_picks():
     ex.controls["recipe"].value = "torchtitan_2025_12"
     assert ex.estimate() is None and ex.estimate_result is None
     assert "cannot estimate: estimate.recipe" in ex.estimated.value and not ex.estimate_button.disabled
+
+
+def test_the_status_line_says_what_run_would_run_and_what_the_last_run_was():
+    """Issue 42: the "ready:" line went stale after a run. It now names the controls' scenario and the last run."""
+    ex = Explorer()
+    assert ex.build_scenario().model_config == ModelConfig()  # the default the quickstart's prose describes
+    ex.controls["ac_mode"].value = "full"
+    label = ex.scenario.label
+    assert ex.status.value == f"ready: {label}"
+    ex.run()
+    assert ex.status.value == f"ready: {label}<br>last run: {label} → works"
+    ex.controls["ac_mode"].value = "selective_op"
+    assert ex.status.value == f"ready: {ex.scenario.label}<br>last run: {label} → works"
+    assert ex.scenario.label != label and "selective_op" in ex.scenario.label
+    ex.controls["top_k"].value = 8  # not runnable: said, and the last run is still named
+    assert "not runnable" in ex.status.value and ex.status.value.endswith(f"<br>last run: {label} → works")

@@ -32,6 +32,15 @@ from . import display
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
 # `order` and `recipe` carry these strings and `build_scenario` maps them back to None.
 AUTO_ORDER, NO_RECIPE = "auto", "none"
+# The class on the Explorer's box, which the style below is scoped to (it changes nothing else on the page).
+EXPLORER_CLASS = "toolkit-explorer"
+EXPLORER_CSS = (
+    f".{EXPLORER_CLASS} .widget-slider .slider[disabled], .{EXPLORER_CLASS} .widget-slider .noUi-target[disabled]"
+    "{opacity:0.7}"
+    # A toggle-buttons label is not in an inline box, so it does not get the other labels' right alignment.
+    f".{EXPLORER_CLASS} .widget-toggle-buttons > .widget-label{{text-align:right;margin-right:8px;flex:0 0 auto}}"
+    f".{EXPLORER_CLASS} .widget-slider .noUi-target[disabled] .noUi-connects{{background:#a0a0a0}}"
+)
 # The model the Explorer builds: the toolkit's own, or one of torchtitan's (offered when torchtitan is installed).
 STACKS = {
     "toolkit": "the toolkit's model",
@@ -59,15 +68,27 @@ class Explorer:
     """Controls → Scenario → Run → figures, graph-break table, pinned comparison, exported repro."""
 
     def __init__(self, scenario: Scenario | None = None):
-        s = scenario or Scenario(model=ModelConfig(n_layers=4))
+        # The default is `Scenario()` itself, so the Explorer starts from the model notebooks describe:
+        # `tk.ModelConfig()`, eager, no AC.
+        s = scenario or Scenario()
         m, ac, c = s.model, s.ac, s.compile
         style = {"description_width": "110px"}
+        # A control keeps its width: a row too wide for the output area wraps to the next line rather than squeezing
+        # its controls (a squeezed slider loses its track, a squeezed label is cut: issue 42's screenshots).
+        fixed = W.Layout(flex="0 0 auto", width="260px")
+        free = W.Layout(flex="0 0 auto", width="auto")  # a checkbox as wide as its description
+        wide = W.Layout(flex="0 0 auto", width="420px")  # the controls alone on their row, whose choices are long
         stacks = [(label, key) for key, label in STACKS.items() if key == "toolkit" or titan.available()]
         stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan_config.family}"
         self.controls: dict[str, W.ValueWidget] = {
-            "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style),
+            "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style, layout=wide),
+            # A flex box, as the other controls are, so that its label sits left of the buttons, not above them.
             "block": W.ToggleButtons(
-                options=["moe", "dense"], value="moe" if m.has_moe else "dense", description="block"
+                options=["moe", "dense"],
+                value="moe" if m.has_moe else "dense",
+                description="block",
+                style={**style, "button_width": "64px"},
+                layout=W.Layout(display="flex", flex="0 0 auto", width="260px"),
             ),
             "n_layers": W.IntSlider(
                 value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style
@@ -77,6 +98,7 @@ class Explorer:
                 value=m.dim if m.dim in (32, 64, 128, 256) else 64,
                 description="dim",
                 style=style,
+                layout=fixed,
             ),
             "n_experts": W.IntSlider(
                 value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style
@@ -89,6 +111,7 @@ class Explorer:
                 value=m.experts_impl,
                 description="experts impl",
                 style=style,
+                layout=fixed,
             ),
             # "custom" needs a policy function, which a dropdown cannot give.
             # "remat" only where torch_remat is installed, "policy_dict" where torch has it.
@@ -103,12 +126,14 @@ class Explorer:
                 value=ac.mode if ac.mode != "custom" else "none",
                 description="AC mode",
                 style=style,
+                layout=fixed,
             ),
             "remat_policy": W.Dropdown(
                 options=[("full recompute", "full"), ("torchtitan main selective", "selective")],
                 value="selective" if isinstance(ac, RematAC) and ac.save_regions else "full",
                 description="remat policy",
                 style=style,
+                layout=fixed,
             ),
             # A mode's options exist on its own config only; the controls of the other modes show their defaults.
             "layer_every": W.IntSlider(
@@ -119,6 +144,7 @@ class Explorer:
                 value=_option(ac, PerSubmoduleAC, "submodule_ac"),
                 description="submodule AC",
                 style=style,
+                layout=fixed,
             ),
             "memory_budget": W.FloatSlider(
                 value=_option(ac, MemoryBudgetAC, "memory_budget"),
@@ -128,20 +154,23 @@ class Explorer:
                 description="budget",
                 continuous_update=False,
                 style=style,
+                layout=fixed,
             ),
             "scope": W.Dropdown(
                 options=list(SCOPES),
                 value=c.scope if isinstance(c.scope, str) else "none",
                 description="compile scope",
                 style=style,
+                layout=fixed,
             ),
             "backend": W.Dropdown(
                 options=list(BACKENDS),
                 value=c.backend if isinstance(c.backend, str) else "aot_eager",
                 description="backend",
                 style=style,
+                layout=fixed,
             ),
-            "fullgraph": W.Checkbox(value=c.fullgraph, description="fullgraph"),
+            "fullgraph": W.Checkbox(value=c.fullgraph, description="fullgraph", layout=free),
             "order": W.Dropdown(
                 options=[
                     ("as the scope implies", AUTO_ORDER),
@@ -151,10 +180,13 @@ class Explorer:
                 value=c.order or AUTO_ORDER,
                 description="order",
                 style=style,
+                layout=wide,
             ),
-            "capture_scalar_outputs": W.Checkbox(value=c.capture_scalar_outputs, description="capture scalars"),
+            "capture_scalar_outputs": W.Checkbox(
+                value=c.capture_scalar_outputs, description="capture scalars", layout=free
+            ),
             "capture_dynamic_output_shape_ops": W.Checkbox(
-                value=c.capture_dynamic_output_shape_ops, description="capture dynamic shapes"
+                value=c.capture_dynamic_output_shape_ops, description="capture dynamic shapes", layout=free
             ),
             "recipe": W.Dropdown(
                 options=[("(none: use the controls)", NO_RECIPE)]
@@ -162,20 +194,25 @@ class Explorer:
                 value=s.recipe or NO_RECIPE,
                 description="recipe",
                 style=style,
+                layout=wide,
             ),
-            "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style),
+            "fsdp": W.Dropdown(options=list(FSDP_MODES), value=s.fsdp, description="FSDP2", style=style, layout=fixed),
         }
-        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
-        self.pin_button = W.Button(description="Pin", icon="thumb-tack")
-        self.compare_button = W.Button(description="Compare pinned", icon="columns")
-        self.export_path = W.Text(value="repro", description="export to", style=style)
-        self.export_button = W.Button(description="Export repro", icon="download")
+        # Buttons as wide as their text (ipywidgets' fixed 148 px cuts "Estimate at full size").
+        button = W.Layout(width="auto", flex="0 0 auto")
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play", layout=button)
+        self.pin_button = W.Button(description="Pin", icon="thumb-tack", layout=button)
+        self.compare_button = W.Button(description="Compare pinned", icon="columns", layout=button)
+        self.export_path = W.Text(value="repro", description="export to", style=style, layout=fixed)
+        self.export_button = W.Button(description="Export repro", icon="download", layout=button)
         # The same scenario at a published layer's size, estimated on fake tensors (no memory, eager or compiled).
-        self.full_size = W.Dropdown(options=list(LAYER_SHAPES), description="full size", style=style)
-        self.estimate_button = W.Button(description="Estimate at full size", icon="calculator")
+        self.full_size = W.Dropdown(options=list(LAYER_SHAPES), description="full size", style=style, layout=wide)
+        self.estimate_button = W.Button(description="Estimate at full size", icon="calculator", layout=button)
         self.estimated = W.HTML()
         self.estimate_result: Estimate | None = None
+        # What Run would run now ("ready: …"), and after a run what it ran and found ("last run: …").
         self.status = W.HTML()
+        self._last_run = ""
         self.stage = W.HTML()
         self.summary = W.HTML()
         self.breaks = W.HTML()
@@ -198,26 +235,31 @@ class Explorer:
         self.estimate_button.on_click(lambda _: self.estimate())
         self._validate()
         ctl = self.controls
+
+        def row(*children: W.Widget) -> W.HBox:
+            return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap"))
+
         self.widget = W.VBox(
             [
+                # ipywidgets draws a disabled slider at 35% opacity, which leaves a grey track on white barely visible.
+                W.HTML(f"<style>{EXPLORER_CSS}</style>"),
                 W.HTML("<b>model</b>"),
                 ctl["stack"],
-                W.HBox([ctl["block"], ctl["n_layers"], ctl["dim"]]),
-                W.HBox([ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]]),
+                row(ctl["block"], ctl["n_layers"], ctl["dim"]),
+                row(ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]),
                 W.HTML("<b>activation checkpointing</b>"),
-                W.HBox(
-                    [ctl["ac_mode"], ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"], ctl["remat_policy"]]
-                ),
+                row(ctl["ac_mode"], ctl["remat_policy"]),
+                row(ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]),
                 W.HTML("<b>compile</b>"),
-                W.HBox([ctl["scope"], ctl["backend"], ctl["order"]]),
-                W.HBox([ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]]),
+                row(ctl["scope"], ctl["backend"], ctl["order"]),
+                row(ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]),
                 W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"),
                 ctl["fsdp"],
                 ctl["recipe"],
                 self.status,
-                W.HBox([self.run_button, self.pin_button, self.compare_button]),
-                W.HBox([self.export_path, self.export_button]),
-                W.HBox([self.full_size, self.estimate_button]),
+                row(self.run_button, self.pin_button, self.compare_button),
+                row(self.export_path, self.export_button),
+                row(self.full_size, self.estimate_button),
                 self.stage,
                 self.summary,
                 self.breaks,
@@ -227,6 +269,7 @@ class Explorer:
                 self.estimated,
             ]
         )
+        self.widget.add_class(EXPLORER_CLASS)
 
     # --- state --------------------------------------------------------------------------------------------
 
@@ -314,10 +357,10 @@ class Explorer:
             check_structure(self.scenario)
         except ConfigError as e:
             self.scenario = None
-            self.status.value = f"<span style='color:#b30000'>not runnable: {_esc(str(e))}</span>"
+            self.status.value = f"<span style='color:#b30000'>not runnable: {_esc(str(e))}</span>{self._last_run}"
             self.run_button.disabled = True
             return
-        self.status.value = f"ready: {_esc(self.scenario.label)}"
+        self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
         self.run_button.disabled = False
 
     # --- actions ------------------------------------------------------------------------------------------
@@ -352,8 +395,10 @@ class Explorer:
         }
         self.classification = cl = classify(report, refs)
         color = "#1e8449" if cl.label == "works" else "#b30000"
+        self._last_run = f"<br>last run: {_esc(self.scenario.label)} → {_esc(cl.label)}"
+        self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
         self.stage.value = f"<span style='color:{color}'><b>{_esc(headline(report, cl, title='done'))}</b></span>"
-        self.summary.value = f"<pre>{_esc(describe(report, cl))}</pre>"
+        self.summary.value = _pre(describe(report, cl))
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
         self.figures.outputs = ()
         if report.ok:
@@ -392,7 +437,7 @@ class Explorer:
         finally:
             self.estimate_button.disabled = False
         self.estimate_result = est
-        self.estimated.value = f"<pre>{_esc(str(est))} ({est.seconds:.0f} s)</pre>"
+        self.estimated.value = _pre(f"{est} ({est.seconds:.0f} s)")
         return est
 
     @property
@@ -421,7 +466,7 @@ class Explorer:
             return ""
         (na, a), (nb, b) = runs[-2], runs[-1]
         text = display.compare_text(a, b, ("A", "B"))
-        self.comparison.value = f"<pre>A = {_esc(na)}\nB = {_esc(nb)}\n\n{_esc(text)}</pre>"
+        self.comparison.value = _pre(f"A = {na}\nB = {nb}\n\n{text}")
         self.comparison_figures.outputs = (_figure_output(display.compare_figure(a, b, ("A", "B"))),)
         return text
 
@@ -487,6 +532,12 @@ def _figure_output(fig) -> dict:
             "text/plain": f"<plotly figure: {title}>",
         },
     }
+
+
+def _pre(text: str) -> str:
+    """Monospace text that keeps its lines: JupyterLab wraps a `<pre>` anywhere, mid-word ("lay / ers.1"); a long
+    line scrolls sideways instead."""
+    return f"<pre style='white-space:pre;overflow-x:auto;word-break:normal'>{_esc(text)}</pre>"
 
 
 def _esc(text: str) -> str:
