@@ -40,7 +40,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 62)]
+    assert ids == [f"C{i}" for i in range(1, 66)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -49,7 +49,8 @@ def test_catalogue_lists_filters_and_renders():
     assert [c.id for c in catalogue.filter(text="tokens_per_expert")] == [
         "C12",
         "C33",
-    ]  # C33: the same under torch_remat
+        "C62",
+    ]  # C33: the same under torch_remat; C62: the counter under the eager backend
     assert {c.id for c in catalogue.filter(notebook=False)} == {
         "C19",
         "C20",
@@ -60,10 +61,14 @@ def test_catalogue_lists_filters_and_renders():
         "C50",
         "C51",
         "C59",  # a process's exit: its standalone script is the repro
+        "C62",  # torch-only scripts, checked per release by test_a_standalone_repro_no_notebook_runs_…
+        "C63",
+        "C64",  # found by the matrix's eager column; no repro of its own yet
+        "C65",
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 61
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 65
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
@@ -116,6 +121,34 @@ def test_signatures_on_observations_and_reports():
     report = tk.Report(outcome="ok")
     assert not c25.matches("works", report)
     assert not catalogue.get("C4").matches_observed({"error": "Unsupported"})
+
+
+def test_the_eager_backend_cases_match_their_backend_and_a_nan_is_not_a_difference():
+    """C62 and C64 show only in the matrix's eager column; C64's NaN gradients are not C11's routing difference."""
+    from toolkit.measurement.report import ErrorInfo, Numerics, ScenarioRecord
+
+    def rec(backend, ac="remat"):
+        return ScenarioRecord(name="x", ac_mode=ac, compile_scope="moe", backend=backend)
+
+    text = "one of the variables needed for gradient computation has been modified by an inplace operation"
+    for backend, shows in (("eager", True), ("aot_eager", False)):
+        err = tk.Report(
+            outcome="error", scenario=rec(backend, "full"), error=ErrorInfo("RuntimeError", text, "measure")
+        )
+        assert catalogue.get("C62").matches("error", err) is shows
+    nan, diff = (
+        Numerics(loss=5.0, reference_loss=5.0, loss_diff=0.0, max_grad_diff=d, worst_param="w", grads_match=False)
+        for d in (float("nan"), 0.1)
+    )
+    for numerics, c11, c64 in ((nan, False, True), (diff, True, False)):
+        r = tk.Report(outcome="ok", scenario=rec("eager"), numerics=numerics)
+        assert (catalogue.get("C11").matches("grads_differ", r), catalogue.get("C64").matches("grads_differ", r)) == (
+            c11,
+            c64,
+        )
+    # After a JSON round trip the NaN is null: still not finite.
+    r = tk.Report.from_json(tk.Report(outcome="ok", scenario=rec("eager"), numerics=nan).to_json())
+    assert catalogue.get("C64").matches("grads_differ", r) and not catalogue.get("C11").matches("grads_differ", r)
 
 
 def test_a_signature_with_alternatives_matches_either_of_its_shapes(monkeypatch, tmp_path):
@@ -362,7 +395,8 @@ def test_every_standalone_repro_is_checked_on_every_release_once():
     """CI's older releases run `-m per_release` only: each case `cases --check all` covers is confirmed there once,
     by its bug notebook or by the test below, never twice (the check was half of an older stage's time)."""
     left = _scripts_no_notebook_runs()
-    assert set(left) >= {"C42", "C59"} and len(left) < 5, left  # the scripts with no notebook of their own
+    # The scripts with no notebook of their own (C62, C63, C65: the eager column's torch-only repros, a few s each).
+    assert set(left) >= {"C42", "C59", "C62", "C63", "C65"} and len(left) < 8, left
     everything = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
     assert len(everything) >= 30 and set(left) < set(everything)
 

@@ -155,3 +155,21 @@ def test_an_estimate_counts_the_rng_state_a_checkpoint_stashes(compiled, dropout
     cuda = tk.estimate(sc)
     assert cuda.rng_state_bytes == stash_bytes and stash not in cuda.saved_by_op
     assert ("besides, not in the device figures" in str(cuda)) is bool(stash_bytes)
+
+
+def test_a_nan_gradient_reads_as_not_finite_and_survives_a_json_round_trip():
+    """A sweep died classifying `moe:nonzero | remat_selective | moe | eager`, whose gradients were NaN: the NaN
+    difference came back from the worker as null. The summary now names it, and the verdict stays grads_differ."""
+    import math
+
+    from toolkit.analysis.classification import classify
+    from toolkit.measurement.numerics import compare
+    from toolkit.measurement.report import Report
+
+    ref = {"w": torch.ones(3)}
+    n = compare(1.0, {"w": torch.tensor([1.0, float("nan"), 1.0])}, 1.0, ref, torch.float32, "eager without AC")
+    assert n.grads_match is False and math.isnan(n.max_grad_diff) and n.worst_param == "w"
+    for report in (Report(outcome="ok", numerics=n), Report.from_json(Report(outcome="ok", numerics=n).to_json())):
+        assert report.numerics.grad_diff_text == "not finite (a gradient is NaN or inf)"
+        assert classify(report).label == "grads_differ"
+        assert "max |dgrad| not finite" in str(report)

@@ -81,7 +81,8 @@ def format_rows(rows: list[dict]) -> str:
     ]
     for r in rows:
         if r["outcome"] == "ok":
-            nums = f"{r['loss']:9.4f} {r['max_grad_diff']:10.1e}"
+            diff = r["max_grad_diff"]  # None when not compared, or a NaN gradient after a JSON round trip
+            nums = f"{r['loss']:9.4f} {diff if diff is not None else float('nan'):10.1e}"
         else:
             nums = f"{'-':>9} {'-':>10}"
         where = f"{len(r['checkpointed'])} wrapped / {len(r['compiled'])} compiled {' '.join(r['orders'])}".rstrip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import pathlib
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ _REPORT_KEYS = {
     "classification",
     "recipe",
     "ac_modes",
+    "backends",
+    "grads_finite",
     "order",
     "error_contains",
     "break_reason_contains",
@@ -114,6 +117,12 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
         return False
     if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
         return False
+    if "backends" in sig and scen.backend not in sig["backends"]:
+        return False
+    if "grads_finite" in sig:  # a NaN / inf gradient (C64) is not a numerical difference (C11)
+        d = report.numerics.max_grad_diff
+        if (d is not None and math.isfinite(d)) != sig["grads_finite"]:
+            return False
     if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
         return False
     if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:

@@ -217,6 +217,16 @@ class Numerics:
     def compared(self) -> bool:
         return self.grads_match is not None
 
+    @property
+    def grad_diff_text(self) -> str:
+        """`max_grad_diff` as the summary prints it. A gradient that is not finite (NaN) makes the difference NaN,
+        which JSON carries as null: once compared, a missing figure is that, never a crash in the summary (a sweep
+        died on one, moe:nonzero under remat_selective and the eager backend)."""
+        d = self.max_grad_diff
+        if d is None or d != d or d in (float("inf"), float("-inf")):
+            return "not finite (a gradient is NaN or inf)" if self.compared else "-"
+        return f"{d:.1e}"
+
 
 @dataclass(frozen=True)
 class Distributed:
@@ -414,7 +424,7 @@ class Report:
                     f"recompute re-drew random numbers: {', '.join(redrawn[:3])}" + (" …" if len(redrawn) > 3 else "")
                 )
             if n.compared and not n.grads_match:
-                why.append(f"max |dgrad| {n.max_grad_diff:.1e} in {n.worst_param} vs {n.reference or 'the reference'}")
+                why.append(f"max |dgrad| {n.grad_diff_text} in {n.worst_param} vs {n.reference or 'the reference'}")
             out.append(("grads_differ", "; ".join(why)))
         c = self.compile
         if c.fell_back_to_eager:
@@ -644,7 +654,7 @@ def format_report(r: Report) -> str:
         if n.compared:
             lines.append(
                 f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
-                f"max |dgrad| {n.max_grad_diff:.1e} -> {'match' if n.grads_match else 'MISMATCH'}"
+                f"max |dgrad| {n.grad_diff_text} -> {'match' if n.grads_match else 'MISMATCH'}"
             )
         else:
             lines.append(

@@ -204,7 +204,11 @@ class Probes:
     def collect(self) -> ProbeRecord:
         self.compiled.finish()
         ran = self.modules.ran_forward()
-        without = sorted(n for n in ran if self.compiled.region_compiled_runs[n] == 0)
+        # A region ran compiled when an AOT graph saved in it (compiled.py) or a Dynamo graph's code ran in it (the
+        # `eager` backend, which has no AOT step: tracker.py).
+        without = sorted(
+            n for n in ran if self.compiled.region_compiled_runs[n] == 0 and n not in self.state.graph_regions
+        )
         blind = self.compiled.blind | self.checkpoints.blind | self.trace.blind
         if self.checkpoints.saw_checkpoint and not compat.available("checkpoint_recompute_hook"):
             blind.add("checkpoint_recompute_hook")

@@ -98,6 +98,9 @@ class StepState:
         """Packs of an op's inputs (autograd saves them before the op runs), waiting for that op's name."""
         self.checkpoint_options: dict[str, Any] = {}
         """The options of the checkpoint call whose frame is about to be made."""
+        self.graph_regions: set[str] = set()
+        """Compiled regions in which a Dynamo graph's own code dispatched an op in the forward: what a backend with no
+        AOTAutograd (`eager`) leaves as the only sign that the graph ran, where `compiled.py` sees AOT's saves."""
 
     def hold(self, t: torch.Tensor) -> None:
         """Note that a checkpoint region holds `t` until its recompute."""
