@@ -40,7 +40,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 66)]
+    assert ids == [f"C{i}" for i in range(1, 67)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -65,10 +65,11 @@ def test_catalogue_lists_filters_and_renders():
         "C63",
         "C64",  # found by the matrix's eager column; no repro of its own yet
         "C65",
+        "C66",  # the eager column's memory budgets: the cells are the repro
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 65
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 66
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row

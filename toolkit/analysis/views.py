@@ -405,7 +405,8 @@ class MatrixViews:
         central list (with the markdown's backend column); `stamp` (what `write` checks) goes into its head.
 
         Every case id on the page is a link: in the by-case table to its upstream thread (or, where it has none, its
-        notebook), elsewhere to its row in that table (or, for a case the table does not show, the same target).
+        notebook, or its own row), elsewhere to its row in that table (or, for a case the table does not show, the
+        same target).
         `notebooks`: the notebooks folder as a link from the page (`write` passes it relative to the page's folder;
         the default is the folder's file:// address, None where the package was installed without them)."""
         import html as _h
@@ -441,7 +442,8 @@ class MatrixViews:
             )
             for e in entries:
                 c = e["case"]
-                link = _a(c.id, _case_href(c.id, notebooks))
+                # A case with neither an upstream thread nor a notebook links to its own row (a permalink).
+                link = _a(c.id, _case_href(c.id, notebooks) or f"#case-{c.id}")
                 by, others, verified = _case_counts(e)
                 cells = "<br>".join(_h.escape(r.cell.label) for r in e["rows"])
                 nb = (
