@@ -161,11 +161,8 @@ class MatrixViews:
             c = e["case"]
             by, others, verified = _case_counts(e)
             cells = "<br>".join(_md(r.cell.label) for r in e["rows"])
-            notebook = (
-                f"[{pathlib.Path(c.notebook).stem}]({notebooks}/{c.notebook})"
-                if c.notebook and notebooks
-                else (c.notebook or "-")
-            )
+            href = _notebook_href(c, notebooks)
+            notebook = f"[{pathlib.Path(c.notebook).stem}]({href})" if href else (c.notebook or "-")
             upstream = (
                 ", ".join(f"[{u}]({link})" for u, link in zip(c.upstream, c.links))
                 if c.links
@@ -430,9 +427,13 @@ class MatrixViews:
         parts = [f"<p>{_h.escape(BARE_LINE)}</p>"]
         entries = self.by_case()
         shown = {e["case"].id for e in entries}
+        known = {c.id for c in catalogue.cases()}  # read once for the page: every row's text is linked
+
+        def target(i: str) -> str | None:
+            return f"#case-{i}" if i in shown else _case_href(i, notebooks) if i in known else None
 
         def text(t: str) -> str:  # escaped, every case id in it a link
-            return _linked_ids(_h.escape(t), lambda i: f"#case-{i}" if i in shown else _case_href(i, notebooks))
+            return _linked_ids(_h.escape(t), target)
 
         if entries:
             parts.append(
@@ -446,11 +447,8 @@ class MatrixViews:
                 link = _a(c.id, _case_href(c.id, notebooks) or f"#case-{c.id}")
                 by, others, verified = _case_counts(e)
                 cells = "<br>".join(_h.escape(r.cell.label) for r in e["rows"])
-                nb = (
-                    _a(pathlib.Path(c.notebook).stem, f"{notebooks}/{c.notebook}")
-                    if c.notebook and notebooks
-                    else _h.escape(c.notebook or "-")
-                )
+                href = _notebook_href(c, notebooks)
+                nb = _a(pathlib.Path(c.notebook).stem, href) if href else _h.escape(c.notebook or "-")
                 upstream = ", ".join(_a(u, link) for u, link in zip(c.upstream, c.links)) or _h.escape(
                     ", ".join(c.upstream) or "-"
                 )
@@ -609,30 +607,28 @@ def notebooks_href(out: str | os.PathLike | None) -> str | None:
     return pathlib.Path(os.path.relpath(here, pathlib.Path(out).resolve())).as_posix()
 
 
-def _case_href(case_id: str, notebooks: str | None) -> str | None:
-    """Where a case id links: its upstream thread, else its bug notebook, else nowhere (None)."""
-    case = catalogue.get(case_id)
-    if case.links:
-        return case.links[0]
+def _notebook_href(case: catalogue.Case, notebooks: str | None) -> str | None:
+    """A case's bug notebook as a link from where `notebooks` is the notebooks folder; None without either."""
     return f"{notebooks}/{case.notebook}" if case.notebook and notebooks else None
 
 
-def _a(text: str, href: str | None) -> str:
-    import html
+def _case_href(case_id: str, notebooks: str | None) -> str | None:
+    """Where a case id links: its upstream thread, else its bug notebook, else nowhere (None)."""
+    case = catalogue.get(case_id)
+    return case.links[0] if case.links else _notebook_href(case, notebooks)
 
-    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>' if href else html.escape(text)
+
+def _a(text: str, href: str | None) -> str:
+    return f'<a href="{_html(href)}">{_html(text)}</a>' if href else _html(text)
 
 
 def _linked_ids(escaped: str, href) -> str:
-    """`escaped` (already HTML-escaped) with each catalogued case id (C1 … C61) made a link to `href(id)`."""
+    """`escaped` (already HTML-escaped) with each case id made a link to `href(id)` (None: left as text)."""
     import re
 
-    known = {c.id for c in catalogue.cases()}
-
     def link(m: re.Match) -> str:
-        i = m.group(0)
-        target = href(i) if i in known else None
-        return _a(i, target) if target else i
+        target = href(m.group(0))
+        return _a(m.group(0), target) if target else m.group(0)
 
     return re.sub(r"(?<![\w/#.-])C\d+\b", link, escaped)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ class Numerics:
         which JSON carries as null: once compared, a missing figure is that, never a crash in the summary (a sweep
         died on one, moe:nonzero under remat_selective and the eager backend)."""
         d = self.max_grad_diff
-        if d is None or d != d or d in (float("inf"), float("-inf")):
+        if d is None or not math.isfinite(d):
             return "not finite (a gradient is NaN or inf)" if self.compared else "-"
         return f"{d:.1e}"
 

@@ -88,7 +88,7 @@ class Explorer:
                 value="moe" if m.has_moe else "dense",
                 description="block",
                 style={**style, "button_width": "64px"},
-                layout=W.Layout(display="flex", flex="0 0 auto", width="260px"),
+                layout=W.Layout(display="flex", flex=fixed.flex, width=fixed.width),
             ),
             "n_layers": W.IntSlider(
                 value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style
@@ -360,8 +360,12 @@ class Explorer:
             self.status.value = f"<span style='color:#b30000'>not runnable: {_esc(str(e))}</span>{self._last_run}"
             self.run_button.disabled = True
             return
-        self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
+        self._show_ready()
         self.run_button.disabled = False
+
+    def _show_ready(self) -> None:
+        """The status line: what Run would run now, then what the last run ran and found."""
+        self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
 
     # --- actions ------------------------------------------------------------------------------------------
 
@@ -396,7 +400,7 @@ class Explorer:
         self.classification = cl = classify(report, refs)
         color = "#1e8449" if cl.label == "works" else "#b30000"
         self._last_run = f"<br>last run: {_esc(self.scenario.label)} → {_esc(cl.label)}"
-        self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
+        self._show_ready()
         self.stage.value = f"<span style='color:{color}'><b>{_esc(headline(report, cl, title='done'))}</b></span>"
         self.summary.value = _pre(describe(report, cl))
         self.breaks.value = display.breaks_html(report) if report.compile.requested else ""
