@@ -133,6 +133,27 @@ def patch_sac_contexts(truth: Truth, *owners):
             owner.create_selective_checkpoint_contexts = original
 
 
+class CountingBackend:
+    """aot_eager with a count of the forward graphs it compiled: an independent graph count."""
+
+    def __init__(self):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        self.graphs = 0
+
+        def fw(gm, example_inputs):
+            self.graphs += 1
+            return make_boxed_func(gm.forward)
+
+        self.backend = aot_autograd(
+            fw_compiler=fw,
+            bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+            partition_fn=min_cut_rematerialization_partition,
+        )
+
+
 RNG_EVENT = "truth::rng_state"
 
 

@@ -65,7 +65,7 @@ def _relative(item) -> str | None:
 
 # The optional packages CI's README stage has not installed: `-m extras` runs what needs or branches on them, on
 # the one release that installs them (.ci/run).
-CI_EXTRAS = ("torchtitan", "submitit", "ray", "tlparse")
+CI_EXTRAS = ("torchtitan", "transformers", "submitit", "ray", "tlparse")
 
 
 def _reads_release(node) -> bool:

@@ -408,6 +408,7 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
     assert list(MODES) == [
         "none",
         "full",
+        "reentrant",
         "selective_op",
         "selective_layer",
         "per_submodule",

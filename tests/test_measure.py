@@ -511,14 +511,12 @@ def test_unreadable_fsdp_state_is_named(monkeypatch):
 def test_a_transform_that_cannot_be_undone_after_the_step_is_a_report_warning(monkeypatch):
     """`run` undoes AC and compile on its model after the step; when that fails the measurement stands, and the
     Report says the model was left transformed instead of swallowing the error."""
-    import sys
+    from toolkit.stacks import get
 
-    local = sys.modules["toolkit.measurement.local"]
-
-    def broken_reset(model, **kwargs):
+    def broken_undo(model):
         raise RuntimeError("checkpoint wrapper already removed")
 
-    monkeypatch.setattr(local, "reset", broken_reset)
+    monkeypatch.setattr(get("toolkit"), "undo", broken_undo)
     report = tk.run(Scenario(model=ModelConfig(n_layers=1), ac=ACConfig(mode="full"), steady_steps=0))
     assert report.ok, report.error
     assert any(

@@ -56,6 +56,8 @@ def _argv(command: str) -> list[str]:
 def _needs(argv: list[str]) -> str | None:
     """The optional package a command needs, if any."""
     joined = " ".join(argv)
+    if "--stack transformers" in joined:
+        return "transformers"
     if re.search(r"--stack (torchtitan|all)", joined) or "sc.json" in joined:
         return "torchtitan"
     m = re.search(r"--executor (submitit|ray)", joined)
@@ -205,12 +207,22 @@ def test_lab_opens_the_notebooks_with_autosave_off():
 
 
 def test_readmes_python_snippets_run():
-    """The snippets in order, in one namespace, as a reader pastes them; torchtitan's is the next test."""
-    snippets = [s for s in _blocks("python") if 'stack="torchtitan"' not in s]
+    """The snippets in order, in one namespace, as a reader pastes them; torchtitan's and transformers' are the next
+    tests."""
+    snippets = [s for s in _blocks("python") if 'stack="torchtitan"' not in s and 'stack="transformers"' not in s]
     assert snippets
     code = "\n".join(snippets)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_readmes_transformers_snippet_runs_and_says_what_it_says():
+    extra("transformers")
+    snippet = next(s for s in _blocks("python") if 'stack="transformers"' in s)
+    out = subprocess.run([sys.executable, "-c", "import toolkit as tk\n" + snippet], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = snippet.split("# line 1: ", 1)[1].split(" — ", 1)[0]  # README's comment names line 1's verdict
+    assert out.stdout.splitlines()[0].split(": ", 1)[1].startswith(said), out.stdout[:500]
 
 
 def test_readmes_torchtitan_snippet_runs(tmp_path):

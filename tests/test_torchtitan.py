@@ -4,7 +4,7 @@ the toolkit's recipes and save list checked against that release's own code."""
 import pytest
 import torch
 from _helpers import extra, state_diff
-from _truth import Truth, patch_sac_contexts
+from _truth import CountingBackend, Truth, patch_sac_contexts
 
 import toolkit as tk
 from toolkit.stacks import torchtitan as titan
@@ -33,27 +33,6 @@ def _torchtitans_own_changes_put_back():
 
 
 FAMILIES = {"qwen3": titan.TorchtitanConfig.qwen3(), "deepseek_v3": titan.TorchtitanConfig.deepseek_v3()}
-
-
-class CountingBackend:
-    """aot_eager with a count of the forward graphs it compiled: an independent graph count."""
-
-    def __init__(self):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-        self.graphs = 0
-
-        def fw(gm, example_inputs):
-            self.graphs += 1
-            return make_boxed_func(gm.forward)
-
-        self.backend = aot_autograd(
-            fw_compiler=fw,
-            bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
-            partition_fn=min_cut_rematerialization_partition,
-        )
 
 
 def truth_of(model, tokens, loss):

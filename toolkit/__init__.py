@@ -66,6 +66,7 @@ __all__ = [
     "run_distributed",
     "DistributedReport",
     "TorchtitanConfig",
+    "TransformersConfig",
     "analysis",
     "display",
     "widgets",

@@ -24,6 +24,7 @@ from .measurement import (
 from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
 from .notebook.setup import setup_notebook
 from .stacks.torchtitan import TorchtitanConfig
+from .stacks.transformers import TransformersConfig
 from .transforms import (
     RECIPES,
     ACConfig,

@@ -281,3 +281,17 @@ def from_dict(cls: type, data: dict[str, Any]):
                 v = tuple(v)
         kwargs[k] = v
     return cls(**kwargs)
+
+
+class PlainData:
+    """`replace`, `to_dict` and `from_dict` for a frozen config dataclass: a copy with changes, and its JSON record."""
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        return from_dict(cls, data)

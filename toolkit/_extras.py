@@ -44,6 +44,12 @@ EXTRAS: dict[str, Extra] = {
             'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
             "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)",
         ),
+        Extra(
+            "transformers",
+            'pip install -e ".[transformers]"',
+            "Hugging Face transformers' own models, activation checkpointing and compile "
+            "(Scenario(stack='transformers'), matrix --stack transformers)",
+        ),
         Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
         Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
         Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
@@ -55,6 +61,19 @@ def available(module: str) -> bool:
     """`module` is installed: found on the path, not imported (cheap: test skips and notebooks ask before running).
     Whether an installed torch_remat is usable, its `api` complete, is `compat.available("torch_remat")`."""
     return importlib.util.find_spec(module) is not None
+
+
+def version(module: str) -> str | None:
+    """The installed distribution's version of `module` (read from its metadata, not imported), or None."""
+    if not available(module):
+        return None
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
+
+    try:
+        return pkg_version(module)
+    except PackageNotFoundError:
+        return None
 
 
 def reason(module: str) -> str:
@@ -71,4 +90,4 @@ def missing(modules: tuple[str, ...] | list[str]) -> str | None:
     return None
 
 
-__all__ = ["EXTRAS", "Extra", "available", "reason", "missing"]
+__all__ = ["EXTRAS", "Extra", "available", "version", "reason", "missing"]

@@ -237,9 +237,10 @@ def _matrix_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stack",
         choices=sweeps.STACKS,
-        default="toolkit",
+        action="append",
         help="the toolkit's model (default), torchtitan's own models and transforms "
-        "(pip install -e '.[torchtitan]'), or all",
+        "(pip install -e '.[torchtitan]'), transformers' own (pip install -e '.[transformers]'), or all; repeat for "
+        "several in one matrix",
     )
     parser.add_argument("--only", metavar="REGEX", help="only cells whose label matches, e.g. '^dense \\| AC full'")
     parser.add_argument(
@@ -331,10 +332,11 @@ def _matrix_command(argv: list[str]) -> int:
         args.workers = max(1, min(2, os.cpu_count() or 1)) if args.executor == "local" else 1
     backends = args.backend or ["aot_eager"]
     try:
-        cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=args.stack)
+        stacks = tuple(args.stack or ["toolkit"])
+        cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=stacks)
     except (ConfigError, ImportError) as e:
-        parser.error(f"--stack {args.stack}: {e}")
-    left_out = left_out_cells() if args.stack != "torchtitan" else []
+        parser.error(f"--stack {' '.join(stacks)}: {e}")
+    left_out = left_out_cells() if {"toolkit", "all"} & set(stacks) else []
     for line in left_out:
         print(line, file=sys.stderr)
     if args.only:

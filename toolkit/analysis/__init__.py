@@ -6,7 +6,7 @@ composability matrix — its grid (`cells`), results (`matrix`), views (`views`)
 """
 
 from . import catalogue
-from .cells import Cell, full_cells, quick_cells, torchtitan_cells
+from .cells import Cell, full_cells, quick_cells, stack_cells, torchtitan_cells
 from .classification import EXPLAIN, SEVERITY, Classification, classify
 from .matrix import MatrixResult, Row
 from .sweeps import sweep
@@ -23,5 +23,6 @@ __all__ = [
     "full_cells",
     "quick_cells",
     "torchtitan_cells",
+    "stack_cells",
     "sweep",
 ]

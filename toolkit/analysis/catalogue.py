@@ -22,6 +22,7 @@ CPU_STATUSES = ("reproduced", "plausible", "gpu_only", "multi_rank")
 _REPORT_KEYS = {
     "classification",
     "recipe",
+    "stacks",
     "ac_modes",
     "backends",
     "grads_finite",
@@ -114,6 +115,8 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
         return False
     scen = report.scenario
     if "recipe" in sig and scen.recipe != sig["recipe"]:
+        return False
+    if "stacks" in sig and scen.stack not in sig["stacks"]:
         return False
     if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
         return False

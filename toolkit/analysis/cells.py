@@ -18,6 +18,7 @@ from .. import compat
 from .._config import ConfigError
 from ..measurement import Scenario, check_structure
 from ..models import ModelConfig
+from ..stacks import get, of_block
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.recipes import RECIPES
 
@@ -50,8 +51,9 @@ class Cell:
 
     @property
     def stack(self) -> str:
-        """ "torchtitan" for the blocks named `titan:FAMILY` (torchtitan's own model and transforms)."""
-        return "torchtitan" if self.block.startswith("titan:") else "toolkit"
+        """Whose model and transforms: the stack whose block prefix this is (`titan:FAMILY` → "torchtitan",
+        `hf:FAMILY[:EXPERTS]` → "transformers"), else "toolkit"."""
+        return of_block(self.block)
 
     def model_config(self) -> ModelConfig:
         """The block kind's model; a recipe cell's as the recipe needs it (`Recipe.model_config`)."""
@@ -72,12 +74,16 @@ class Cell:
                 .replace(name=self.label, instrument=False, measure_memory=False, steady_steps=0)
             )
         common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
-        if self.stack == "torchtitan":
-            from ..stacks.torchtitan import TorchtitanConfig
-
-            config = TorchtitanConfig.of_family(self.block.split(":", 1)[1])
+        if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
+            st = get(self.stack)
             comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
-            return Scenario(stack="torchtitan", torchtitan=config, ac=ACConfig(mode=self.ac), compile=comp, **common)
+            return Scenario(
+                stack=self.stack,
+                **{st.config_field: st.config_for(self.block)},
+                ac=ACConfig(mode=self.ac),
+                compile=comp,
+                **common,
+            )
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
         ac = (
@@ -222,20 +228,15 @@ def left_out() -> list[str]:
     return out
 
 
-TORCHTITAN_BLOCKS = ("titan:qwen3_moe", "titan:deepseek_v3")
+def stack_cells(stack: str, backends: Iterable[str] = ("aot_eager",), *, quick: bool = False) -> list[Cell]:
+    """Another stack's own grid (`Stack.sweep_cells`): its models with its own transforms. Needs its package."""
+    return _dedupe([Cell(**fields) for fields in get(stack).sweep_cells(tuple(backends), quick=quick)])
 
 
 def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
     """torchtitan's own models with its own transforms (`stack="torchtitan"`): each family × its AC modes × eager
     or its compile (blocks whole, fullgraph) × without / with its FSDP2. Needs torchtitan installed."""
-    cells = []
-    for backend in backends:
-        for block in TORCHTITAN_BLOCKS:
-            for ac in ("none", "full", "selective_op"):
-                for fsdp in ("none", "blocks"):
-                    cells.append(Cell(block, ac, fsdp=fsdp))
-                    cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
-    return _dedupe(cells)
+    return stack_cells("torchtitan", backends)
 
 
 def _dedupe(cells: list[Cell]) -> list[Cell]:
@@ -266,5 +267,9 @@ def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     data = scenario.to_dict()
     if isinstance(data.get("ac"), dict):
         data["ac"] = {k: v for k, v in data["ac"].items() if not (k in _LATER_AC_FIELDS and v is None)}
-    blob = json.dumps({"scenario": data, "torch": torch.__version__, "device": device}, sort_keys=True)
+    key = {"scenario": data, "torch": torch.__version__, "device": device}
+    release = scenario.stack_impl.release()
+    if release is not None:  # transformers: another release is another measurement
+        key[scenario.stack] = release
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -22,8 +22,10 @@ from .._config import ConfigError, check_bool, check_int, check_seconds
 from .._stamp import render
 from ..measurement import Report
 from ..measurement import environment as run_environment
+from ..stacks import STACKS as STACK_NAMES
+from ..stacks import get
 from ..transforms.compile import BACKENDS
-from .cells import Cell, cell_key, full_cells, quick_cells, torchtitan_cells, valid
+from .cells import Cell, cell_key, full_cells, quick_cells, stack_cells, valid
 from .classification import EXPLAIN, classify
 from .executors import Executor, Job, make
 from .matrix import MatrixResult, Row
@@ -54,19 +56,22 @@ def environment() -> dict[str, Any]:
     return {**run_environment(features=False), "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
-STACKS = ("toolkit", "torchtitan", "all")
+STACKS = (*STACK_NAMES, "all")
 
 
-def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list[Cell]:
-    """The cells of a sweep: the quick or full toolkit sweep, torchtitan's own models, or both. torchtitan is
-    checked for before anything runs."""
-    if stack not in STACKS:
-        raise ConfigError(
-            "sweep",
-            "stack",
-            f"{stack!r} is not one of {', '.join(STACKS)}.",
-            "pass stack='toolkit' (the default), 'torchtitan' or 'all'.",
-        )
+def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str | tuple[str, ...]) -> list[Cell]:
+    """The cells of a sweep: the quick or full toolkit sweep, torchtitan's or transformers' own models, several of
+    them (a tuple of names) or all. An optional stack's package is checked for before anything runs."""
+    stacks = (stack,) if isinstance(stack, str) else tuple(stack)
+    for name in stacks or ("",):
+        if name not in STACKS:
+            raise ConfigError(
+                "sweep",
+                "stack",
+                f"{name!r} is not one of {', '.join(STACKS)}.",
+                f"pass stack='toolkit' (the default), {', '.join(repr(s) for s in STACKS[1:])}, or a tuple of them.",
+            )
+    wanted = set(STACK_NAMES) if "all" in stacks else set(stacks)
     if isinstance(backends, str) or not backends or any(b not in BACKENDS for b in backends):
         bad = backends if isinstance(backends, str) or not backends else next(b for b in backends if b not in BACKENDS)
         raise ConfigError(
@@ -76,12 +81,11 @@ def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str) -> list
             "would run).",
             f"pass a tuple of {', '.join(map(repr, BACKENDS))}, e.g. backends=('aot_eager',).",
         )
-    cells = [] if stack == "torchtitan" else (quick_cells(backends) if quick else full_cells(backends))
-    if stack != "toolkit":
-        from ..stacks.torchtitan import require
-
-        require("sweep", "stack")
-        cells += torchtitan_cells(backends)
+    cells = (quick_cells(backends) if quick else full_cells(backends)) if "toolkit" in wanted else []
+    for name in STACK_NAMES[1:]:
+        if name in wanted:
+            get(name).require("sweep", "stack")
+            cells += stack_cells(name, backends, quick=quick)
     return cells
 
 
@@ -97,7 +101,7 @@ def sweep(
     runner: Callable[..., Report] | None = None,
     executor: str | Executor = "local",
     warm: bool = True,
-    stack: str = "toolkit",
+    stack: str | tuple[str, ...] = "toolkit",
     retry_timeouts: bool = True,
     bare: bool = True,
     **executor_options: Any,
@@ -107,9 +111,10 @@ def sweep(
     are, and a timeout under the same limit is retried once (`retry_timeouts=False` keeps it: `--keep-timeouts`).
     `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
-    torchtitan's own models and transforms ("torchtitan", `torchtitan_cells`), or both ("all"); ignored when
-    `cells` is given. `bare`: then rerun every cell classified as an error or a silent failure with none of the
-    probes (`Cell.bare`), so the list says whether the failure happens without the instrument. Writes
+    torchtitan's or transformers' own models and transforms ("torchtitan", "transformers": `stack_cells`), a tuple
+    of them, or "all"; ignored when `cells` is given. `bare`: then rerun every cell classified as an error or a
+    silent failure with none of the probes (`Cell.bare`), so the list says whether the failure happens without the
+    instrument. Writes
     matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
     for name, flag in (("retry_timeouts", retry_timeouts), ("bare", bare), ("progress", progress), ("quick", quick)):

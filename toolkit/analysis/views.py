@@ -387,7 +387,7 @@ class MatrixViews:
             + (f"{changes}\n" if changes else "")
             + (f"{backends}\n" if backends else "")
             + (f"{recipes}\n" if recipes else "")
-            + f"## By classification\n\n{CASE_IDS}\n\n{self.table()}\n"
+            + self._by_classification()
         )
         # Each written whole or not at all (a full disk leaves the previous file as it was: `_files.WriteFailed`).
         _files.write_text(paths["json"], data)
@@ -396,6 +396,21 @@ class MatrixViews:
         if _stamp_of(paths["html"]) != stamp:
             _files.write_text(paths["html"], self.html(stamp=stamp, notebooks=notebooks))
         return paths
+
+    def _by_classification(self) -> str:
+        """The central list's tables: the toolkit's and torchtitan's cells, then transformers' own models in a section
+        of their own (another stack's model, its own AC and compile: not rows of the same grid)."""
+        hf = [r for r in self.rows if r.cell.stack == "transformers"]
+        if not hf:
+            return f"## By classification\n\n{CASE_IDS}\n\n{self.table()}\n"
+        own = [r for r in self.rows if r.cell.stack != "transformers"]
+        out = ""
+        if own:
+            out += f"## By classification\n\n{CASE_IDS}\n\n{type(self)(rows=own).table()}\n"
+        sub = type(self)(rows=hf)
+        summary = ", ".join(f"{v} {k}" for k, v in sub.counts().items())
+        head = f"## Hugging Face transformers' own models\n\n{TRANSFORMERS_LINE} {len(hf)} cells: {summary}."
+        return out + f"{head}\n\n{sub.table()}\n"
 
     def html(self, *, stamp: str = "", notebooks: str | None = None) -> str:
         """A self-contained page: plotly.js embedded (opens offline), a legend with the counts, the heatmap, then the
@@ -583,6 +598,13 @@ BARE_LINE = (
     "bare: every failing cell is rerun with none of the toolkit's probes (outcome, graphs and gradients only). yes: "
     "it fails the same way without the instrument; no: the instrument caused it; n/a: a finding about saved bytes, "
     "which only the probes see (the bare run ran as the instrumented one did)."
+)
+
+TRANSFORMERS_LINE = (
+    "`matrix --stack transformers`: transformers' own models (`hf:FAMILY`, `hf:FAMILY:EXPERTS` for an "
+    "`experts_implementation` other than its default), its own activation checkpointing (full = `use_reentrant=False`, "
+    "reentrant, selective_op = a per-op SAC `context_fn`, selective_layer = `every_n_layers`) and its users' compiles "
+    "(`model.compile()`, `layer.compile()` per decoder layer)."
 )
 
 

@@ -76,6 +76,7 @@ from .torch_api import (  # noqa: F401 - re-exported
     optimized_module_class,
     profiler_event_type,
     recompute_hook_class,
+    reentrant_checkpoint_class,
     remat,
     remat_recomputing,
     remat_replay_target,

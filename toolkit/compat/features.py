@@ -69,6 +69,12 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "inputs held by checkpoint regions are counted as kind 'other', and forward ops re-run by checkpoints whose "
         "modules have no toolkit hooks are not counted as recomputed",
     ),
+    "reentrant_checkpoint": (
+        "torch.utils.checkpoint.CheckpointFunction.forward(ctx, run_function, preserve_rng_state, *args)",
+        "the inputs a reentrant checkpoint (use_reentrant=True, a transformers option) holds, and its re-run",
+        "inputs held by reentrant checkpoints are counted as kind 'autograd', and the forward ops they re-run in "
+        "backward are not counted as recomputed",
+    ),
     "structured_trace": (
         "torch._logging._internal.trace_log (structured trace events)",
         "graph-break reasons with file:line, recompile reasons and compile times",
@@ -225,6 +231,20 @@ def _find_checkpoint_generator() -> _Found:
             if "fn" in params:
                 return _Found(True, value=(ckpt, name, inspect.signature(fn)))
     return _Found(False, "no _checkpoint_without_reentrant_generator(_impl) taking fn")
+
+
+def _find_reentrant_checkpoint() -> _Found:
+    import torch.utils.checkpoint as ckpt
+
+    cls = getattr(ckpt, "CheckpointFunction", None)
+    if cls is None:
+        return _Found(False, "no torch.utils.checkpoint.CheckpointFunction")
+    params = list(inspect.signature(cls.forward).parameters)
+    if params[:3] != ["ctx", "run_function", "preserve_rng_state"]:
+        return _Found(
+            False, f"CheckpointFunction.forward takes {params}, not (ctx, run_function, preserve_rng_state, ...)"
+        )
+    return _Found(True, value=cls)
 
 
 def _find_structured_trace() -> _Found:

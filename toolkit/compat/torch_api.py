@@ -100,6 +100,12 @@ def checkpoint_generator_target() -> tuple[Any, str, inspect.Signature] | None:
     return f.value if f.ok else None
 
 
+def reentrant_checkpoint_class() -> type | None:
+    """torch.utils.checkpoint's `CheckpointFunction` (the reentrant checkpoint), or None where it has another shape."""
+    f = features._found["reentrant_checkpoint"]
+    return f.value if f.ok else None
+
+
 def draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """Does this call draw from torch's global RNG? Ops tagged `nondeterministic_seeded`, unless given a generator
     of their own or a dropout probability of 0 (SDPA and dropout kernels carry the tag for their dropout)."""
@@ -510,10 +516,13 @@ def checkpoint_wrapper_classes() -> tuple[type, type]:
     return ActivationWrapper, CheckpointWrapper
 
 
-def checkpoint_wrapper(module: nn.Module, **kwargs: Any) -> nn.Module:
+def checkpoint_wrapper(module: nn.Module, *, reentrant: bool = False, **kwargs: Any) -> nn.Module:
+    """torch.distributed's `checkpoint_wrapper` around `module`: non-reentrant, or reentrant (`use_reentrant=True`)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as wrap
 
-    return wrap(module, **kwargs)
+    impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
+    return wrap(module, checkpoint_impl=impl, **kwargs)
 
 
 # --- checkpoint internals the probes observe (patched by them through `patches.patched`, never for good) --------

@@ -18,11 +18,10 @@ from torch import nn
 from .. import compat
 from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_text
 from ..compat import tree_leaves
-from ..transforms import apply_compile
+from ..transforms import ACConfig
 from ..transforms.fsdp import process_group
 from ..transforms.naming import has_compiled, unwrap
-from ..transforms.recipes import reset
-from ..transforms.settings import applied, torch_settings
+from ..transforms.settings import torch_settings
 from . import numerics as _numerics
 from .assemble import assemble
 from .build import build, check_ranks_for_ep, transform
@@ -132,18 +131,19 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             if scenario.ep > 1:
                 from ..stacks import torchtitan as titan
 
-                group.enter_context(titan.parallel_state())
+                group.enter_context(titan.parallel_state())  # expert parallel is torchtitan's alone
             built = build(scenario, sharded=True)
             a.timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
             reference = _numerics.reference_for(scenario)
             if scenario.check_numerics and reference.what:
                 ref = build(scenario, sharded=False)
-                if reference.compile is not None:
-                    apply_compile(ref.model, reference.compile)
+                if reference.compile is not None:  # compiled the same way by the stack's own code, without AC
+                    plain = scenario.replace(ac=ACConfig(), compile=reference.compile, fsdp="none", ep=1, name="")
+                    transform(plain, ref.model, lambda _stage: None)
                 torch.manual_seed(built.seed)
                 with torch_settings(ref.model):
-                    ref_loss_t = built.loss_of(ref.model(built.tokens))
+                    ref_loss_t = built.loss_of(built.call(ref.model))
                     ref_loss_t.backward()
                 ref_loss, ref_grads = float(ref_loss_t.detach().float()), _numerics.grads(ref.model)
                 del ref, ref_loss_t
@@ -152,16 +152,16 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             model = built.model
             t = time.perf_counter()
             a.orders = transform(scenario, model, stage)
-            if scenario.stack == "toolkit":
-                rec = applied(model)
-                a.transforms = Transforms(checkpointed=tuple(rec.ac_wrapped), compiled=tuple(rec.compiled))
+            done = scenario.stack_impl.applied(model)
+            if done is not None:
+                a.transforms = Transforms(checkpointed=done[0], compiled=done[1])
             a.timing["apply_s"] = time.perf_counter() - t
             a.steps = steps = StepResult()
             measured_step(
                 model,
-                lambda: model(built.tokens),
+                lambda: built.call(model),
                 built.loss_of,
-                built.tokens,
+                built.inputs,
                 built.device,
                 stage,
                 seed=built.seed,
@@ -175,9 +175,9 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
 
             def again():
                 torch.manual_seed(built.seed)  # the measured forward's RNG stream (router noise, dropout)
-                return model(built.tokens)
+                return built.call(model)
 
-            a.check_loss(model, again, built.tokens, built.loss_of, ref_note)
+            a.check_loss(model, again, built.inputs, built.loss_of, ref_note)
             if not scenario.check_numerics:
                 a.numerics = _numerics.not_compared(steps.loss, "check_numerics=False")
             elif ref_grads is None:
@@ -195,9 +195,9 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 )
                 a.numerics = _numerics.unless_the_forward_drew_otherwise(a.numerics, reference, built.dtype)
         finally:
-            if model is not None and scenario.stack == "toolkit":
+            if model is not None:
                 try:
-                    reset(model, dynamo=False)
+                    scenario.stack_impl.undo(model)
                 except Exception as e:  # the step's result stands; say that the model was left transformed
                     a.warn.append(
                         f"could not undo the transforms after the step ({type(e).__name__}: {e}); the "

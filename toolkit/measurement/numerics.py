@@ -89,7 +89,7 @@ def reference_for(scenario: Any) -> Reference:
     measured step's does; a recompute that draws new numbers is found either way (`Recompute.redrawn`). A compiled
     recipe, or compile with no AC, has no such reference."""
     compiled = bool(scenario.recipe) or scenario.compile.enabled
-    draws = scenario.stack == "toolkit" and scenario.model_config.draws_random
+    draws = scenario.stack_impl.draws_random(scenario.config)
     if not (compiled and draws):
         return Reference(None, "eager without AC")  # the words every Report has always shown
     if scenario.recipe or scenario.ac.mode == "none":

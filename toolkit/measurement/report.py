@@ -46,8 +46,9 @@ class ScenarioRecord:
     """The ACConfig mode — for a recipe the mode it applies (`Recipe.ac_mode`) — or "unknown" for a user's module."""
     compile_scope: str = "none"
     backend: str = "eager"
-    stack: Literal["toolkit", "torchtitan", "user"] = "toolkit"
-    """"toolkit", "torchtitan" (its own model and transforms) or "user" (`tk.measure`)."""
+    stack: str = "toolkit"
+    """A stack of `toolkit.stacks` ("toolkit", "torchtitan", "transformers": whose model and transforms) or "user"
+    (`tk.measure`)."""
     fsdp: Literal["none", "blocks", "blocks+experts"] = "none"
     ep: int = 1
     """Expert-parallel degree (torchtitan's own EP)."""

@@ -1,12 +1,11 @@
-"""`Scenario`: everything needed to rebuild and measure one training step of the toolkit's model, validated up front."""
+"""`Scenario`: everything needed to rebuild and measure one training step, on any stack, validated up front."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .._config import (
     MAX_RANKS,
@@ -19,27 +18,27 @@ from .._config import (
     check_text,
 )
 from ..models import ModelConfig, build_model
+from ..stacks import STACKS, Stack, get
 from ..stacks.torchtitan import TorchtitanConfig
-from ..stacks.torchtitan import require as require_torchtitan
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
 from ..transforms.fsdp import FSDP_MODES, FsdpMode
 from ..transforms.recipes import RECIPES, prepare, reset
-
-Stack = Literal["toolkit", "torchtitan"]
-STACKS: tuple[str, ...] = typing.get_args(Stack)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """Everything needed to rebuild and measure one training step."""
 
-    stack: Stack = "toolkit"
-    """Whose model and transforms: "toolkit" (its torchtitan-shaped model, its AC / compile / recipes) or
-    "torchtitan" (torchtitan 0.3.0's own model from `torchtitan`, and its own `FullAC` / `SelectiveAC`,
-    `apply_compile` and `apply_fsdp_to_decoder`, in the order its `parallelize_*` uses; an optional extra)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The toolkit's model to build (stack "toolkit")."""
+    stack: str = "toolkit"
+    """Whose model and transforms (`toolkit.stacks`): "toolkit" (its torchtitan-shaped model, its AC / compile /
+    recipes), "torchtitan" (torchtitan 0.3.0's own model from `torchtitan`, and its own `FullAC` / `SelectiveAC`,
+    `apply_compile` and `apply_fsdp_to_decoder`, in the order its `parallelize_*` uses; an optional extra) or
+    "transformers" (Hugging Face transformers' own model from `model`, its own activation checkpointing and
+    `Module.compile`; an optional extra)."""
+    model: Any = field(default_factory=ModelConfig)
+    """The model to build: a `ModelConfig` (stack "toolkit") or a `TransformersConfig` (stack "transformers", whose
+    default it becomes when left at `ModelConfig()`)."""
     torchtitan: TorchtitanConfig | None = None
     """torchtitan's model to build (stack "torchtitan"; default `TorchtitanConfig()`, a tiny Qwen3-MoE)."""
     ac: ACConfig = field(default_factory=ACConfig)
@@ -83,30 +82,18 @@ class Scenario:
         check_choice(own, "stack", self.stack, STACKS)
         check_choice(own, "fsdp", self.fsdp, FSDP_MODES)
         check_int(own, "ep", self.ep, 1, MAX_RANKS, "ranks on one machine")
-        if self.ep > 1 and self.stack != "torchtitan":
-            raise ConfigError(
-                own,
-                "ep",
-                "expert parallel runs torchtitan's own token dispatcher and parallelize.",
-                "pass stack='torchtitan' with ep, or ep=1.",
-            )
-        if self.ep > 1 and self.fsdp != "blocks":
-            raise ConfigError(
-                own,
-                "ep",
-                "torchtitan's parallelize applies FSDP2 together with expert parallel.",
-                "pass fsdp='blocks' with ep > 1.",
-            )
-        if self.stack == "torchtitan":
-            self._check_torchtitan()
-        elif self.torchtitan is not None:
+        st = self.stack_impl
+        if st.config_field == "model" and st.config_type is not ModelConfig and self.model == ModelConfig():
+            object.__setattr__(self, "model", st.config_type())  # the stack's default model
+        if self.torchtitan is not None and st.config_field != "torchtitan":
             raise ConfigError(
                 own,
                 "torchtitan",
                 "a torchtitan model config only applies to stack='torchtitan'.",
                 "pass stack='torchtitan', or drop torchtitan=... and set model=ModelConfig(...).",
             )
-        for name, cls in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
+        model_type = st.config_type if st.config_field == "model" else ModelConfig
+        for name, cls in (("model", model_type), ("ac", ACConfig), ("compile", CompileConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(
                     own,
@@ -116,6 +103,7 @@ class Scenario:
                 )
         for name in ("check_numerics", "measure_memory", "instrument"):
             check_bool(own, name, getattr(self, name))
+        st.check(self)
         check_text(own, "name", self.name)
         if not isinstance(self.recipe_backend, str):
             raise ConfigError(own, "recipe_backend", f"{self.recipe_backend!r} is not a string.", "pass it as text.")
@@ -155,8 +143,7 @@ class Scenario:
             )
         check_ac_compile(self.ac, self.compile)
         check_int(own, "steady_steps", self.steady_steps, 0, MAX_STEADY_STEPS, "timing steps after the measured one")
-        self.model_config  # validates device/seed overrides
-        device = self.torchtitan_config.device if self.stack == "torchtitan" else self.model_config.device
+        device = self.config.device  # validates device/seed overrides
         if self.memory_snapshot is not None and not str(device).startswith("cuda"):
             raise ConfigError(
                 own,
@@ -166,75 +153,23 @@ class Scenario:
                 "drop memory_snapshot (the Report's memory section is measured on CPU too), or run on device='cuda'.",
             )
 
-    def _check_torchtitan(self) -> None:
-        own = "Scenario"
-        if self.torchtitan is not None and not isinstance(self.torchtitan, TorchtitanConfig):
-            raise ConfigError(
-                own,
-                "torchtitan",
-                f"is a {type(self.torchtitan).__name__}, not a TorchtitanConfig.",
-                "pass toolkit.stacks.torchtitan.TorchtitanConfig(...).",
-            )
-        if self.model != ModelConfig() or self.device is not None or self.seed is not None:
-            raise ConfigError(
-                own,
-                "model",
-                "stack='torchtitan' builds torchtitan's own model, so the toolkit's "
-                "ModelConfig / device / seed would be ignored.",
-                "set them on torchtitan=TorchtitanConfig(...).",
-            )
-        if self.recipe is not None:
-            raise ConfigError(
-                own,
-                "recipe",
-                "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
-                "stack='torchtitan' its own code applies them.",
-                "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).",
-            )
-        if self.ac.mode not in ("none", "full", "selective_op") or self.ac != ACConfig(mode=self.ac.mode):
-            raise ConfigError(
-                own,
-                "ac",
-                "torchtitan 0.3.0's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
-                "its own defaults (torch_remat arrived on main after the release, PR #4497).",
-                "pass ACConfig(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
-                "remat use stack='toolkit' with ACConfig(mode='remat') or recipe='torchtitan_main'.",
-            )
-        c = self.compile
-        if c.enabled and (
-            c.scope != "blocks"
-            or not c.fullgraph
-            or c.replace(backend="aot_eager") != CompileConfig(scope="blocks", fullgraph=True)
-        ):
-            raise ConfigError(
-                own,
-                "compile",
-                "torchtitan's apply_compile compiles each block whole with fullgraph=True; only the backend is yours.",
-                "pass CompileConfig(scope='blocks', fullgraph=True, backend=...).",
-            )
-        if self.fsdp == "blocks+experts":
-            raise ConfigError(
-                own,
-                "fsdp",
-                "torchtitan 0.3.0 shards the experts inside each block's unit.",
-                "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.",
-            )
-        if self.torchtitan_config.n_experts % self.ep:
-            raise ConfigError(
-                own,
-                "ep",
-                f"{self.torchtitan_config.n_experts} routed experts do not split over ep={self.ep} ranks.",
-                f"pick ep dividing {self.torchtitan_config.n_experts}, or set TorchtitanConfig(n_experts=...).",
-            )
-        require_torchtitan()
-
     @property
     def torchtitan_config(self) -> TorchtitanConfig:
         """torchtitan's model to build (stack "torchtitan"): `torchtitan`, or the default `TorchtitanConfig()`."""
         return self.torchtitan if self.torchtitan is not None else TorchtitanConfig()
 
     @property
-    def model_config(self) -> ModelConfig:
+    def stack_impl(self) -> Stack:
+        """The stack's code (`toolkit.stacks.get(self.stack)`)."""
+        return get(self.stack)
+
+    @property
+    def config(self) -> Any:
+        """The stack's model config, with this scenario's device / seed overrides."""
+        return self.torchtitan_config if self.stack_impl.config_field == "torchtitan" else self.model_config
+
+    @property
+    def model_config(self) -> Any:
         changes = {}
         if self.device is not None:
             changes["device"] = self.device
@@ -244,28 +179,16 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        if self.name:
-            return self.name
-        fsdp = f" | FSDP {self.fsdp}" if self.fsdp != "none" else ""
-        fsdp += f" | EP {self.ep}" if self.ep > 1 else ""
-        if self.stack == "torchtitan":
-            c = self.compile
-            comp = "eager" if not c.enabled else f"compile blocks ({c.backend_name}, fullgraph)"
-            return f"{self.torchtitan_config.label} | AC {self.ac.mode} | {comp}{fsdp}"
-        if self.recipe:
-            return f"recipe {self.recipe}{fsdp}"
-        c = self.compile
-        scope = c.scope if isinstance(c.scope, str) else ",".join(c.scope)
-        comp = "eager" if not c.enabled else f"compile {scope} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
-        return f"{self.model.experts_impl if self.model.has_moe else 'dense'} | AC {self.ac.mode} | {comp}{fsdp}"
+        return self.name or self.stack_impl.label(self)
 
     def replace(self, **changes) -> "Scenario":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stack": self.stack} if self.stack != "toolkit" else {}
-        if self.stack == "torchtitan":
-            out["torchtitan"] = self.torchtitan_config.to_dict()
+        field_name = self.stack_impl.config_field
+        if field_name != "model":
+            out[field_name] = self.config.to_dict()
         if self.fsdp != "none":
             out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
         if self.ep > 1:
@@ -300,7 +223,10 @@ class Scenario:
             )
         data = dict(data)
         check_known(cls, data)
-        for name, sub in (("model", ModelConfig), ("ac", ACConfig), ("compile", CompileConfig)):
+        check_choice("Scenario", "stack", data.get("stack", "toolkit"), STACKS)
+        st = get(data.get("stack", "toolkit"))
+        model_type = st.config_type if st.config_field == "model" else ModelConfig
+        for name, sub in (("model", model_type), ("ac", ACConfig), ("compile", CompileConfig)):
             if name not in data:
                 continue
             value = data[name]
@@ -318,8 +244,8 @@ class Scenario:
                     f'write "{name}": {example}, or leave "{name}" out for the default {sub.__name__}().',
                 )
             data[name] = sub.from_dict(value)
-        if isinstance(data.get("torchtitan"), dict):
-            data["torchtitan"] = TorchtitanConfig.from_dict(data["torchtitan"])
+        if st.config_field != "model" and isinstance(data.get(st.config_field), dict):
+            data[st.config_field] = st.config_type.from_dict(data[st.config_field])
         return cls(**data)
 
     def to_json(self) -> str:

@@ -21,7 +21,9 @@ from ..analysis.classification import Classification, classify, describe, headli
 from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
 from ..measurement import estimate as estimate_step
 from ..models import ModelConfig
-from ..stacks import torchtitan as titan
+from ..stacks import STACKS as STACK_NAMES
+from ..stacks import get as get_stack
+from ..stacks import of_block
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.ac import MODES, MemoryBudgetAC, PerSubmoduleAC, RematAC, SelectiveLayerAC
 from ..transforms.compile import BACKENDS, SCOPES
@@ -41,12 +43,20 @@ EXPLORER_CSS = (
     f".{EXPLORER_CLASS} .widget-toggle-buttons > .widget-label{{text-align:right;margin-right:8px;flex:0 0 auto}}"
     f".{EXPLORER_CLASS} .widget-slider .noUi-target[disabled] .noUi-connects{{background:#a0a0a0}}"
 )
-# The model the Explorer builds: the toolkit's own, or one of torchtitan's (offered when torchtitan is installed).
-STACKS = {
-    "toolkit": "the toolkit's model",
-    "titan:qwen3_moe": "torchtitan Qwen3-MoE",
-    "titan:deepseek_v3": "torchtitan DeepSeek-V3",
-}
+
+
+# The model the Explorer builds: the toolkit's own, or one of torchtitan's or transformers' (each offered when its
+# package is installed).
+def _models() -> list[tuple[str, str]]:
+    """(label, block) of every stack's models whose package is installed (`Stack.explorer_models`)."""
+    return [
+        (label, key)
+        for name in STACK_NAMES
+        if get_stack(name).available()
+        for key, label in get_stack(name).explorer_models.items()
+    ]
+
+
 # The controls named after an ACConfig option: each is enabled, and read, only for the modes whose config has it.
 AC_OPTION_CONTROLS = ("layer_every", "submodule_ac", "memory_budget")
 # The controls torchtitan's own transforms have no use for (its model, its AC modes, its compile of whole blocks).
@@ -71,15 +81,18 @@ class Explorer:
         # The default is `Scenario()` itself, so the Explorer starts from the model notebooks describe:
         # `tk.ModelConfig()`, eager, no AC.
         s = scenario or Scenario()
-        m, ac, c = s.model, s.ac, s.compile
+        m, ac, c = s.model if isinstance(s.model, ModelConfig) else ModelConfig(), s.ac, s.compile
+        # Another stack's model starts the sliders at its own sizes.
+        size = {k: getattr(s.config, k, getattr(m, k)) for k in ("n_layers", "n_experts", "top_k")}
         style = {"description_width": "110px"}
         # A control keeps its width: a row too wide for the output area wraps to the next line rather than squeezing
         # its controls (a squeezed slider loses its track, a squeezed label is cut: issue 42's screenshots).
         fixed = W.Layout(flex="0 0 auto", width="260px")
         free = W.Layout(flex="0 0 auto", width="auto")  # a checkbox as wide as its description
         wide = W.Layout(flex="0 0 auto", width="420px")  # the controls alone on their row, whose choices are long
-        stacks = [(label, key) for key, label in STACKS.items() if key == "toolkit" or titan.available()]
-        stack = "toolkit" if s.stack == "toolkit" else f"titan:{s.torchtitan_config.family}"
+        stacks = _models()
+        own = get_stack(s.stack).cell_prefix
+        stack = f"{own}:{s.config.family}" if own else "toolkit"
         self.controls: dict[str, W.ValueWidget] = {
             "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style, layout=wide),
             # A flex box, as the other controls are, so that its label sits left of the buttons, not above them.
@@ -91,7 +104,7 @@ class Explorer:
                 layout=W.Layout(display="flex", flex=fixed.flex, width=fixed.width),
             ),
             "n_layers": W.IntSlider(
-                value=m.n_layers, min=1, max=8, description="layers", continuous_update=False, style=style
+                value=size["n_layers"], min=1, max=8, description="layers", continuous_update=False, style=style
             ),
             "dim": W.Dropdown(
                 options=[32, 64, 128, 256],
@@ -101,10 +114,10 @@ class Explorer:
                 layout=fixed,
             ),
             "n_experts": W.IntSlider(
-                value=m.n_experts, min=1, max=16, description="experts", continuous_update=False, style=style
+                value=size["n_experts"], min=1, max=16, description="experts", continuous_update=False, style=style
             ),
             "top_k": W.IntSlider(
-                value=m.top_k, min=1, max=8, description="top-k", continuous_update=False, style=style
+                value=size["top_k"], min=1, max=8, description="top-k", continuous_update=False, style=style
             ),
             "experts_impl": W.Dropdown(
                 options=list(literal_choices(ModelConfig, "experts_impl")),
@@ -277,14 +290,19 @@ class Explorer:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
         if v["stack"] != "toolkit":
-            # torchtitan's own model at the Explorer's size, with its own AC, compile (blocks whole) and FSDP2.
-            base = titan.TorchtitanConfig.of_family(v["stack"].split(":", 1)[1])
-            cfg = dataclasses.replace(
-                base, n_layers=max(v["n_layers"], base.n_dense_layers + 1), n_experts=v["n_experts"], top_k=v["top_k"]
-            )
+            # Another stack's own model at the Explorer's size, with its own AC and compile (`Stack.sized`).
+            name = of_block(v["stack"])
+            st = get_stack(name)
+            cfg = st.sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
+            mode = v["ac_mode"]
+            options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
             comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"])
             return Scenario(
-                stack="torchtitan", torchtitan=cfg, ac=ACConfig(mode=v["ac_mode"]), compile=comp, fsdp=v["fsdp"]
+                stack=name,
+                **{st.config_field: cfg},
+                ac=ACConfig(mode=mode, **options),
+                compile=comp,
+                fsdp=v["fsdp"],
             )
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
         model = ModelConfig(
@@ -352,6 +370,7 @@ class Explorer:
                 ctl[name].disabled = True
             for name in ("ac_mode", "scope", "fullgraph", "n_experts", "top_k"):
                 ctl[name].disabled = False
+            ctl["layer_every"].disabled = "layer_every" not in MODES[mode].options()  # transformers' every_n_layers
         try:
             self.scenario = self.build_scenario()
             check_structure(self.scenario)
@@ -510,7 +529,7 @@ def _setup(scenario: Scenario) -> tuple:
     """What makes two scenarios the same measurement, whatever their names and extra steps."""
     return (
         scenario.stack,
-        scenario.torchtitan_config if scenario.stack == "torchtitan" else scenario.model_config,
+        scenario.config,
         scenario.ac,
         scenario.compile,
         scenario.recipe,

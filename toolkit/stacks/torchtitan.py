@@ -16,8 +16,6 @@ rebinds `FakeTensorMode.__init__` (pytorch#178887), which nothing can undo.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib.util
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator, Literal
@@ -25,8 +23,11 @@ from typing import Any, Callable, Iterator, Literal
 import torch
 from torch import nn
 
-from .._config import ConfigError, check_bool, check_choice, check_int, from_dict, to_dict
+from .. import _extras
+from .._config import ConfigError, PlainData, check_bool, check_choice, check_int
 from .._extras import EXTRAS
+from ..transforms import ACConfig, CompileConfig
+from .base import Built
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
@@ -34,19 +35,11 @@ INSTALL = EXTRAS["torchtitan"].install  # the one install line for torchtitan (t
 
 
 def available() -> bool:
-    return importlib.util.find_spec("torchtitan") is not None
+    return _extras.available("torchtitan")
 
 
 def version() -> str | None:
-    if not available():
-        return None
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as pkg_version
-
-    try:
-        return pkg_version("torchtitan")
-    except PackageNotFoundError:
-        return None
+    return _extras.version("torchtitan")
 
 
 def require(owner: str = "Scenario", field: str = "stack") -> None:
@@ -61,7 +54,7 @@ def require(owner: str = "Scenario", field: str = "stack") -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TorchtitanConfig:
+class TorchtitanConfig(PlainData):
     """One of torchtitan 0.3.0's own MoE models at a size a CPU trains in milliseconds."""
 
     family: Family = "qwen3_moe"
@@ -164,16 +157,6 @@ class TorchtitanConfig:
     @property
     def label(self) -> str:
         return f"torchtitan {self.family}"
-
-    def replace(self, **changes: Any) -> "TorchtitanConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TorchtitanConfig":
-        return from_dict(cls, data)
 
 
 def _model_config(cfg: TorchtitanConfig):
@@ -412,6 +395,182 @@ def parallelize(model: nn.Module, *, ac: str = "none", compile_backend: Any = No
         apply_fsdp(model)
     return model
 
+
+class TorchtitanStack:
+    """torchtitan 0.3.0 behind the `Stack` interface: its own model, loss, `FullAC` / `SelectiveAC`, `apply_compile`
+    and `apply_fsdp_to_decoder` (or, with `ep > 1`, its whole `parallelize_*`), in its order."""
+
+    name = "torchtitan"
+    config_type = TorchtitanConfig
+    config_field = "torchtitan"
+    cell_prefix = "titan"
+    explorer_models = {"titan:qwen3_moe": "torchtitan Qwen3-MoE", "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
+
+    def config_for(self, block: str) -> TorchtitanConfig:
+        return TorchtitanConfig.of_family(block.split(":", 1)[1])
+
+    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> TorchtitanConfig:
+        base = self.config_for(block)
+        return base.replace(n_layers=max(n_layers, base.n_dense_layers + 1), n_experts=n_experts, top_k=top_k)
+
+    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
+        """Each family × its AC modes × eager or its compile (blocks whole, fullgraph) × without / with its FSDP2."""
+        cells = []
+        for backend in backends:
+            for block in self.explorer_models:
+                for ac in ("none", "full", "selective_op"):
+                    for fsdp in ("none", "blocks"):
+                        cells.append(dict(block=block, ac=ac, fsdp=fsdp))
+                        cells.append(
+                            dict(block=block, ac=ac, scope="blocks", fullgraph=True, backend=backend, fsdp=fsdp)
+                        )
+        return cells
+
+    def available(self) -> bool:
+        return available()
+
+    def require(self, owner: str, field: str) -> None:
+        require(owner, field)
+
+    def release(self) -> None:
+        return None  # `require` accepts 0.3.0 only
+
+    def check(self, scenario: Any) -> None:
+        own = "Scenario"
+        if scenario.torchtitan is not None and not isinstance(scenario.torchtitan, TorchtitanConfig):
+            raise ConfigError(
+                own,
+                "torchtitan",
+                f"is a {type(scenario.torchtitan).__name__}, not a TorchtitanConfig.",
+                "pass toolkit.stacks.torchtitan.TorchtitanConfig(...).",
+            )
+        if scenario.ep > 1 and scenario.fsdp != "blocks":
+            raise ConfigError(
+                own,
+                "ep",
+                "torchtitan's parallelize applies FSDP2 together with expert parallel.",
+                "pass fsdp='blocks' with ep > 1.",
+            )
+        if scenario.device is not None or scenario.seed is not None or not _default_model(scenario.model):
+            raise ConfigError(
+                own,
+                "model",
+                "stack='torchtitan' builds torchtitan's own model, so the toolkit's "
+                "ModelConfig / device / seed would be ignored.",
+                "set them on torchtitan=TorchtitanConfig(...).",
+            )
+        if scenario.recipe is not None:
+            raise ConfigError(
+                own,
+                "recipe",
+                "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
+                "stack='torchtitan' its own code applies them.",
+                "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).",
+            )
+        ac = scenario.ac
+        if ac.mode not in ("none", "full", "selective_op") or ac != ACConfig(mode=ac.mode):
+            raise ConfigError(
+                own,
+                "ac",
+                "torchtitan 0.3.0's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
+                "its own defaults (torch_remat arrived on main after the release, PR #4497).",
+                "pass ACConfig(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
+                "remat use stack='toolkit' with ACConfig(mode='remat') or recipe='torchtitan_main'.",
+            )
+        c = scenario.compile
+        if c.enabled and (
+            c.scope != "blocks"
+            or not c.fullgraph
+            or c.replace(backend="aot_eager") != CompileConfig(scope="blocks", fullgraph=True)
+        ):
+            raise ConfigError(
+                own,
+                "compile",
+                "torchtitan's apply_compile compiles each block whole with fullgraph=True; only the backend is yours.",
+                "pass CompileConfig(scope='blocks', fullgraph=True, backend=...).",
+            )
+        if scenario.fsdp == "blocks+experts":
+            raise ConfigError(
+                own,
+                "fsdp",
+                "torchtitan 0.3.0 shards the experts inside each block's unit.",
+                "use fsdp='blocks' (its apply_fsdp_to_decoder) or stack='toolkit'.",
+            )
+        cfg = scenario.torchtitan_config
+        if cfg.n_experts % scenario.ep:
+            raise ConfigError(
+                own,
+                "ep",
+                f"{cfg.n_experts} routed experts do not split over ep={scenario.ep} ranks.",
+                f"pick ep dividing {cfg.n_experts}, or set TorchtitanConfig(n_experts=...).",
+            )
+        require()
+
+    def build(self, scenario: Any, *, sharded: bool) -> Built:
+        cfg = scenario.torchtitan_config
+        tokens, labels = make_batch(cfg)
+        loss = loss_fn(cfg)
+        model = build(cfg, ep=scenario.ep if sharded else 1)
+        return Built(
+            model,
+            tokens,
+            lambda m: m(tokens),
+            lambda logits: loss(logits, labels),
+            torch.device(cfg.device),
+            next(model.parameters()).dtype,
+            cfg.seed + 2,
+        )
+
+    def transform(self, scenario: Any, model: nn.Module, stage: Callable[[str], None]) -> dict[str, str]:
+        n = len(list(model.layers.children()))
+        orders = (
+            {f"layers.{i}": "compile(AC(x))" for i in range(n)}
+            if scenario.compile.enabled and scenario.ac.mode != "none"
+            else {}
+        )
+        backend = scenario.compile.backend if scenario.compile.enabled else None
+        if scenario.ep > 1:  # its parallelize_*: EP, then AC, compile and FSDP2
+            stage("parallelize")
+            parallelize_ep(
+                model, scenario.torchtitan_config.family, ep=scenario.ep, ac=scenario.ac.mode, compile_backend=backend
+            )
+            return orders
+        stage("ac")
+        apply_ac(model, scenario.ac.mode)
+        stage("compile")
+        if backend is not None:
+            apply_compile(model, backend)
+        if scenario.fsdp != "none":
+            apply_fsdp(model)
+        return orders
+
+    def applied(self, model: nn.Module) -> None:
+        return None  # torchtitan's own code applied them; it keeps no record the toolkit reads
+
+    def undo(self, model: nn.Module) -> None:
+        return None  # its transforms have no undo; the model is discarded after the step
+
+    def label(self, scenario: Any) -> str:
+        fsdp = f" | FSDP {scenario.fsdp}" if scenario.fsdp != "none" else ""
+        fsdp += f" | EP {scenario.ep}" if scenario.ep > 1 else ""
+        c = scenario.compile
+        comp = "eager" if not c.enabled else f"compile blocks ({c.backend_name}, fullgraph)"
+        return f"{scenario.torchtitan_config.label} | AC {scenario.ac.mode} | {comp}{fsdp}"
+
+    def draws_random(self, config: TorchtitanConfig) -> bool:
+        return False  # its tiny models have no dropout and no router noise
+
+    def blocks(self, model: nn.Module) -> list[str]:
+        return [f"layers.{key}" for key, _ in model.layers.named_children()]
+
+
+def _default_model(model: Any) -> bool:
+    from ..models import ModelConfig
+
+    return isinstance(model, ModelConfig) and model == ModelConfig()
+
+
+STACK = TorchtitanStack()
 
 __all__ = [
     "RELEASE",

@@ -39,6 +39,7 @@ from .settings import Applied, applied, forget, record
 ACMode = Literal[
     "none",
     "full",
+    "reentrant",
     "selective_op",
     "selective_layer",
     "per_submodule",
@@ -68,7 +69,8 @@ class ACConfig:
 
     mode: ACMode = "none"
     """"none"; "full" (each block in a non-reentrant `checkpoint_wrapper`); "selective_op" (each block with
-    torchtitan's per-op SAC policy); "selective_layer" (every `layer_every`-th block fully checkpointed);
+    torchtitan's per-op SAC policy); "reentrant" (each block in a reentrant checkpoint, transformers'
+    `use_reentrant=True`); "selective_layer" (every `layer_every`-th block fully checkpointed);
     "per_submodule" (attention and moe/feed_forward wrapped separately, as torchtitan's 2025 FlexAttention
     workaround did); "memory_budget" (no wrapping: the compile partitioner's activation budget); "custom"
     (each block with `policy` or `save_ops`); "remat" (torchtitan main's torch_remat: each block's `forward`
@@ -336,6 +338,33 @@ class FullAC(Checkpointing):
 
     mode: Literal["full"] = "full"
     IGNORES: ClassVar[str] = "every block is wrapped whole"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReentrantAC(ACConfig):
+    """Each block in a reentrant checkpoint (`use_reentrant=True`: torch's old default, and an option of transformers'
+    `gradient_checkpointing_enable`): an autograd Function that saves only the block's inputs and re-runs the
+    whole block inside its backward. It has no early stop, no determinism check and no selective policy."""
+
+    mode: Literal["reentrant"] = "reentrant"
+    IGNORES: ClassVar[str] = "every block is wrapped whole, reentrantly"
+    wraps: ClassVar[bool] = True
+    preserve_rng_state: bool = True
+    """Stash and restore the RNG state around the re-run."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_bool("ACConfig", "preserve_rng_state", self.preserve_rng_state)
+
+    def wrap(self, module: nn.Module, fqn: str, *, selective: bool | None = None) -> nn.Module:
+        return compat.checkpoint_wrapper(module, reentrant=True, preserve_rng_state=self.preserve_rng_state)
+
+    def _apply(self, model, layer_items, rec, undo):
+        layers = unwrap(model).layers
+        for key, block in layer_items:
+            layers.register_module(key, self.wrap(block, f"layers.{key}"))
+            undo.append(("wrapped", f"layers.{key}"))
+        return [f"layers.{key}" for key, _ in layer_items]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -639,6 +668,7 @@ MODES: dict[str, type[ACConfig]] = {
     for c in (
         NoAC,
         FullAC,
+        ReentrantAC,
         SelectiveOpAC,
         SelectiveLayerAC,
         PerSubmoduleAC,

@@ -191,6 +191,12 @@ class Checkpoints:
                 stack.enter_context(compat.patched(cls, "__init__", self._sac_init(cls.__init__)))
             else:
                 self.blind.add("sac_mode")
+            reentrant = compat.reentrant_checkpoint_class()
+            if reentrant is not None:
+                forward = staticmethod(self._reentrant_forward(reentrant.forward))
+                stack.enter_context(compat.patched(reentrant, "forward", forward))
+            else:
+                self.blind.add("reentrant_checkpoint")
             stack.enter_context(compat.patched(torch, "get_rng_state", self._get_rng_state(torch.get_rng_state)))
             self.observing = stack.enter_context(checkpoint_hooks.observed_checkpoint_hooks(self.observer))
             yield
@@ -203,7 +209,7 @@ class Checkpoints:
             if probes.state.phase == "forward":
                 # The function form included: its inputs are held to re-run it, and backward must be watched.
                 probes.saw_checkpoint = True
-                for t in tree_leaves(call.inputs):
+                for t in [*tree_leaves(call.inputs), *_bound_tensors(call.fn)]:
                     probes.state.hold(t)
                 checkpoint_hooks.keep_sac_legacy_under(call, probes.own_pack)
                 # Read by the frame the generator makes next (the options a CheckpointError explanation weighs).
@@ -216,6 +222,25 @@ class Checkpoints:
             return (yield from call.call(original))
 
         return generator
+
+    def _reentrant_forward(self, original):
+        probes = self
+
+        def forward(ctx, run_function, preserve_rng_state, *args):
+            # Under Dynamo this is traced, not run: the original alone, so the graph is the one a user gets.
+            if torch.compiler.is_compiling():
+                return original(ctx, run_function, preserve_rng_state, *args)
+            if probes.state.phase == "forward":
+                # A reentrant checkpoint (transformers' use_reentrant=True) saves its inputs with ctx.save_for_backward
+                # and re-runs `run_function` inside its backward: its inputs are held to re-run it, and backward
+                # must be watched, as for the generator form.
+                probes.saw_checkpoint = True
+                for t in [*args, *_bound_tensors(run_function)]:
+                    if isinstance(t, torch.Tensor):
+                        probes.state.hold(t)
+            return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+
+        return forward
 
     def _region_of(self, fn) -> str | None:
         """The canonical name of the module a checkpoint call runs (a module, or one's bound method), if any."""
@@ -269,6 +294,14 @@ class Checkpoints:
                 if is_real(t):
                     keys.add(storage_key(t))
         return keys
+
+
+def _bound_tensors(fn: Any) -> list:
+    """Tensors a checkpointed function carries bound in a `functools.partial` (transformers checkpoints
+    `partial(forward, layer, **kwargs)`: its position embeddings and mask travel there, held to re-run it)."""
+    if not isinstance(fn, functools.partial):
+        return []
+    return [t for t in tree_leaves((fn.args, fn.keywords)) if isinstance(t, torch.Tensor)]
 
 
 def _recompute(state: StepState, fn: Callable, name: str | None, /, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,94 @@
+"""`Stack`: the one small interface through which a training stack's own model, loss, AC and compile are measured.
+
+A stack is whose code builds the model and applies the transforms: the toolkit's own (`stacks/toolkit.py`),
+torchtitan's (`stacks/torchtitan.py`) or Hugging Face transformers' (`stacks/transformers.py`). The measurement asks a
+stack only what is here, so adding one touches `stacks/` and the registry (`stacks/__init__.py`), nothing else.
+Methods receive the `Scenario` being measured as a plain object (this layer sits below the measurement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Built:
+    """A stack's model and batch, ready for one training step."""
+
+    model: nn.Module
+    inputs: Any
+    """The step's inputs (token ids, …): the census does not count them as activations."""
+    call: Callable[[nn.Module], Any]
+    """Runs a model on the batch (the measured one, or the reference built alike): `call(model)` → its output."""
+    loss_of: Callable[[Any], torch.Tensor]
+    """The stack's own loss of that output, the scalar the step differentiates."""
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    """Seeds the RNG before the measured forward and the reference's (router noise, dropout)."""
+
+
+class Stack(Protocol):
+    """What the measurement asks of a training stack (an object per stack, `stacks.get(name)`)."""
+
+    name: str
+    config_type: type
+    """Its model config: a frozen dataclass with `to_dict` / `from_dict` / `replace`, `device` and `seed`."""
+    config_field: str
+    """The `Scenario` field that holds that config ("model"; torchtitan's is "torchtitan", as it was first written)."""
+
+    cell_prefix: str
+    """The prefix of its blocks in the matrix (`titan:qwen3_moe`, `hf:mixtral`); "" for the toolkit's own."""
+    explorer_models: dict[str, str]
+    """The Explorer's choices of its model: block name → label."""
+
+    def config_for(self, block: str) -> Any:
+        """The model config of one of its matrix blocks (`PREFIX:FAMILY[:VARIANT]`)."""
+
+    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> Any:
+        """The config of `block` at the Explorer's size (what the family cannot take is left at its own)."""
+
+    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
+        """Its grid for `matrix --stack NAME`: the fields of each cell (block, ac, scope, fullgraph, backend, fsdp)."""
+
+    def available(self) -> bool:
+        """Its package is installed (found, not imported): what the Explorer offers."""
+
+    def require(self, owner: str, field: str) -> None:
+        """Raise ConfigError naming the install line when the stack's package is missing or not a checked release."""
+
+    def release(self) -> str | None:
+        """Its package's version where results differ by it, part of a matrix cell's key (None: the torch version
+        alone keys it: the toolkit's own, and torchtitan, pinned at one release)."""
+
+    def check(self, scenario: Any) -> None:
+        """Raise ConfigError, before anything is built, for what this stack cannot apply (an AC mode, a scope, …)."""
+
+    def build(self, scenario: Any, *, sharded: bool) -> Built:
+        """Its model (same seed → same weights), batch and loss; `sharded=False` builds the unsharded reference."""
+
+    def transform(self, scenario: Any, model: nn.Module, stage: Callable[[str], None]) -> dict[str, str]:
+        """Apply AC, compile (and FSDP) its own way, in its own order; returns the compile order per compile target
+        ("compile(AC(x))" / "AC(compile(x))")."""
+
+    def applied(self, model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(modules AC was asked to checkpoint, modules compiled), as the stack's own code set them; None if unknown."""
+
+    def undo(self, model: nn.Module) -> None:
+        """Take the transforms off again (the model is discarded after the step either way)."""
+
+    def label(self, scenario: Any) -> str:
+        """The scenario's one-line name in reports and tables."""
+
+    def draws_random(self, config: Any) -> bool:
+        """The model draws random numbers in training (dropout, router noise): the reference must draw alike."""
+
+    def blocks(self, model: nn.Module) -> list[str]:
+        """The names of its repeated blocks (the modules its AC and per-block compile target)."""
+
+
+__all__ = ["Built", "Stack"]
