@@ -16,6 +16,7 @@ import torch
 
 import toolkit as tk
 from toolkit import bugs, catalogue, compat
+from toolkit._extras import EXTRAS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -305,7 +306,10 @@ def test_standalone_scripts_follow_the_contract():
         assert consts["CASE"] == f"C{int(path.name[1:3])}" and consts["NEEDS"] in ("cpu", "cuda"), path.name
         case = catalogue.get(consts["CASE"])
         assert case.notebook or (case.signature and case.verified), path.name  # C42: a script and verdicts suffice
-        assert bugs.script(consts["CASE"]).__name__ == f"toolkit.bugs.standalone.{path.stem}"
+        try:
+            assert bugs.script(consts["CASE"]).__name__ == f"toolkit.bugs.standalone.{path.stem}"
+        except ModuleNotFoundError as e:  # a transformers repro where it is not installed: `check` skips it so
+            assert e.name in EXTRAS, e
     assert bugs.script("C6").CASE == "C7"  # found through CASES
     with pytest.raises(KeyError, match="no standalone repro for C19"):
         bugs.script("C19")
