@@ -37,7 +37,7 @@ def _needs(path) -> tuple[str, ...]:
 
 
 def pytest_collection_modifyitems(config, items):
-    from toolkit._extras import missing
+    from toolkit.stacks import missing
 
     for item in items:
         if item.fspath.ext != ".ipynb":

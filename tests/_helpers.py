@@ -146,7 +146,7 @@ CHROMIUM = [
 
 def extra(module: str):
     """The optional package `module`, or a skip that says which `pip install` turns the test on."""
-    from toolkit._extras import reason
+    from toolkit.stacks import reason
 
     return pytest.importorskip(module, reason=reason(module))
 

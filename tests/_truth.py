@@ -228,3 +228,29 @@ def cpu_peaks(step) -> tuple[int, int]:
         return rng or wrapped_number or (op is not None and freed is not None and freed <= op.end_time_ns)
 
     return replay(lambda *a: False), replay(inside_op_or_rng)
+
+
+@contextlib.contextmanager
+def host_copies(truth: Truth, owner, name: str = "save_on_cpu"):
+    """`owner.name` (where the code under test finds `torch.autograd.graph.save_on_cpu`) replaced by a subclass that
+    adds each host copy its pack hook makes to `truth`: what an offloading checkpoint keeps for backward, which the
+    outer hooks never see (save_on_cpu is the innermost saved-tensor hook)."""
+    base = getattr(owner, name)
+
+    class Recording(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            pack = self.pack_hook
+
+            def record(t):
+                packed = pack(t)
+                truth._add(packed[1])
+                return packed
+
+            self.pack_hook = record
+
+    setattr(owner, name, Recording)
+    try:
+        yield
+    finally:
+        setattr(owner, name, base)

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from _helpers import extra, grads
+from _truth import Truth, host_copies
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
@@ -425,6 +426,7 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
         "determinism_check",
         "debug",
         "wrap_inductor_compiled_regions",
+        "offload",
     )
     assert RematAC.options() == (
         "save_regions",
@@ -530,3 +532,22 @@ def test_policy_dict_mode_needs_the_torch_that_has_it():
         assert "policy_dict" not in Explorer().controls["ac_mode"].options
     with pytest.raises(ConfigError, match="policy_save"):
         ACConfig(mode="full", policy_save=("aten.mm.default",))  # only its own mode reads it
+
+
+def test_the_toolkits_own_checkpoints_offload_alike():
+    """`ACConfig(mode="full", offload=True)` on the toolkit's model: each checkpoint call inside save_on_cpu, as
+    transformers does; the truth counts the host copies the test's own subclass of save_on_cpu records."""
+    cfg = tk.ModelConfig(n_layers=2)
+    model = tk.build_model(cfg)
+    tk.prepare(model, ac=tk.ACConfig(mode="full", offload=True))
+    tokens = tk.make_batch(cfg).tokens
+    report = tk.measure(model, tokens)
+    truth = Truth(model)
+    with host_copies(truth, torch.autograd.graph), truth:
+        true = truth.bytes(model(tokens))
+    assert report.ok and report.saved.total_bytes == true, (report.saved.total_bytes, true, report.saved.by_kind)
+    assert report.saved.by_kind.get("offloaded", 0) > 0 and "other" not in report.saved.by_kind
+    run = tk.run(
+        tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full", offload=True), measure_memory=False, steady_steps=0)
+    )
+    assert run.numerics.grads_match is True and run.saved.by_kind == report.saved.by_kind

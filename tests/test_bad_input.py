@@ -786,7 +786,8 @@ def test_the_stamp_on_a_full_disk_leaves_no_temporary(tmp_path):
         from toolkit import _stamp
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
-        _stamp.write(["--out", {str(tmp_path)!r}], {str(tmp_path)!r}, {{"stdout": [["x" * 100, False]], "code": 0}})
+        printed = {{"stdout": [["x" * 100, False]], "code": 0}}
+        _stamp.write(["--out", {str(tmp_path)!r}], {str(tmp_path)!r}, printed, ["transformers"])
     """)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=300)
     assert p.returncode == 0, p.stderr

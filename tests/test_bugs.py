@@ -16,7 +16,7 @@ import torch
 
 import toolkit as tk
 from toolkit import bugs, catalogue, compat
-from toolkit._extras import EXTRAS
+from toolkit.stacks import extras
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -309,7 +309,7 @@ def test_standalone_scripts_follow_the_contract():
         try:
             assert bugs.script(consts["CASE"]).__name__ == f"toolkit.bugs.standalone.{path.stem}"
         except ModuleNotFoundError as e:  # a transformers repro where it is not installed: `check` skips it so
-            assert e.name in EXTRAS, e
+            assert e.name in extras(), e
     assert bugs.script("C6").CASE == "C7"  # found through CASES
     with pytest.raises(KeyError, match="no standalone repro for C19"):
         bugs.script("C19")

@@ -252,13 +252,18 @@ def test_matrix_stamps_only_a_folder_with_nothing_left_to_run(tmp_path):
     assert settled(result, out=tmp_path, timeout_s=5, retry_timeouts=True, bare=True)  # twice: kept
     assert not settled(result, out=tmp_path, timeout_s=600, retry_timeouts=True, bare=True)  # a longer limit
     # A stamp copied into another folder, or for other arguments, is not this command's.
-    _stamp.write(["--out", str(tmp_path)], tmp_path, {"stdout": [["x", False]], "stderr": [], "code": 0})
-    assert _stamp.replay(["--out", str(tmp_path)]) == 0
-    assert _stamp.replay(["--out", str(tmp_path), "--full"]) is None
-    assert _stamp.replay(["--out", str(tmp_path), "--merge", "x"]) is None
+    from toolkit.stacks import extras
+
+    packages = extras()  # the stacks' own packages too: a sweep of transformers' models depends on its release
+    assert {"torchtitan", "transformers", "torch_remat"} <= set(packages)
+    _stamp.write(["--out", str(tmp_path)], tmp_path, {"stdout": [["x", False]], "stderr": [], "code": 0}, packages)
+    assert _stamp.replay(["--out", str(tmp_path)], packages) == 0
+    assert _stamp.replay(["--out", str(tmp_path), "--full"], packages) is None
+    assert _stamp.replay(["--out", str(tmp_path), "--merge", "x"], packages) is None
+    assert _stamp.replay(["--out", str(tmp_path)], [*packages, "numpy"]) is None  # another package's version counts
     other = tmp_path / "copy"
     other.mkdir()
     for p in tmp_path.iterdir():
         if p.is_file():
             (other / p.name).write_bytes(p.read_bytes())
-    assert _stamp.replay(["--out", str(other)]) is None
+    assert _stamp.replay(["--out", str(other)], packages) is None

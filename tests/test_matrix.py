@@ -238,7 +238,7 @@ def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
 def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     """Real FSDP2 in the full sweep (PR #2052 with `fully_shard(moe.experts)` itself, C4) and torchtitan's own
     models with its own transforms (`--stack torchtitan`), measured, classified and drawn like any cell."""
-    from toolkit.analysis.cells import full_cells, torchtitan_cells
+    from toolkit.analysis.cells import full_cells, stack_cells, torchtitan_cells
     from toolkit.analysis.sweeps import default_cells
 
     c4 = Cell("moe:for_loop", recipe="torchtitan_2025_09", fsdp="blocks+experts")
@@ -250,9 +250,17 @@ def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     if importlib.util.find_spec("torchtitan") is not None:
         titan = Cell("titan:qwen3_moe", "selective_op", "blocks", True, fsdp="blocks")
         assert titan in torchtitan_cells() and len(torchtitan_cells()) == 24
-        assert set(default_cells(quick=True, backends=("aot_eager",), stack="all")) == set(quick_cells()) | set(
-            torchtitan_cells()
-        )
+        # "all" is every stack's grid: the toolkit's quick cells, torchtitan's, and transformers' quick grid where it
+        # is installed too (or a refusal naming its install line where it is not).
+        both = set(default_cells(quick=True, backends=("aot_eager",), stack=("toolkit", "torchtitan")))
+        assert both == set(quick_cells()) | set(torchtitan_cells())
+        if importlib.util.find_spec("transformers") is not None:
+            hf = set(stack_cells("transformers", ("aot_eager",), quick=True))
+            assert hf and all(c.block.startswith("hf:") for c in hf)
+            assert set(default_cells(quick=True, backends=("aot_eager",), stack="all")) == both | hf
+        else:
+            with pytest.raises(tk.ConfigError, match=r"sweep\.stack: .*transformers"):
+                default_cells(quick=True, backends=("aot_eager",), stack="all")
         cells.append(titan)
     with pytest.raises(tk.ConfigError, match="sweep.stack: 'titan' is not one of"):
         default_cells(quick=True, backends=("aot_eager",), stack="titan")

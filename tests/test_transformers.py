@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from _helpers import extra
-from _truth import CountingBackend, Truth, patch_sac_contexts
+from _truth import CountingBackend, Truth, host_copies, patch_sac_contexts
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -51,15 +51,18 @@ def own_model(cfg: hf.TransformersConfig):
     return model.train()
 
 
-def own_ac(model, ac: str):
-    """transformers' own switch, as its docs write it."""
+def own_ac(model, ac: str, offload: bool = False):
+    """transformers' own switch, as its docs write it (`offload`: its activation_checkpointing_enable's)."""
     if ac == "none":
         return
     kwargs = {"use_reentrant": ac == "reentrant"}
     if ac == "selective_op":
         layer = next(m for m in model.modules() if isinstance(m, GradientCheckpointingLayer))
         kwargs["context_fn"] = policies.per_op_context((), ("moe.router.gate",), layer)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if offload:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=True)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def layers(model):
@@ -68,8 +71,10 @@ def layers(model):
 
 def truth_bytes(model, ids, checkpointed: bool) -> int:
     """Saved bytes at the end of the forward: outer saved-tensor hooks, plus (with AC) every tensor a decoder layer's
-    call receives, which its checkpoint holds to re-run it (transformers passes them in a partial), plus RNG stashes
-    and SAC caches."""
+    call receives, which its checkpoint holds to re-run it (transformers passes them in a partial; those freed by
+    then count 0), plus RNG stashes, SAC caches and the host copies of offload=True."""
+    import transformers.modeling_utils
+
     truth = Truth(model)
 
     def hold(module, args, kwargs):
@@ -78,7 +83,7 @@ def truth_bytes(model, ids, checkpointed: bool) -> int:
 
     hooks = [layer.register_forward_pre_hook(hold, with_kwargs=True) for layer in layers(model)] if checkpointed else []
     try:
-        with patch_sac_contexts(truth, policies), truth:
+        with patch_sac_contexts(truth, policies), host_copies(truth, transformers.modeling_utils), truth:
             out = model(input_ids=ids)
             n = truth.bytes(out.logits)
     finally:
@@ -115,6 +120,35 @@ def test_saved_bytes_equal_an_independent_truth(family, ac):
     if ac != "none":
         assert report.transforms.checkpointed == tuple(f"model.layers.{i}" for i in range(cfg.n_layers))
         assert report.saved.by_kind.get("checkpoint_input", 0) > 0
+
+
+@pytest.mark.parametrize("ac", ["full", "reentrant", "selective_op"])
+def test_offload_is_transformers_own_and_its_host_copies_are_counted(ac):
+    """transformers' `offload=True` (save_on_cpu around each checkpoint call) as `ACConfig(offload=True)`: the saved
+    bytes equal the truth with its host copies, which read as kind "offloaded" (they used to read "other"), and
+    gradients match."""
+    from transformers.utils.import_utils import get_current_accelerator
+
+    cfg = hf.TransformersConfig()
+    model = own_model(cfg)
+    own_ac(model, ac, offload=True)
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac, offload=True), **QUICK))
+    if get_current_accelerator() is None:
+        # A torch built without any accelerator (2.13.0's CPU wheel): transformers 5.25 asks save_on_cpu for pinned
+        # copies with device_type "cpu", and torch has no pinned allocator: its own forward raises, and so does the
+        # measured one (its comment says nothing is copied then; a CUDA build with no GPU gets plain copies).
+        with pytest.raises(RuntimeError, match="pin_memory=True requires"):
+            model(input_ids=hf.make_batch(cfg))
+        assert report.outcome == "error" and "pin_memory=True requires" in report.error.message
+        return
+    true = truth_bytes(model, hf.make_batch(cfg), True)
+    assert report.ok and report.numerics.grads_match is True, (report.error, report.numerics)
+    assert report.saved.total_bytes == true, (report.saved.total_bytes, true, report.saved.by_kind)
+    # Each layer's hidden states, copied to the host: 2 layers × batch 2 × 16 tokens × 64 × 4 bytes.
+    assert report.saved.by_kind.get("offloaded") == cfg.n_layers * cfg.batch * cfg.seq_len * cfg.dim * 4
+    assert "other" not in report.saved.by_kind
+    plain = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), **QUICK))
+    assert "offloaded" not in plain.saved.by_kind and plain.recompute.ops == report.recompute.ops
 
 
 def _layer_forward_ops(cfg, early_stop: bool) -> int:
@@ -158,28 +192,36 @@ def test_recompute_is_the_layers_forward(ac, early_stop):
 
 
 @pytest.mark.parametrize(
-    "ac, scope", [("none", "model"), ("none", "blocks"), ("full", "model"), ("reentrant", "model")]
+    "ac, scope",
+    [("none", "model"), ("none", "blocks"), ("full", "model"), ("reentrant", "model"), ("full", "wrapper")],
 )
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_compiled_graphs_and_saved_bytes_equal_an_independent_truth(family, ac, scope):
+    """ "wrapper" is `torch.compile(model)`, the OptimizedModule users call (`method="torch_compile"`)."""
     cfg = hf.TransformersConfig(family=family)
     counter = CountingBackend()
     model = own_model(cfg)
     own_ac(model, ac)
-    for m in [model] if scope == "model" else layers(model):
+    call = model
+    if scope == "wrapper":
+        call = torch.compile(model, backend=counter.backend)
+    for m in [model] if scope == "model" else layers(model) if scope == "blocks" else []:
         m.compile(backend=counter.backend)
     ids = hf.make_batch(cfg)
-    model.loss_function(logits=model(input_ids=ids).logits, labels=ids, vocab_size=cfg.vocab_size).backward()
+    model.loss_function(logits=call(input_ids=ids).logits, labels=ids, vocab_size=cfg.vocab_size).backward()
     true_graphs = counter.graphs
     torch._dynamo.reset()
-    report = tk.run(
-        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), compile=tk.CompileConfig(scope=scope))
+    comp = (
+        tk.CompileConfig(scope="model", method="torch_compile") if scope == "wrapper" else tk.CompileConfig(scope=scope)
     )
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), compile=comp))
     torch._dynamo.reset()
     assert report.ok, report.error
     assert report.compile.graphs == true_graphs >= 1, (report.compile.graphs, true_graphs)
     assert report.numerics.grads_match is True
-    compiled = ("<model>",) if scope == "model" else tuple(f"model.layers.{i}" for i in range(cfg.n_layers))
+    if scope == "wrapper":
+        assert "torch.compile(model)" in report.scenario.name
+    compiled = ("<model>",) if scope != "blocks" else tuple(f"model.layers.{i}" for i in range(cfg.n_layers))
     assert report.transforms.compiled == compiled
     if ac == "none":
         assert report.saved.total_bytes == truth_bytes(model, ids, False)
@@ -263,7 +305,8 @@ def test_every_n_layers_is_transformers_own_selective_layer():
         (dict(ac=tk.ACConfig(mode="per_submodule")), "ac"),
         (dict(ac=tk.ACConfig(mode="full", early_stop=True)), "early_stop"),
         (dict(compile=tk.CompileConfig(scope="moe")), "scope"),
-        (dict(compile=tk.CompileConfig(scope="model", method="torch_compile")), "method"),
+        (dict(compile=tk.CompileConfig(scope="blocks", method="torch_compile")), "method"),
+        (dict(compile=tk.CompileConfig(scope="model", method="forward")), "method"),
         (dict(recipe="torchtitan_0_3_0"), "recipe"),
         (dict(fsdp="blocks"), "fsdp"),
         (dict(ep=2), "ep"),
@@ -348,5 +391,9 @@ def test_the_explorer_builds_transformers_scenarios():
         ac=tk.ACConfig(mode="selective_layer", layer_every=e.controls["layer_every"].value),
         compile=tk.CompileConfig(scope="blocks"),
     )
+    e.controls["ac_mode"].value = "reentrant"
+    e.controls["offload"].value = True  # transformers' offload=True
+    assert not e.controls["offload"].disabled and e.scenario.ac == tk.ACConfig(mode="reentrant", offload=True)
+    e.controls["offload"].value = False
     e.controls["ac_mode"].value = "per_submodule"  # not transformers' own: said on the status line, not raised
     assert e.scenario is None and "not runnable" in e.status.value

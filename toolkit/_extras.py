@@ -1,7 +1,9 @@
 """The optional packages the toolkit can use, what each turns on, and the one `pip install` that brings it.
 
 Everything that degrades without one of them — a CLI command, a notebook, a test skip, a config error — takes its
-one-line reason from here, so the install advice is written once.
+one-line reason from here, so the install advice is written once. A training stack's own package (torchtitan,
+transformers) is declared by its stack (`Stack.extra`, toolkit/stacks); `toolkit.stacks.extras()` and `reason()`
+cover both.
 """
 
 from __future__ import annotations
@@ -39,17 +41,6 @@ EXTRAS: dict[str, Extra] = {
                 "RecomputeStateHook",
             ),
         ),
-        Extra(
-            "torchtitan",
-            'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
-            "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)",
-        ),
-        Extra(
-            "transformers",
-            'pip install -e ".[transformers]"',
-            "Hugging Face transformers' own models, activation checkpointing and compile "
-            "(Scenario(stack='transformers'), matrix --stack transformers)",
-        ),
         Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
         Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
         Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
@@ -76,17 +67,18 @@ def version(module: str) -> str | None:
         return None
 
 
-def reason(module: str) -> str:
-    """One line: `module` is missing, what that turns off, and how to install it."""
-    e = EXTRAS[module]
+def reason(module: str, extras: dict[str, Extra] | None = None) -> str:
+    """One line: `module` is missing, what that turns off, and how to install it. `extras` defaults to `EXTRAS`;
+    a stack's own package (torchtitan, transformers) is declared by its stack: `toolkit.stacks.reason`."""
+    e = (EXTRAS if extras is None else extras)[module]
     return f"needs {module} (not installed; it brings {e.enables}): {e.install}"
 
 
-def missing(modules: tuple[str, ...] | list[str]) -> str | None:
+def missing(modules: tuple[str, ...] | list[str], extras: dict[str, Extra] | None = None) -> str | None:
     """The reason for the first of `modules` that is not installed, or None when all are."""
     for m in modules:
         if not available(m):
-            return reason(m)
+            return reason(m, extras)
     return None
 
 

@@ -17,7 +17,7 @@ import os
 import pathlib
 import socket
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 STAMP = ".matrix-stamp.json"
 OUTPUTS = ("results.jsonl", "matrix.json", "matrix.md", "matrix.html")
@@ -72,10 +72,9 @@ def _sources() -> list[list[Any]]:
     return files
 
 
-def inputs(argv: list[str], out: str | os.PathLike) -> dict[str, Any]:
-    """Everything a sweep's outputs depend on, beside the arguments themselves."""
-    from ._extras import EXTRAS
-
+def inputs(argv: list[str], out: str | os.PathLike, packages: Iterable[str]) -> dict[str, Any]:
+    """Everything a sweep's outputs depend on, beside the arguments themselves. `packages`: the optional packages
+    whose installed versions count (`toolkit.stacks.extras()`, read by the CLI: the stacks sit above this layer)."""
     folder = pathlib.Path(out)
     return {
         "version": VERSION,
@@ -86,20 +85,22 @@ def inputs(argv: list[str], out: str | os.PathLike) -> dict[str, Any]:
         "host": socket.gethostname(),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch": _install("torch"),
-        "extras": {m: _install(m) for m in sorted(EXTRAS)},
+        "extras": {m: _install(m) for m in sorted(packages)},
         "toolkit": _sources(),
         "files": {name: _stat(folder / name) for name in OUTPUTS},
     }
 
 
-def write(argv: list[str], out: str | os.PathLike, printed: dict[str, Any]) -> None:
+def write(argv: list[str], out: str | os.PathLike, printed: dict[str, Any], packages: Iterable[str]) -> None:
     """Stamp `out` after a sweep that leaves nothing to run again: `printed` holds the summary's lines (`stdout`,
     each with whether it is cut to the terminal's width), `stderr` (lines) and `code` (the exit code). A folder
     that cannot take the stamp just goes without it."""
     from . import _files
 
     try:
-        _files.write_text(pathlib.Path(out) / STAMP, json.dumps({"inputs": inputs(argv, out), "printed": printed}))
+        _files.write_text(
+            pathlib.Path(out) / STAMP, json.dumps({"inputs": inputs(argv, out, packages), "printed": printed})
+        )
     except OSError:  # a full disk, a read-only folder: no stamp (and no temporary left), the next run sweeps again
         clear(out)
 
@@ -114,7 +115,7 @@ def clear(out: str | os.PathLike) -> None:
         pass
 
 
-def replay(argv: list[str]) -> int | None:
+def replay(argv: list[str], packages: Iterable[str]) -> int | None:
     """Print what the stamped sweep printed and return its exit code, when `argv` and everything the outputs depend
     on are unchanged; None otherwise (run the sweep)."""
     if "--merge" in argv or "--dry-run" in argv:
@@ -122,7 +123,7 @@ def replay(argv: list[str]) -> int | None:
     out = out_of(argv)
     try:
         stamp = json.loads((pathlib.Path(out) / STAMP).read_text())
-        if stamp.get("inputs") != inputs(argv, out):
+        if stamp.get("inputs") != inputs(argv, out, packages):
             return None
         printed = stamp["printed"]
         stdout = render(printed["stdout"])

@@ -307,8 +307,9 @@ def _matrix_command(argv: list[str]) -> int:
     """`python -m toolkit matrix …`: the sweep, or with --dry-run what it would run. The same command again on a
     folder it left with nothing to run answers from the folder's stamp, without importing torch (`_stamp`)."""
     from . import _stamp
+    from .stacks import extras
 
-    code = _stamp.replay(argv)
+    code = _stamp.replay(argv, extras())
     if code is not None:
         return code
     import re
@@ -439,7 +440,7 @@ def _matrix_command(argv: list[str]) -> int:
         result, out=args.out, timeout_s=args.timeout_s, retry_timeouts=not args.keep_timeouts, bare=not args.no_bare
     ):
         # The same command prints this again, from the stamp, while nothing it depends on changes.
-        _stamp.write(argv, args.out, {"stdout": stdout, "stderr": left_out + stderr, "code": code})
+        _stamp.write(argv, args.out, {"stdout": stdout, "stderr": left_out + stderr, "code": code}, extras())
     return code
 
 
@@ -656,12 +657,13 @@ def _main(argv: list[str] | None) -> int:
         return _cases_command(args)
     if args.command == "env":
         from . import compat
-        from ._extras import EXTRAS, available, reason
+        from ._extras import available
         from .measurement import environment
+        from .stacks import extras, reason
 
         print("\n".join(f"{k}: {v}" for k, v in environment().items()))
         print(compat.table())
-        print("\n".join(f"optional: {reason(m)}" for m in EXTRAS if not available(m)) or "optional: all installed")
+        print("\n".join(f"optional: {reason(m)}" for m in extras() if not available(m)) or "optional: all installed")
         return 0
     if args.command == "demo":
         import torch

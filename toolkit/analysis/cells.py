@@ -18,7 +18,7 @@ from .. import compat
 from .._config import ConfigError
 from ..measurement import Scenario, check_structure
 from ..models import ModelConfig
-from ..stacks import get, of_block
+from ..stacks import foreign, of_block
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.recipes import RECIPES
 
@@ -75,7 +75,7 @@ class Cell:
             )
         common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
-            st = get(self.stack)
+            st = foreign(self.stack)
             comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
             return Scenario(
                 stack=self.stack,
@@ -211,7 +211,8 @@ def random_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
 def left_out() -> list[str]:
     """One line per optional package that is not installed and whose cells the toolkit sweeps therefore leave out
     (the sweep says so instead of shrinking without a word)."""
-    from .._extras import available, reason
+    from .._extras import available
+    from ..stacks import reason
 
     recipes: dict[str, list[str]] = {}
     for name, r in RECIPES.items():
@@ -230,7 +231,7 @@ def left_out() -> list[str]:
 
 def stack_cells(stack: str, backends: Iterable[str] = ("aot_eager",), *, quick: bool = False) -> list[Cell]:
     """Another stack's own grid (`Stack.sweep_cells`): its models with its own transforms. Needs its package."""
-    return _dedupe([Cell(**fields) for fields in get(stack).sweep_cells(tuple(backends), quick=quick)])
+    return _dedupe([Cell(**fields) for fields in foreign(stack).sweep_cells(tuple(backends), quick=quick)])
 
 
 def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:

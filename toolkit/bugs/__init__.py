@@ -204,12 +204,12 @@ def script(case_id: str) -> ModuleType:
 def check(case_id: str, *, record: bool = True) -> Finding | Skipped:
     """Run a case's standalone repro on this torch and `confirm` it; a `Skipped` naming why when it cannot run here
     (no GPU, or an optional package it imports is missing — with the install line)."""
-    from .._extras import EXTRAS, reason
+    from ..stacks import extras, reason
 
     try:
         mod = script(case_id)
     except ModuleNotFoundError as e:
-        if e.name not in EXTRAS:
+        if e.name not in extras():
             raise
         return Skipped(case_id, f"its repro {reason(e.name)}")
     observed = getattr(mod, getattr(mod, "CASES", {}).get(case_id, "bug"))()

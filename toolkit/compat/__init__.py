@@ -84,6 +84,7 @@ from .torch_api import (  # noqa: F401 - re-exported
     reset_dynamo,
     sac_mode_class,
     sac_storage_tensors,
+    save_on_cpu_class,
     saved_slices,
     set_checkpoint_early_stop,
     set_lru_cache,

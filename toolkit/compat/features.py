@@ -75,6 +75,11 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "inputs held by reentrant checkpoints are counted as kind 'autograd', and the forward ops they re-run in "
         "backward are not counted as recomputed",
     ),
+    "save_on_cpu": (
+        "torch.autograd.graph.save_on_cpu (a saved_tensors_hooks whose `pack_hook` copies to the host)",
+        "the host copies an offloading checkpoint keeps for backward (transformers' offload=True)",
+        "tensors offloaded by save_on_cpu are counted as kind 'other' instead of 'offloaded'",
+    ),
     "structured_trace": (
         "torch._logging._internal.trace_log (structured trace events)",
         "graph-break reasons with file:line, recompile reasons and compile times",
@@ -245,6 +250,18 @@ def _find_reentrant_checkpoint() -> _Found:
             False, f"CheckpointFunction.forward takes {params}, not (ctx, run_function, preserve_rng_state, ...)"
         )
     return _Found(True, value=cls)
+
+
+def _find_save_on_cpu() -> _Found:
+    from torch.autograd.graph import save_on_cpu
+
+    try:
+        hooks = save_on_cpu()
+    except Exception as e:  # noqa: BLE001 - any failure means the shape differs
+        return _Found(False, f"save_on_cpu() raised {type(e).__name__}: {e}")
+    if not callable(getattr(hooks, "pack_hook", None)):
+        return _Found(False, "save_on_cpu has no pack_hook attribute")
+    return _Found(True, value=save_on_cpu)
 
 
 def _find_structured_trace() -> _Found:

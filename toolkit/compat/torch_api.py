@@ -106,6 +106,12 @@ def reentrant_checkpoint_class() -> type | None:
     return f.value if f.ok else None
 
 
+def save_on_cpu_class() -> type | None:
+    """`torch.autograd.graph.save_on_cpu`, whose instances keep their pack hook as `pack_hook`, or None."""
+    f = features._found["save_on_cpu"]
+    return f.value if f.ok else None
+
+
 def draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """Does this call draw from torch's global RNG? Ops tagged `nondeterministic_seeded`, unless given a generator
     of their own or a dropout probability of 0 (SDPA and dropout kernels carry the tag for their dropout)."""
@@ -516,13 +522,29 @@ def checkpoint_wrapper_classes() -> tuple[type, type]:
     return ActivationWrapper, CheckpointWrapper
 
 
-def checkpoint_wrapper(module: nn.Module, *, reentrant: bool = False, **kwargs: Any) -> nn.Module:
-    """torch.distributed's `checkpoint_wrapper` around `module`: non-reentrant, or reentrant (`use_reentrant=True`)."""
+def checkpoint_wrapper(
+    module: nn.Module, *, reentrant: bool = False, offload: bool = False, **kwargs: Any
+) -> nn.Module:
+    """torch.distributed's `checkpoint_wrapper` around `module`: non-reentrant, or reentrant (`use_reentrant=True`);
+    `offload`: each checkpoint call inside `torch.autograd.graph.save_on_cpu`, as transformers' offload=True."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as wrap
 
     impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
+    if offload:
+        kwargs = {"checkpoint_fn": _offloading_checkpoint, "use_reentrant": reentrant, **kwargs}
     return wrap(module, checkpoint_impl=impl, **kwargs)
+
+
+def _offloading_checkpoint(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """`torch.utils.checkpoint.checkpoint` inside `save_on_cpu`, as transformers' `activation_checkpointing_enable(
+    offload=True)` calls it on this machine: `pin_memory=True` with the default device type, which copies each saved
+    tensor to the host (pinned where CUDA is available, a plain copy elsewhere)."""
+    from torch.autograd.graph import save_on_cpu
+    from torch.utils.checkpoint import checkpoint
+
+    with save_on_cpu(pin_memory=True):
+        return checkpoint(function, *args, **kwargs)
 
 
 # --- checkpoint internals the probes observe (patched by them through `patches.patched`, never for good) --------

@@ -128,10 +128,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             stage("build")
             t = time.perf_counter()
             world = group.enter_context(process_group())[1] if scenario.fsdp != "none" else 1
-            if scenario.ep > 1:
-                from ..stacks import torchtitan as titan
-
-                group.enter_context(titan.parallel_state())  # expert parallel is torchtitan's alone
+            group.enter_context(scenario.stack_impl.step_context(scenario))
             built = build(scenario, sharded=True)
             a.timing["build_s"] = time.perf_counter() - t
             ref_loss = ref_grads = None
@@ -158,7 +155,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             a.timing["apply_s"] = time.perf_counter() - t
             a.steps = steps = StepResult()
             measured_step(
-                model,
+                scenario.stack_impl.called(model),  # torch.compile(model)'s wrapper: no probe hook inside it
                 lambda: built.call(model),
                 built.loss_of,
                 built.inputs,

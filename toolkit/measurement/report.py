@@ -22,7 +22,7 @@ Outcome = Literal["ok", "error", "crashed", "timeout"]
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
 INPUT_WARNING = "InputWarning: "
 """How a captured `_config.InputWarning` starts in `Report.warnings` (`f"{category}: {message}"`)."""
-Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "other"]
+Kind = Literal["autograd", "compiled", "sac_cache", "remat_save", "checkpoint_input", "offloaded", "other"]
 KINDS: tuple[str, ...] = typing.get_args(Kind)
 
 
@@ -110,7 +110,9 @@ class SavedTensor:
     """"autograd" (saved by an eager op outside checkpoints), "compiled" (saved by a compiled graph),
     "sac_cache" (cached by a selective-checkpoint policy), "remat_save" (kept by a torch_remat region declared
     `recompute=False`: saved for backward, or its output persisted for the recompute), "checkpoint_input" (held
-    by a checkpoint region to re-run it), "other" (alive and reachable from the graph, reason unknown)."""
+    by a checkpoint region to re-run it), "offloaded" (the host copy `torch.autograd.graph.save_on_cpu` keeps in
+    place of a saved tensor: transformers' offload=True; on a GPU it is host memory, not device memory), "other"
+    (alive and reachable from the graph, reason unknown)."""
     is_input: bool = False
     """True when the storage is one of the step's inputs (e.g. the token ids)."""
 

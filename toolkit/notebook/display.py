@@ -12,6 +12,7 @@ KIND_COLORS = {
     "sac_cache": "#54a24b",
     "remat_save": "#17becf",
     "checkpoint_input": "#b279a2",
+    "offloaded": "#e45756",
     "other": "#9d9da0",
 }
 

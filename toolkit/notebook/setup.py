@@ -32,7 +32,7 @@ def setup_notebook(
     Returns nothing, so the cell has no output to compare.
     """
     global _done
-    from .._extras import missing
+    from ..stacks import missing
 
     why = missing(tuple(needs))
     if why:

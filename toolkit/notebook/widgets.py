@@ -22,8 +22,8 @@ from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_struct
 from ..measurement import estimate as estimate_step
 from ..models import ModelConfig
 from ..stacks import STACKS as STACK_NAMES
+from ..stacks import foreign, of_block
 from ..stacks import get as get_stack
-from ..stacks import of_block
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.ac import MODES, MemoryBudgetAC, PerSubmoduleAC, RematAC, SelectiveLayerAC
 from ..transforms.compile import BACKENDS, SCOPES
@@ -58,7 +58,7 @@ def _models() -> list[tuple[str, str]]:
 
 
 # The controls named after an ACConfig option: each is enabled, and read, only for the modes whose config has it.
-AC_OPTION_CONTROLS = ("layer_every", "submodule_ac", "memory_budget")
+AC_OPTION_CONTROLS = ("layer_every", "submodule_ac", "memory_budget", "offload")
 # The controls torchtitan's own transforms have no use for (its model, its AC modes, its compile of whole blocks).
 TOOLKIT_ONLY = (
     "block",
@@ -158,6 +158,13 @@ class Explorer:
                 description="submodule AC",
                 style=style,
                 layout=fixed,
+            ),
+            # save_on_cpu around each checkpoint call (transformers' offload=True); any mode that checkpoints.
+            "offload": W.Checkbox(
+                value=bool(getattr(ac, "offload", False)),
+                description="offload to host (save_on_cpu)",
+                indent=False,
+                layout=free,
             ),
             "memory_budget": W.FloatSlider(
                 value=_option(ac, MemoryBudgetAC, "memory_budget"),
@@ -261,7 +268,7 @@ class Explorer:
                 row(ctl["block"], ctl["n_layers"], ctl["dim"]),
                 row(ctl["n_experts"], ctl["top_k"], ctl["experts_impl"]),
                 W.HTML("<b>activation checkpointing</b>"),
-                row(ctl["ac_mode"], ctl["remat_policy"]),
+                row(ctl["ac_mode"], ctl["remat_policy"], ctl["offload"]),
                 row(ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]),
                 W.HTML("<b>compile</b>"),
                 row(ctl["scope"], ctl["backend"], ctl["order"]),
@@ -292,7 +299,7 @@ class Explorer:
         if v["stack"] != "toolkit":
             # Another stack's own model at the Explorer's size, with its own AC and compile (`Stack.sized`).
             name = of_block(v["stack"])
-            st = get_stack(name)
+            st = foreign(name)
             cfg = st.sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
             mode = v["ac_mode"]
             options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
@@ -370,7 +377,8 @@ class Explorer:
                 ctl[name].disabled = True
             for name in ("ac_mode", "scope", "fullgraph", "n_experts", "top_k"):
                 ctl[name].disabled = False
-            ctl["layer_every"].disabled = "layer_every" not in MODES[mode].options()  # transformers' every_n_layers
+            for name in ("layer_every", "offload"):  # transformers' every_n_layers and offload
+                ctl[name].disabled = name not in MODES[mode].options()
         try:
             self.scenario = self.build_scenario()
             check_structure(self.scenario)

@@ -5,27 +5,85 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Built, Stack
+from .. import _extras
+from .._extras import Extra
+from .base import Built, ForeignStack, Stack
 
-_MODULES: dict[str, str] = {
-    "toolkit": "toolkit",
-    "torchtitan": "torchtitan",
-    "transformers": "transformers",
+_MODULES: dict[str, tuple[str, Extra | None]] = {
+    "toolkit": ("toolkit", None),
+    "torchtitan": (
+        "torchtitan",
+        Extra(
+            "torchtitan",
+            'pip install -e ".[torchtitan]"  (or .ci/run\'s --no-deps route, README)',
+            "torchtitan 0.3.0's own models and transforms (Scenario(stack='torchtitan'), notebook 08)",
+        ),
+    ),
+    "transformers": (
+        "transformers",
+        Extra(
+            "transformers",
+            'pip install -e ".[transformers]"',
+            "Hugging Face transformers' own models, activation checkpointing and compile "
+            "(Scenario(stack='transformers'), matrix --stack transformers)",
+        ),
+    ),
 }
-"""Stack name → its module in this package, which defines `STACK`. Adding a stack is a module and a line here."""
+"""Stack name → (its module in this package, which defines `STACK`; the optional package that brings it, with its
+install line, or None). Adding a stack is a module and a line here. Read without importing torch (the CLI's stamp)."""
 
 STACKS: tuple[str, ...] = tuple(_MODULES)
 
 
 def get(name: str) -> Stack:
     """The stack called `name` (KeyError for another name: `Scenario` checks the name first)."""
-    return importlib.import_module(f"{__name__}.{_MODULES[name]}").STACK
+    return importlib.import_module(f"{__name__}.{_MODULES[name][0]}").STACK
+
+
+def foreign(name: str) -> ForeignStack:
+    """A stack with models of its own in the matrix and the Explorer (every stack but the toolkit's)."""
+    if name == "toolkit":
+        raise KeyError("the toolkit's own grid is toolkit.analysis.cells'; it is not a ForeignStack")
+    return get(name)  # type: ignore[return-value]
 
 
 def of_block(block: str) -> str:
     """The stack whose matrix block `block` is (`titan:qwen3_moe` → "torchtitan"; no known prefix → "toolkit")."""
     prefix = block.split(":", 1)[0]
-    return next((name for name in STACKS if name != "toolkit" and get(name).cell_prefix == prefix), "toolkit")
+    return next((name for name in STACKS[1:] if get(name).cell_prefix == prefix), "toolkit")
 
 
-__all__ = ["STACKS", "Built", "Stack", "get", "of_block"]
+def extra_of(name: str) -> Extra | None:
+    """The optional package that brings stack `name` (its `Stack.extra`), or None for the toolkit's own."""
+    return _MODULES[name][1]
+
+
+def extras() -> dict[str, Extra]:
+    """Every optional package the toolkit can use: `_extras.EXTRAS` and each stack's own (`Stack.extra`)."""
+    own = {e.module: e for e in (extra_of(name) for name in STACKS) if e is not None}
+    return {**_extras.EXTRAS, **own}
+
+
+def reason(module: str) -> str:
+    """`_extras.reason` for any optional package, a stack's included."""
+    return _extras.reason(module, extras())
+
+
+def missing(modules: tuple[str, ...] | list[str]) -> str | None:
+    """`_extras.missing` for any optional package, a stack's included."""
+    return _extras.missing(modules, extras())
+
+
+__all__ = [
+    "STACKS",
+    "Built",
+    "ForeignStack",
+    "Stack",
+    "extra_of",
+    "extras",
+    "foreign",
+    "get",
+    "missing",
+    "of_block",
+    "reason",
+]

@@ -9,10 +9,13 @@ Methods receive the `Scenario` being measured as a plain object (this layer sits
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # annotations only: the registry is read without importing torch (the CLI's stamp replay)
+    import torch
+    from torch import nn
+
+    from .._extras import Extra
 
 
 @dataclass
@@ -46,14 +49,9 @@ class Stack(Protocol):
     explorer_models: dict[str, str]
     """The Explorer's choices of its model: block name → label."""
 
-    def config_for(self, block: str) -> Any:
-        """The model config of one of its matrix blocks (`PREFIX:FAMILY[:VARIANT]`)."""
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> Any:
-        """The config of `block` at the Explorer's size (what the family cannot take is left at its own)."""
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        """Its grid for `matrix --stack NAME`: the fields of each cell (block, ac, scope, fullgraph, backend, fsdp)."""
+    extra: Extra | None
+    """The optional package that brings it, with its one install line (`toolkit._extras.Extra`), from its line in the
+    registry; None for the toolkit's own. Not in `_extras.EXTRAS`, so that adding a stack touches `stacks/` alone."""
 
     def available(self) -> bool:
         """Its package is installed (found, not imported): what the Explorer offers."""
@@ -68,12 +66,20 @@ class Stack(Protocol):
     def check(self, scenario: Any) -> None:
         """Raise ConfigError, before anything is built, for what this stack cannot apply (an AC mode, a scope, …)."""
 
+    def step_context(self, scenario: Any) -> ContextManager[None]:
+        """What the whole step runs inside, entered before the model is built (torchtitan's parallel state for
+        expert parallel); a null context for most."""
+
     def build(self, scenario: Any, *, sharded: bool) -> Built:
         """Its model (same seed → same weights), batch and loss; `sharded=False` builds the unsharded reference."""
 
     def transform(self, scenario: Any, model: nn.Module, stage: Callable[[str], None]) -> dict[str, str]:
         """Apply AC, compile (and FSDP) its own way, in its own order; returns the compile order per compile target
         ("compile(AC(x))" / "AC(compile(x))")."""
+
+    def called(self, model: nn.Module) -> nn.Module:
+        """The module the step calls, and the probes watch: the model itself, or the wrapper the stack's compile put
+        around it (`torch.compile(model)`), so that no probe hook lands inside a compiled region."""
 
     def applied(self, model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(modules AC was asked to checkpoint, modules compiled), as the stack's own code set them; None if unknown."""
@@ -91,4 +97,19 @@ class Stack(Protocol):
         """The names of its repeated blocks (the modules its AC and per-block compile target)."""
 
 
-__all__ = ["Built", "Stack"]
+class ForeignStack(Stack, Protocol):
+    """A stack whose models are someone else's (torchtitan's, transformers'): the matrix and the Explorer address them
+    by `cell_prefix:FAMILY`, and the stack itself says which there are. The toolkit's own model has its grid in
+    `analysis/cells.py` and its size controls in the Explorer, so it implements `Stack` alone."""
+
+    def config_for(self, block: str) -> Any:
+        """The model config of one of its matrix blocks (`PREFIX:FAMILY[:VARIANT]`)."""
+
+    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> Any:
+        """The config of `block` at the Explorer's size (what the family cannot take is left at its own)."""
+
+    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
+        """Its grid for `matrix --stack NAME`: the fields of each cell (block, ac, scope, fullgraph, backend, fsdp)."""
+
+
+__all__ = ["Built", "ForeignStack", "Stack"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -18,20 +19,15 @@ from .base import Built
 
 
 class ToolkitStack:
+    """The toolkit's own model behind the `Stack` interface (its matrix grid is `analysis/cells.py`'s, its Explorer
+    sizes the Explorer's own controls: it is not a `ForeignStack`)."""
+
     name = "toolkit"
     config_type = ModelConfig
     config_field = "model"
     cell_prefix = ""
     explorer_models = {"toolkit": "the toolkit's model"}
-
-    def config_for(self, block: str) -> ModelConfig:
-        raise NotImplementedError("the toolkit's blocks are built by toolkit.analysis.cells (its full grid)")
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> ModelConfig:
-        raise NotImplementedError("the Explorer builds the toolkit's model from all its controls")
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        raise NotImplementedError("the toolkit's grid is toolkit.analysis.cells.quick_cells / full_cells")
+    extra = None  # nothing to install: it is the toolkit's own
 
     def available(self) -> bool:
         return True
@@ -50,6 +46,9 @@ class ToolkitStack:
                 "expert parallel runs torchtitan's own token dispatcher and parallelize.",
                 "pass stack='torchtitan' with ep, or ep=1.",
             )
+
+    def step_context(self, scenario: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def build(self, scenario: Any, *, sharded: bool) -> Built:
         cfg = scenario.model_config
@@ -77,6 +76,9 @@ class ToolkitStack:
         if scenario.fsdp != "none":
             apply_fsdp(model, scenario.fsdp)
         return dict(applied(model).compile_orders)
+
+    def called(self, model: nn.Module) -> nn.Module:
+        return model  # its compiles sit inside the model (in place, or a wrapper in the module's slot)
 
     def applied(self, model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
         rec = applied(model)

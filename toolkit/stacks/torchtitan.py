@@ -25,13 +25,14 @@ from torch import nn
 
 from .. import _extras
 from .._config import ConfigError, PlainData, check_bool, check_choice, check_int
-from .._extras import EXTRAS
 from ..transforms import ACConfig, CompileConfig
+from . import extra_of
 from .base import Built
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
-INSTALL = EXTRAS["torchtitan"].install  # the one install line for torchtitan (toolkit/_extras.py)
+EXTRA = extra_of("torchtitan")
+INSTALL = EXTRA.install  # the one install line (its line in the registry, stacks/__init__.py)
 
 
 def available() -> bool:
@@ -405,6 +406,7 @@ class TorchtitanStack:
     config_field = "torchtitan"
     cell_prefix = "titan"
     explorer_models = {"titan:qwen3_moe": "torchtitan Qwen3-MoE", "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
+    extra = EXTRA
 
     def config_for(self, block: str) -> TorchtitanConfig:
         return TorchtitanConfig.of_family(block.split(":", 1)[1])
@@ -506,6 +508,10 @@ class TorchtitanStack:
             )
         require()
 
+    def step_context(self, scenario: Any) -> contextlib.AbstractContextManager[None]:
+        """Expert parallel runs torchtitan's `parallelize_*`, which reads module globals set for CPU here."""
+        return parallel_state() if scenario.ep > 1 else contextlib.nullcontext()
+
     def build(self, scenario: Any, *, sharded: bool) -> Built:
         cfg = scenario.torchtitan_config
         tokens, labels = make_batch(cfg)
@@ -543,6 +549,9 @@ class TorchtitanStack:
         if scenario.fsdp != "none":
             apply_fsdp(model)
         return orders
+
+    def called(self, model: nn.Module) -> nn.Module:
+        return model  # its compiles sit inside the model (in place, or a wrapper in the module's slot)
 
     def applied(self, model: nn.Module) -> None:
         return None  # torchtitan's own code applied them; it keeps no record the toolkit reads

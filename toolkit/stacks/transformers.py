@@ -9,6 +9,8 @@ layer. Optional: `pip install -e ".[transformers]"` (the checked range below).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -18,23 +20,33 @@ from torch import nn
 
 from .. import _extras, compat
 from .._config import ConfigError, PlainData, check_choice, check_int
-from .._extras import EXTRAS
 from ..transforms.policies import per_op_context
+from . import extra_of
 from .base import Built
 
 CHECKED = ("5.25",)
 """The transformers releases (major.minor) the toolkit was checked against: CI runs the newest patch of each."""
-INSTALL = EXTRAS["transformers"].install
+EXTRA = extra_of("transformers")
+INSTALL = EXTRA.install  # the one install line (its line in the registry, stacks/__init__.py)
 Family = Literal["qwen3_moe", "mixtral", "deepseek_v3", "qwen3"]
 FAMILIES: tuple[str, ...] = ("qwen3_moe", "mixtral", "deepseek_v3", "qwen3")
 EXPERTS: tuple[str, ...] = ("grouped_mm", "batched_mm", "eager")
 AC_MODES: tuple[str, ...] = ("none", "full", "reentrant", "selective_op", "selective_layer")
 """transformers' own AC, by the toolkit's mode names: nothing; `use_reentrant=False`; `use_reentrant=True`;
 `use_reentrant=False` with torchtitan's per-op SAC policy as `context_fn` (transformers passes it through);
-`every_n_layers=layer_every`."""
+`every_n_layers=layer_every`. Each of them with `offload=True` is its `offload=True` (save_on_cpu around each
+checkpoint)."""
 SCOPES: tuple[str, ...] = ("model", "blocks")
-"""`model.compile()` (the whole model, in place, as `torch.compile(model)` but keeping its names) or `layer.compile()`
-for each decoder layer."""
+"""The whole model — `model.compile()` (in place, its names kept; `method="module_compile"`) or `torch.compile(model)`
+(the wrapper users call; `method="torch_compile"`) — or `layer.compile()` for each decoder layer."""
+_WRAPPER = "_toolkit_torch_compile_wrapper"
+"""Where `torch.compile(model)`'s wrapper is kept on the model it wraps (in its `__dict__`, not a submodule), so that
+the step calls the wrapper as a user would while names, gradients and `undo` stay the model's own."""
+
+
+def runner(model: nn.Module) -> Callable[..., Any]:
+    """What a user calls: `torch.compile(model)`'s wrapper where the stack made one, else the model itself."""
+    return model.__dict__.get(_WRAPPER, model)
 
 
 def available() -> bool:
@@ -56,11 +68,17 @@ def require(owner: str = "Scenario", field: str = "stack") -> None:
         raise ConfigError(owner, field, "transformers is not installed.", f"install it: {INSTALL}")
     v = version()
     if not checked(v):
-        warnings.warn(
-            f"transformers {v} is installed; the toolkit was checked against {', '.join(c + '.x' for c in CHECKED)} "
-            f"(`{INSTALL}` installs that range). Its figures may differ.",
-            stacklevel=3,
-        )
+        _warn_unchecked(v)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unchecked(v: str | None) -> None:
+    """Once per process and release (a Scenario is checked at each `replace`, a sweep builds hundreds)."""
+    warnings.warn(
+        f"transformers {v} is installed; the toolkit was checked against {', '.join(c + '.x' for c in CHECKED)} "
+        f"(`{INSTALL}` installs that range). Its figures may differ.",
+        stacklevel=4,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,8 +230,7 @@ def hf_config(cfg: TransformersConfig):
 
 def build(cfg: TransformersConfig) -> nn.Module:
     """transformers' own model for `cfg`, its own init seeded (same seed → same weights; the global RNG is left as
-    it was), in training mode."""
-    require()
+    it was), in training mode. Needs transformers (`require()`; a Scenario checks it when it is made)."""
     from transformers import AutoModelForCausalLM
 
     config = hf_config(cfg)
@@ -267,22 +284,25 @@ def apply_ac(model: nn.Module, ac: Any) -> None:
         return
     kwargs = checkpoint_kwargs(model, ac)
     every = ac.layer_every if ac.mode == "selective_layer" else 1
+    offload = getattr(ac, "offload", False)
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs, every_n_layers=every, **({"offload": True} if offload else {})
+        )
     else:
-        if every != 1:
+        if every != 1 or offload:
             raise ConfigError(
                 "ACConfig",
-                "mode",
-                f"transformers {version()} has no every_n_layers.",
-                "use mode='full', or transformers 5.25.",
+                "mode" if every != 1 else "offload",
+                f"transformers {version()} has no {'every_n_layers' if every != 1 else 'offload'}.",
+                "use mode='full' without offload, or transformers 5.25.",
             )
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def apply_compile(model: nn.Module, c: Any) -> dict[str, str]:
-    """`model.compile(...)` or `layer.compile(...)` per decoder layer, with the Dynamo options the config sets for
-    the run (`restoring_process_state` puts them back)."""
+    """`model.compile(...)`, `torch.compile(model, ...)` (the wrapper, kept for `runner`) or `layer.compile(...)` per
+    decoder layer, with the Dynamo options the config sets for the run (`restoring_process_state` puts them back)."""
     if not c.enabled:
         return {}
     dynamo = compat.compiler_configs().dynamo
@@ -297,6 +317,9 @@ def apply_compile(model: nn.Module, c: Any) -> dict[str, str]:
     if c.inductor_options:
         options["options"] = dict(c.inductor_options)
     targets = [("", model)] if c.scope == "model" else decoder_layers(model)
+    if c.method == "torch_compile":  # scope "model" (check); what transformers' docs and users write
+        object.__setattr__(model, _WRAPPER, torch.compile(model, **options))
+        return {"<model>": "compile(AC(x))"}
     for _, m in targets:
         m.compile(**options)
     return {name or "<model>": "compile(AC(x))" for name, _ in targets}
@@ -309,6 +332,7 @@ class TransformersStack:
     config_type = TransformersConfig
     config_field = "model"
     cell_prefix = "hf"
+    extra = EXTRA
     explorer_models = {
         "hf:qwen3_moe": "transformers Qwen3-MoE",
         "hf:mixtral": "transformers Mixtral",
@@ -401,13 +425,16 @@ class TransformersStack:
                     "decoder layer.",
                     "pass scope='model' or scope='blocks'.",
                 )
-            if c.method != "module_compile":
+            if c.method not in ("module_compile", "torch_compile") or (
+                c.method == "torch_compile" and c.scope != "model"
+            ):
                 raise ConfigError(
                     "CompileConfig",
                     "method",
-                    f"{c.method!r}: the model is compiled in place (`Module.compile()`), which torch.compile(model) "
-                    "equals but for the wrapper's names.",
-                    "pass method='module_compile'.",
+                    f"{c.method!r} with scope={c.scope!r}: the transformers stack compiles as its users do, the whole "
+                    "model in place (`model.compile()`) or by `torch.compile(model)`, and each decoder layer in "
+                    "place (`layer.compile()`).",
+                    "pass method='module_compile', or method='torch_compile' with scope='model'.",
                 )
             if c.order == "ac_outside":
                 raise ConfigError(
@@ -425,6 +452,9 @@ class TransformersStack:
                 "pass model=toolkit.stacks.transformers.TransformersConfig(...).",
             )
 
+    def step_context(self, scenario: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def build(self, scenario: Any, *, sharded: bool) -> Built:
         cfg = scenario.model_config
         model = build(cfg)
@@ -437,7 +467,7 @@ class TransformersStack:
         return Built(
             model,
             ids,
-            lambda m: m(input_ids=ids),
+            lambda m: runner(m)(input_ids=ids),
             loss_of,
             torch.device(cfg.device),
             next(model.parameters()).dtype,
@@ -451,13 +481,17 @@ class TransformersStack:
         orders = apply_compile(model, scenario.compile)
         return orders if scenario.ac.mode != "none" else {}
 
+    def called(self, model: nn.Module) -> nn.Module:
+        return runner(model)
+
     def applied(self, model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """What transformers' own flags say: the layers whose `gradient_checkpointing` is on, the modules compiled."""
         ckpt = tuple(n for n, m in decoder_layers(model) if m.gradient_checkpointing)
         compiled = tuple(n or "<model>" for n, m in model.named_modules() if compat.in_place_compiled(m))
-        return ckpt, compiled
+        return ckpt, (("<model>",) if _WRAPPER in model.__dict__ else ()) + compiled
 
     def undo(self, model: nn.Module) -> None:
+        model.__dict__.pop(_WRAPPER, None)
         if getattr(model, "is_gradient_checkpointing", False):
             model.gradient_checkpointing_disable()
         for m in model.modules():
@@ -467,7 +501,10 @@ class TransformersStack:
     def label(self, scenario: Any) -> str:
         c = scenario.compile
         comp = (
-            "eager" if not c.enabled else f"compile {c.scope} ({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
+            "eager"
+            if not c.enabled
+            else f"{'torch.compile(model)' if c.method == 'torch_compile' else 'compile ' + c.scope} "
+            f"({c.backend_name}{', fullgraph' if c.fullgraph else ''})"
         )
         return f"{scenario.model.label} | AC {scenario.ac.mode} | {comp}"
 
@@ -491,5 +528,6 @@ __all__ = [
     "apply_compile",
     "hf_config",
     "require",
+    "runner",
     "STACK",
 ]

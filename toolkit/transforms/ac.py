@@ -149,7 +149,11 @@ class ACConfig:
         (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written before the
         modes had classes of their own, so files and matrix cache keys stay valid."""
         own = to_dict(self)
-        return {name: own.get(name, unset) for name, unset in _record_fields().items()} | {"mode": self.mode}
+        return {
+            name: own.get(name, unset)
+            for name, unset in _record_fields().items()
+            if not (name in _omitted_unset() and own.get(name, unset) == unset)  # added later: absent when unset
+        } | {"mode": self.mode}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ACConfig":
@@ -277,11 +281,14 @@ class Checkpointing(ACConfig):
     wrap_inductor_compiled_regions: bool = dataclasses.field(default=False, metadata={"unset": False})
     """Make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see (C7); only for
     torch versions that have the option and only with the inductor backend."""
+    offload: bool = dataclasses.field(default=False, metadata={"unset": False, "omit_unset": True})
+    """Keep what each checkpoint saves on the host: `torch.autograd.graph.save_on_cpu` around every checkpoint call
+    (transformers' `activation_checkpointing_enable(offload=True)`); its host copies read as kind "offloaded"."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         own = "ACConfig"
-        for name in ("preserve_rng_state", "early_stop", "debug", "wrap_inductor_compiled_regions"):
+        for name in ("preserve_rng_state", "early_stop", "debug", "wrap_inductor_compiled_regions", "offload"):
             check_bool(own, name, getattr(self, name))
         check_choice(own, "determinism_check", self.determinism_check, ("default", "none"))
         if self.debug and self.uses_sac:
@@ -315,6 +322,8 @@ class Checkpointing(ACConfig):
             early_stop=self.early_stop,
             debug=self.debug,
         )
+        if self.offload:
+            kwargs["offload"] = True
         context = self.context_fn(module, fqn) if selective is not False else None
         if context is not None:
             kwargs["context_fn"] = context
@@ -351,13 +360,22 @@ class ReentrantAC(ACConfig):
     wraps: ClassVar[bool] = True
     preserve_rng_state: bool = True
     """Stash and restore the RNG state around the re-run."""
+    offload: bool = dataclasses.field(default=False, metadata={"unset": False, "omit_unset": True})
+    """Keep what each checkpoint saves on the host: `torch.autograd.graph.save_on_cpu` around every checkpoint call
+    (transformers' `activation_checkpointing_enable(offload=True)`); its host copies read as kind "offloaded"."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_bool("ACConfig", "preserve_rng_state", self.preserve_rng_state)
+        check_bool("ACConfig", "offload", self.offload)
 
     def wrap(self, module: nn.Module, fqn: str, *, selective: bool | None = None) -> nn.Module:
-        return compat.checkpoint_wrapper(module, reentrant=True, preserve_rng_state=self.preserve_rng_state)
+        return compat.checkpoint_wrapper(
+            module,
+            reentrant=True,
+            preserve_rng_state=self.preserve_rng_state,
+            **({"offload": True} if self.offload else {}),
+        )
 
     def _apply(self, model, layer_items, rec, undo):
         layers = unwrap(model).layers
@@ -678,6 +696,12 @@ MODES: dict[str, type[ACConfig]] = {
         PolicyDictAC,
     )
 }
+
+
+def _omitted_unset() -> set[str]:
+    """Options added after records were first written (metadata `omit_unset`): left out of a record while unset, so
+    that files and the matrix cache keys written before them stay valid."""
+    return {f.name for c in MODES.values() for f in dataclasses.fields(c) if f.metadata.get("omit_unset")}
 
 
 def _record_fields() -> dict[str, Any]:

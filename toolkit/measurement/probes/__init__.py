@@ -94,8 +94,9 @@ class Probes:
         self.trace = TraceEvents(self.state)
         self.packed: dict[int, Held] = {}
         self.packed_keys: set[int] = set()
-        self.remat_kinds: dict[int, str] = {}
-        """Storage key → why torch_remat packed it ("checkpoint_input" / "remat_save"), for tensors it packed."""
+        self.pack_kinds: dict[int, str] = {}
+        """Storage key → why it was packed, where not by autograd alone: torch_remat's "checkpoint_input" /
+        "remat_save", or "offloaded" (the host copy `save_on_cpu` keeps: transformers' offload=True)."""
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
@@ -104,7 +105,7 @@ class Probes:
             key = st._cdata
             why = compat.remat_saved_kind()
             if why is not None:
-                self.remat_kinds.setdefault(key, why)
+                self.pack_kinds.setdefault(key, why)
             if key not in self.packed_keys:
                 self.packed_keys.add(key)
                 if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
@@ -112,6 +113,38 @@ class Probes:
                         StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
                     )
         return t
+
+    def _offload_init(self, init):
+        """`save_on_cpu.__init__`, its pack hook wrapped to record each host copy as kept for backward ("offloaded"):
+        a save_on_cpu inside the step is the innermost saved-tensor hook, so `_pack` never sees what it packs."""
+        probes = self
+
+        def __init__(hooks, *args, **kwargs):
+            init(hooks, *args, **kwargs)
+            pack = hooks.pack_hook
+
+            def pack_to_host(t):
+                packed = pack(t)
+                host = packed[1] if isinstance(packed, tuple) else packed
+                if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
+                    st = host.untyped_storage()
+                    key = st._cdata
+                    probes.pack_kinds[key] = "offloaded"
+                    if key not in probes.packed_keys:
+                        probes.packed_keys.add(key)
+                        if key not in probes.tracker.produced:
+                            probes.packed[key] = Held(
+                                StorageWeakRef(st),
+                                probes.state.module(),
+                                tuple(host.shape),
+                                dtype_name(host),
+                                st.nbytes(),
+                            )
+                return packed
+
+            hooks.pack_hook = compat.dynamo_disabled(pack_to_host)
+
+        return __init__
 
     def _enter_bookkeeping(self) -> None:
         self.state.bookkeeping += 1
@@ -136,6 +169,11 @@ class Probes:
             # eager included): disabled recursively, so that neither the hook nor what it calls (`is_real`, …) is
             # compiled — a skipped code object alone still let Dynamo compile its callees, and the instrument's own
             # graphs and recompiles were counted as the model's ('model' scope: 2 graphs, 1 recompile on `is_real`).
+            offload = compat.save_on_cpu_class()
+            if offload is not None:
+                stack.enter_context(compat.patched(offload, "__init__", self._offload_init(offload.__init__)))
+            else:
+                self.checkpoints.blind.add("save_on_cpu")
             pack = compat.dynamo_disabled(self._pack)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _identity))
             # A warm AOTAutograd cache skips the partition we read; the graphs themselves are unchanged.
@@ -181,7 +219,7 @@ class Probes:
             packed_keys=self.packed_keys,
             held_inputs=self.state.held_inputs,
             sac_keys=self.checkpoints.sac_cached_keys(),
-            remat_kinds=self.remat_kinds,
+            pack_kinds=self.pack_kinds,
         )
 
     def checkpoint_view(self, model: nn.Module):

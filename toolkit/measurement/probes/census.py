@@ -67,13 +67,14 @@ def take(
     packed_keys: set[int],
     held_inputs: dict[int, Held],
     sac_keys: set[int],
-    remat_kinds: dict[int, str] | None = None,
+    pack_kinds: dict[int, str] | None = None,
 ) -> Census:
     """Every storage held for backward at the end of the forward, once: what the probes recorded of each
     (`produced` by an op, `compiled` graph saves, `packed` by autograd without a producer, `held_inputs` of
-    checkpoints, `sac_keys` cached by SAC, `remat_kinds` of torch_remat), parameters and the buffers of collectives
-    that nothing else holds (`comm_buffers`) excluded."""
-    remat_kinds = remat_kinds or {}
+    checkpoints, `sac_keys` cached by SAC, `pack_kinds` where a hook other than autograd's packed it: torch_remat's,
+    or save_on_cpu's host copies), parameters and the buffers of collectives that nothing else holds (`comm_buffers`)
+    excluded."""
+    pack_kinds = pack_kinds or {}
     blind: list[str] = []
     params = parameter_storages(model, blind)
     input_keys = {storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
@@ -115,7 +116,7 @@ def take(
             if key in sac_keys
             else "checkpoint_input"
             if key in held_inputs
-            else remat_kinds.get(key, "autograd")
+            else pack_kinds.get(key, "autograd")
             if key in packed_keys
             else "other"
         )
@@ -128,7 +129,7 @@ def take(
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
         if key in rows or key in params or h.ref.expired():
             continue
-        kind = "checkpoint_input" if key in held_inputs else remat_kinds.get(key, "autograd")
+        kind = "checkpoint_input" if key in held_inputs else pack_kinds.get(key, "autograd")
         op = "input" if key in input_keys else "unknown"
         add(key, h.module, op, h.shape, h.dtype, _now(h.ref, h.nbytes), kind)
     for key, h in held_inputs.items():
