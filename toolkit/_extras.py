@@ -2,8 +2,8 @@
 
 Everything that degrades without one of them — a CLI command, a notebook, a test skip, a config error — takes its
 one-line reason from here, so the install advice is written once. A training stack's own package (torchtitan,
-transformers) is declared by its stack (`Stack.extra`, toolkit/stacks); `toolkit.stacks.extras()` and `reason()`
-cover both.
+transformers) is declared by its line in the stacks' registry (`toolkit.stacks.extra_of`); `toolkit.stacks.extras()`
+and `reason()` cover both.
 """
 
 from __future__ import annotations

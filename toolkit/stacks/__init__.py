@@ -54,12 +54,13 @@ def of_block(block: str) -> str:
 
 
 def extra_of(name: str) -> Extra | None:
-    """The optional package that brings stack `name` (its `Stack.extra`), or None for the toolkit's own."""
+    """The optional package that brings stack `name`, with its install line (its registry line), or None for the
+    toolkit's own. Kept here, not in `_extras.EXTRAS`, so that adding a stack touches `stacks/` alone."""
     return _MODULES[name][1]
 
 
 def extras() -> dict[str, Extra]:
-    """Every optional package the toolkit can use: `_extras.EXTRAS` and each stack's own (`Stack.extra`)."""
+    """Every optional package the toolkit can use: `_extras.EXTRAS` and each stack's own (`extra_of`)."""
     own = {e.module: e for e in (extra_of(name) for name in STACKS) if e is not None}
     return {**_extras.EXTRAS, **own}
 

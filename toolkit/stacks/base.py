@@ -15,8 +15,6 @@ if TYPE_CHECKING:  # annotations only: the registry is read without importing to
     import torch
     from torch import nn
 
-    from .._extras import Extra
-
 
 @dataclass
 class Built:
@@ -48,10 +46,6 @@ class Stack(Protocol):
     """The prefix of its blocks in the matrix (`titan:qwen3_moe`, `hf:mixtral`); "" for the toolkit's own."""
     explorer_models: dict[str, str]
     """The Explorer's choices of its model: block name → label."""
-
-    extra: Extra | None
-    """The optional package that brings it, with its one install line (`toolkit._extras.Extra`), from its line in the
-    registry; None for the toolkit's own. Not in `_extras.EXTRAS`, so that adding a stack touches `stacks/` alone."""
 
     def available(self) -> bool:
         """Its package is installed (found, not imported): what the Explorer offers."""

@@ -27,7 +27,6 @@ class ToolkitStack:
     config_field = "model"
     cell_prefix = ""
     explorer_models = {"toolkit": "the toolkit's model"}
-    extra = None  # nothing to install: it is the toolkit's own
 
     def available(self) -> bool:
         return True

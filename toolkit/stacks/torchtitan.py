@@ -31,8 +31,7 @@ from .base import Built
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
-EXTRA = extra_of("torchtitan")
-INSTALL = EXTRA.install  # the one install line (its line in the registry, stacks/__init__.py)
+INSTALL = extra_of("torchtitan").install  # the one install line: its line in the registry (stacks/__init__.py)
 
 
 def available() -> bool:
@@ -406,7 +405,6 @@ class TorchtitanStack:
     config_field = "torchtitan"
     cell_prefix = "titan"
     explorer_models = {"titan:qwen3_moe": "torchtitan Qwen3-MoE", "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
-    extra = EXTRA
 
     def config_for(self, block: str) -> TorchtitanConfig:
         return TorchtitanConfig.of_family(block.split(":", 1)[1])

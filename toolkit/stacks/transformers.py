@@ -26,8 +26,7 @@ from .base import Built
 
 CHECKED = ("5.25",)
 """The transformers releases (major.minor) the toolkit was checked against: CI runs the newest patch of each."""
-EXTRA = extra_of("transformers")
-INSTALL = EXTRA.install  # the one install line (its line in the registry, stacks/__init__.py)
+INSTALL = extra_of("transformers").install  # the one install line: its line in the registry (stacks/__init__.py)
 Family = Literal["qwen3_moe", "mixtral", "deepseek_v3", "qwen3"]
 FAMILIES: tuple[str, ...] = ("qwen3_moe", "mixtral", "deepseek_v3", "qwen3")
 EXPERTS: tuple[str, ...] = ("grouped_mm", "batched_mm", "eager")
@@ -332,7 +331,6 @@ class TransformersStack:
     config_type = TransformersConfig
     config_field = "model"
     cell_prefix = "hf"
-    extra = EXTRA
     explorer_models = {
         "hf:qwen3_moe": "transformers Qwen3-MoE",
         "hf:mixtral": "transformers Mixtral",

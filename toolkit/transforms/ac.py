@@ -148,11 +148,11 @@ class ACConfig:
         """The JSON record, the same for every mode: each option the mode does not read at its "unset" value
         (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written before the
         modes had classes of their own, so files and matrix cache keys stay valid."""
-        own = to_dict(self)
+        own, later = to_dict(self), _omitted_unset()
         return {
             name: own.get(name, unset)
             for name, unset in _record_fields().items()
-            if not (name in _omitted_unset() and own.get(name, unset) == unset)  # added later: absent when unset
+            if not (name in later and own.get(name, unset) == unset)  # added later: absent when unset
         } | {"mode": self.mode}
 
     @classmethod
@@ -321,9 +321,8 @@ class Checkpointing(ACConfig):
             determinism_check=self.determinism_check,
             early_stop=self.early_stop,
             debug=self.debug,
+            offload=self.offload,
         )
-        if self.offload:
-            kwargs["offload"] = True
         context = self.context_fn(module, fqn) if selective is not False else None
         if context is not None:
             kwargs["context_fn"] = context
@@ -371,10 +370,7 @@ class ReentrantAC(ACConfig):
 
     def wrap(self, module: nn.Module, fqn: str, *, selective: bool | None = None) -> nn.Module:
         return compat.checkpoint_wrapper(
-            module,
-            reentrant=True,
-            preserve_rng_state=self.preserve_rng_state,
-            **({"offload": True} if self.offload else {}),
+            module, reentrant=True, preserve_rng_state=self.preserve_rng_state, offload=self.offload
         )
 
     def _apply(self, model, layer_items, rec, undo):

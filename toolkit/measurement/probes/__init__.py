@@ -106,13 +106,19 @@ class Probes:
             why = compat.remat_saved_kind()
             if why is not None:
                 self.pack_kinds.setdefault(key, why)
-            if key not in self.packed_keys:
-                self.packed_keys.add(key)
-                if key not in self.tracker.produced and is_real(t):  # inputs and tensors made before the step
-                    self.packed[key] = Held(
-                        StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
-                    )
+            self._held(t, st)
         return t
+
+    def _held(self, t: torch.Tensor, st) -> None:
+        """`t` (storage `st`) is kept for backward: counted once, with a record of its own where no op probe saw it
+        made (the step's inputs, tensors made before the step)."""
+        key = st._cdata
+        if key not in self.packed_keys:
+            self.packed_keys.add(key)
+            if key not in self.tracker.produced and is_real(t):
+                self.packed[key] = Held(
+                    StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+                )
 
     def _offload_init(self, init):
         """`save_on_cpu.__init__`, its pack hook wrapped to record each host copy as kept for backward ("offloaded"):
@@ -128,18 +134,8 @@ class Probes:
                 host = packed[1] if isinstance(packed, tuple) else packed
                 if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
                     st = host.untyped_storage()
-                    key = st._cdata
-                    probes.pack_kinds[key] = "offloaded"
-                    if key not in probes.packed_keys:
-                        probes.packed_keys.add(key)
-                        if key not in probes.tracker.produced:
-                            probes.packed[key] = Held(
-                                StorageWeakRef(st),
-                                probes.state.module(),
-                                tuple(host.shape),
-                                dtype_name(host),
-                                st.nbytes(),
-                            )
+                    probes.pack_kinds[st._cdata] = "offloaded"
+                    probes._held(host, st)
                 return packed
 
             hooks.pack_hook = compat.dynamo_disabled(pack_to_host)
