@@ -551,3 +551,35 @@ def test_the_toolkits_own_checkpoints_offload_alike():
         tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full", offload=True), measure_memory=False, steady_steps=0)
     )
     assert run.numerics.grads_match is True and run.saved.by_kind == report.saved.by_kind
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_offload_under_compile_reads_as_dynamo_says_without_the_probes(fullgraph):
+    """C72 through the instrument: the probes stand in for save_on_cpu's constructor and pack hook, so Dynamo must meet
+    the same rules as with the originals. Truth: the same prepared model run bare, Dynamo's own graph-break counters
+    and its exception. Before, Dynamo inlined the stand-ins: fullgraph failed on the probes object ("Unexpected type in
+    sourceless builder ... Probes") and the step had one more break ("Call to `torch.compiler.disable()`")."""
+    from torch._dynamo.utils import counters
+
+    cfg = tk.ModelConfig(moe_layers="none", n_layers=2)
+    ac, comp = tk.ACConfig(mode="full", offload=True), tk.CompileConfig(scope="blocks", fullgraph=fullgraph)
+    torch._dynamo.reset()
+    counters.clear()
+    model = tk.prepare(tk.build_model(cfg), ac=ac, compile=comp)
+    try:
+        model(tk.make_batch(cfg).tokens).float().sum().backward()
+        plain_error = ""
+    except Exception as e:
+        plain_error = str(e).splitlines()[0]
+    plain_breaks = {k.splitlines()[0] for k in counters["graph_break"]}
+    report = tk.run(tk.Scenario(model=cfg, ac=ac, compile=comp, measure_memory=False, steady_steps=0))
+    if fullgraph:
+        assert plain_error == "Attempted to inline function marked as skipped", plain_error
+        assert report.verdict == "error" and report.error.message.splitlines()[0] == plain_error
+        assert "save_on_cpu.__init__" in report.error.message and "Probes" not in report.error.message
+    else:
+        assert not plain_error and plain_breaks == {"Attempted to inline function marked as skipped"}, plain_breaks
+        assert report.verdict == "fell_back_to_eager" and report.compile.graphs == 0
+        reasons = {b.reason.splitlines()[0] for b in report.compile.breaks}
+        assert plain_breaks <= reasons and not any("compiler.disable" in r for r in reasons), reasons
+        assert report.numerics.grads_match is True

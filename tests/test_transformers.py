@@ -366,8 +366,10 @@ def test_the_sweeps_cells_are_transformers_own_and_its_failures_are_named():
     from toolkit.analysis.cells import stack_cells
 
     quick, full = stack_cells("transformers", quick=True), stack_cells("transformers")
-    assert len(quick) == 16 and len(full) == 100
+    assert len(quick) == 16 and len(full) == 120
     assert {c.scenario().stack for c in full} == {"transformers"}
+    offloaded = [c for c in full if c.ac == "full+offload"]
+    assert len(offloaded) == 20 and all(c.scenario().ac.offload for c in offloaded)
     assert {c.scenario().model.experts for c in full if c.block == "hf:qwen3_moe:eager"} == {"eager"}
     cell = next(
         c for c in quick if c.block == "hf:mixtral" and c.ac == "full" and c.scope == "blocks" and not c.fullgraph
@@ -395,5 +397,10 @@ def test_the_explorer_builds_transformers_scenarios():
     e.controls["offload"].value = True  # transformers' offload=True
     assert not e.controls["offload"].disabled and e.scenario.ac == tk.ACConfig(mode="reentrant", offload=True)
     e.controls["offload"].value = False
+    e.controls["scope"].value, e.controls["method"].value = "model", "torch_compile"  # torch.compile(model)
+    assert not e.run_button.disabled and e.scenario.compile == tk.CompileConfig(scope="model", method="torch_compile")
+    e.controls["scope"].value = "blocks"  # transformers' users compile layers in place: refused, naming the field
+    assert e.run_button.disabled and "method" in e.status.value
+    e.controls["scope"].value, e.controls["method"].value = "none", "module_compile"
     e.controls["ac_mode"].value = "per_submodule"  # not transformers' own: said on the status line, not raised
     assert e.scenario is None and "not runnable" in e.status.value

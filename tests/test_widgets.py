@@ -26,6 +26,7 @@ def test_every_control_is_reachable_and_maps_to_the_scenario():
         "backend",
         "fullgraph",
         "order",
+        "method",
         "capture_scalar_outputs",
         "capture_dynamic_output_shape_ops",
         "recipe",
@@ -56,6 +57,11 @@ def test_invalid_combinations_are_explained_before_running():
     )
     assert ex.run_button.disabled and "CompileConfig.order" in ex.status.value  # known from the structure, not run
     assert ex.run() is None
+    ex.controls["order"].value, ex.controls["scope"].value = "auto", "blocks"
+    ex.controls["method"].value = "torch_compile"  # each block replaced by its torch.compile wrapper
+    assert not ex.run_button.disabled and ex.scenario.compile.method == "torch_compile"
+    ex.controls["scope"].value = "model"  # the wrapper cannot replace the model in place
+    assert ex.run_button.disabled and "CompileConfig.method" in ex.status.value
 
 
 def test_run_pin_compare_and_export(tmp_path):

@@ -29,6 +29,8 @@ REMAT_ACS = ("remat", "remat_selective")
 # recompute or do not ("_no_rng": preserve_rng_state=False; "remat" is torch_remat's own default, False;
 # "remat_rng": the toolkit's RecomputeStateHook restoring it).
 DROPOUT_BLOCK = "dense:dropout"
+OFFLOAD = "+offload"
+"""A cell's `ac` suffix: the mode with offload=True ("full+offload")."""
 RANDOM_ACS = ("none", "full", "full_no_rng", "selective_op", "memory_budget", "remat", "remat_rng")
 
 
@@ -74,29 +76,32 @@ class Cell:
                 .replace(name=self.label, instrument=False, measure_memory=False, steady_steps=0)
             )
         common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
+        # "MODE+offload": the mode with each checkpoint call inside save_on_cpu (transformers' offload=True).
+        mode, offload = self.ac.removesuffix(OFFLOAD), self.ac.endswith(OFFLOAD)
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
             st = foreign(self.stack)
             comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
             return Scenario(
                 stack=self.stack,
                 **{st.config_field: st.config_for(self.block)},
-                ac=ACConfig(mode=self.ac),
+                ac=ACConfig(mode=mode, offload=True) if offload else ACConfig(mode=mode),
                 compile=comp,
                 **common,
             )
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
         ac = (
-            ACConfig(mode=self.ac, memory_budget=0.3)
-            if self.ac == "memory_budget"
+            ACConfig(mode=mode, memory_budget=0.3)
+            if mode == "memory_budget"
             else ACConfig.remat_selective()
-            if self.ac == "remat_selective"
+            if mode == "remat_selective"
             else ACConfig(mode="full", preserve_rng_state=False)
-            if self.ac == "full_no_rng"
+            if mode == "full_no_rng"
             else ACConfig(mode="remat", preserve_rng_state=True)
-            if self.ac == "remat_rng"
-            else ACConfig(mode=self.ac)
+            if mode == "remat_rng"
+            else ACConfig(mode=mode)
         )
+        ac = ac.replace(offload=True) if offload else ac
         comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
         return Scenario(model=self.model_config(), ac=ac, compile=comp, **common)
 

@@ -261,6 +261,8 @@ def release_change(mine: Row, theirs: Row) -> ReleaseChange | None:
         why = f"classified {label} there"
         if b.error is not None and (a.error is None or a.error.type != b.error.type):
             why += f" ({b.error.type.rsplit('.', 1)[-1]}: {b.error.message.splitlines()[0][:120]})"
+        if theirs.classification.cases:  # the case that release's failure is, as the sweep named it there
+            why += f", {', '.join(theirs.classification.cases)}"
         return ReleaseChange(label, saved, why)
     if not (a.ok and b.ok) or a.saved.total_bytes == b.saved.total_bytes:
         return None

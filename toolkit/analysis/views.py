@@ -79,8 +79,8 @@ class MatrixViews:
             f"## Changed between torch releases ({len(changes)})",
             "",
             f"{measured}. These classify differently or save different bytes there than on torch {mine}; each "
-            "difference is named by the ops whose saved bytes differ (a classification change, by what it was), "
-            "explained where the cause is known. By cause: "
+            "difference is named by the ops whose saved bytes differ (a classification change, by what it was and the "
+            "cases it showed there), explained where the cause is known. By cause: "
             + "; ".join(f"{n} × {_md(c)}" for c, n in sorted(causes.items(), key=lambda e: -e[1]))
             + ".",
             "",

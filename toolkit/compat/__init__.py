@@ -92,6 +92,7 @@ from .torch_api import (  # noqa: F401 - re-exported
     storage_nbytes_now,
     storage_weak_ref,
     trace_logger,
+    traced_as,
     tree_leaves,
     wrap_in_place_compiled_call,
     written_arguments,

@@ -232,6 +232,22 @@ def dynamo_disabled(fn: Callable) -> Callable:
     return torch.compiler.disable(fn)
 
 
+def traced_as(new: Callable, original: Callable) -> Callable:
+    """`new`, a stand-in for the torch function `original`, given `original`'s code identity (file, name, qualified
+    name, first line): Dynamo decides by these whether to inline a call or break the graph on it, so a call it meets
+    inside a compiled region breaks (or errors under fullgraph) exactly as the original's does, with the same
+    message. Without it Dynamo inlines the stand-in and fails on the instrument's own objects instead."""
+    code = original.__code__
+    new.__code__ = new.__code__.replace(
+        co_filename=code.co_filename,
+        co_name=code.co_name,
+        co_qualname=code.co_qualname,
+        co_firstlineno=code.co_firstlineno,
+    )
+    new.__name__, new.__qualname__, new.__module__ = original.__name__, original.__qualname__, original.__module__
+    return new
+
+
 def skip_code(code: Any) -> None:
     """Keep Dynamo from tracing `code`, from the next `apply_skips()` on (the probes call it as they start):
     registering imports Dynamo, which importing a module that declares its hooks must not."""

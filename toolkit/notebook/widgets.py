@@ -202,6 +202,18 @@ class Explorer:
                 style=style,
                 layout=wide,
             ),
+            # How a target is compiled: in place (torchtitan's), the wrapper most users call, or its forward only.
+            "method": W.Dropdown(
+                options=[
+                    ("module.compile()", "module_compile"),
+                    ("torch.compile(module)", "torch_compile"),
+                    ("forward only", "forward"),
+                ],
+                value=c.method,
+                description="how",
+                style=style,
+                layout=fixed,
+            ),
             "capture_scalar_outputs": W.Checkbox(
                 value=c.capture_scalar_outputs, description="capture scalars", layout=free
             ),
@@ -271,7 +283,7 @@ class Explorer:
                 row(ctl["ac_mode"], ctl["remat_policy"], ctl["offload"]),
                 row(ctl["layer_every"], ctl["submodule_ac"], ctl["memory_budget"]),
                 W.HTML("<b>compile</b>"),
-                row(ctl["scope"], ctl["backend"], ctl["order"]),
+                row(ctl["scope"], ctl["backend"], ctl["method"], ctl["order"]),
                 row(ctl["fullgraph"], ctl["capture_scalar_outputs"], ctl["capture_dynamic_output_shape_ops"]),
                 W.HTML("<b>FSDP2</b> (one gloo rank on 127.0.0.1)"),
                 ctl["fsdp"],
@@ -303,7 +315,7 @@ class Explorer:
             cfg = st.sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
             mode = v["ac_mode"]
             options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
-            comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"])
+            comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"], method=v["method"])
             return Scenario(
                 stack=name,
                 **{st.config_field: cfg},
@@ -344,6 +356,7 @@ class Explorer:
             backend=v["backend"],
             fullgraph=v["fullgraph"],
             order=None if v["order"] == AUTO_ORDER else v["order"],
+            method=v["method"],
             capture_scalar_outputs=v["capture_scalar_outputs"],
             capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"],
         )
@@ -361,6 +374,7 @@ class Explorer:
             "scope",
             "fullgraph",
             "order",
+            "method",
             "capture_scalar_outputs",
             "capture_dynamic_output_shape_ops",
         ):
@@ -375,7 +389,7 @@ class Explorer:
         if ctl["stack"].value != "toolkit":
             for name in TOOLKIT_ONLY:
                 ctl[name].disabled = True
-            for name in ("ac_mode", "scope", "fullgraph", "n_experts", "top_k"):
+            for name in ("ac_mode", "scope", "fullgraph", "method", "n_experts", "top_k"):
                 ctl[name].disabled = False
             for name in ("layer_every", "offload"):  # transformers' every_n_layers and offload
                 ctl[name].disabled = name not in MODES[mode].options()

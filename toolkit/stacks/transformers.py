@@ -352,9 +352,10 @@ class TransformersStack:
 
     def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
         """Its models × its own AC × eager or its users' compiles (the whole model; each decoder layer, also with
-        fullgraph). `quick`: Qwen3-MoE and Mixtral, full AC and none."""
+        fullgraph). `quick`: Qwen3-MoE and Mixtral, full AC and none. The full grid also has full AC with
+        `offload=True` ("full+offload": save_on_cpu around each checkpoint call)."""
         blocks = ("hf:qwen3_moe", "hf:mixtral") if quick else self.SWEEP_BLOCKS
-        acs = ("none", "full") if quick else AC_MODES
+        acs = ("none", "full") if quick else (*AC_MODES, "full+offload")
         cells = []
         for backend in backends:
             for block in blocks:

@@ -125,22 +125,27 @@ class Probes:
         a save_on_cpu inside the step is the innermost saved-tensor hook, so `_pack` never sees what it packs."""
         probes = self
 
+        @compat.dynamo_disabled
+        def record(host) -> None:
+            if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
+                st = host.untyped_storage()
+                probes.pack_kinds[st._cdata] = "offloaded"
+                probes._held(host, st)
+
         def __init__(hooks, *args, **kwargs):
             init(hooks, *args, **kwargs)
             pack = hooks.pack_hook
 
             def pack_to_host(t):
                 packed = pack(t)
-                host = packed[1] if isinstance(packed, tuple) else packed
-                if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
-                    st = host.untyped_storage()
-                    probes.pack_kinds[st._cdata] = "offloaded"
-                    probes._held(host, st)
+                record(packed[1] if isinstance(packed, tuple) else packed)
                 return packed
 
-            hooks.pack_hook = compat.dynamo_disabled(pack_to_host)
+            hooks.pack_hook = compat.traced_as(pack_to_host, pack)
 
-        return __init__
+        # Dynamo never traces save_on_cpu's constructor (a graph break, or fullgraph's error): the stand-in must meet
+        # the same rule, or Dynamo inlines it and reports the probes it cannot wrap instead of the user's error.
+        return compat.traced_as(__init__, init)
 
     def _enter_bookkeeping(self) -> None:
         self.state.bookkeeping += 1
