@@ -41,7 +41,7 @@ def _outputs(nb) -> str:
 
 def test_catalogue_lists_filters_and_renders():
     ids = [c.id for c in catalogue.cases()]
-    assert ids == [f"C{i}" for i in range(1, 73)]
+    assert ids == [f"C{i}" for i in range(1, 78)]
     assert catalogue.get("C4").upstream[0] == "torchtitan#2052"
     with pytest.raises(KeyError, match="known: C1"):
         catalogue.get("C99")
@@ -66,17 +66,22 @@ def test_catalogue_lists_filters_and_renders():
         "C63",
         "C64",  # found by the matrix's eager column; no repro of its own yet
         "C65",
-        "C66",  # the eager column's memory budgets: the cells are the repro
+        "C66",  # the eager column's memory budgets: the cells, and a torch-only script
         "C67",  # the transformers stack's: transformers-only scripts (skipped, with the install line, without it)
         "C68",
         "C69",
         "C70",  # DeepSeek-V3's per-layer recompile: the transformers cells are the repro
         "C71",  # transformers' offload=True on a CPU-only torch: a transformers-only script
         "C72",  # save_on_cpu around a checkpoint under compile: a torch-only script
+        "C73",  # issue 39's reports the sweep cannot reach: torch-only scripts
+        "C74",
+        "C75",
+        "C76",
+        "C77",
     } - {"C36", "C41"}
     md = catalogue.markdown()
     lines = md.splitlines()
-    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 72
+    assert lines[0] == "| id | case | status | upstream | CPU | needs | torch | notebook |" and len(lines) == 2 + 77
     row = next(ln for ln in lines if ln.startswith("| C8 |"))
     assert "[pytorch#166926](https://github.com/pytorch/pytorch/issues/166926)" in row
     assert "reproduced on 2.13.0" in row and "(notebooks/bugs/C08_lru_recompute_mismatch.ipynb)" in row
@@ -408,8 +413,22 @@ def test_every_standalone_repro_is_checked_on_every_release_once():
     left = _scripts_no_notebook_runs()
     # The scripts with no notebook of their own (C62, C63, C65: the eager column's torch-only repros; C67-C69 the
     # transformers stack's, C71 too, which skip with their install line where transformers is missing; C72's offload
-    # under compile; a few s each).
-    assert set(left) >= {"C42", "C59", "C62", "C63", "C65", "C67", "C68", "C69", "C71", "C72"} and len(left) < 12, left
+    # under compile; C66 and C73-C77 issue 39's, torch-only; a few s each).
+    assert {
+        "C42",
+        "C59",
+        "C62",
+        "C63",
+        "C65",
+        "C66",
+        "C67",
+        "C68",
+        "C69",
+        "C71",
+        "C72",
+        *(f"C{i}" for i in range(73, 78)),
+    } <= set(left)
+    assert len(left) < 18, left
     everything = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
     assert len(everything) >= 30 and set(left) < set(everything)
 
@@ -485,3 +504,24 @@ def test_a_sweep_without_torch_remat_says_which_cells_it_leaves_out(monkeypatch,
     finally:
         monkeypatch.undo()
         compat.refresh()
+
+
+def test_every_status_line_agrees_with_the_verdicts():
+    """A case's status stays true on every release CI runs: "fixed in torch X" has no `reproduced` verdict on X or
+    a later release, and a case whose verdicts turn to `fixed` on some release says so in its status (naming the
+    release, or that it is fixed) — the verdicts are rechecked per release, the status is prose."""
+
+    def key(release):
+        return tuple(int(x) for x in release.split("."))
+
+    wrong = []
+    for c in catalogue.cases():
+        releases = sorted(c.verified, key=key)
+        m = re.search(r"fixed in torch (\d+\.\d+\.\d+)", c.status)
+        if m and any(c.verified[r] == "reproduced" for r in releases if key(r) >= key(m.group(1))):
+            wrong.append(f"{c.id}: says fixed in {m.group(1)}, verdicts {c.verified}")
+        fixed = [r for r in releases if c.verified[r] == "fixed"]
+        if fixed and fixed[0] not in c.status and "fixed" not in c.status:
+            wrong.append(f"{c.id}: fixed on {fixed[0]} but the status says {c.status[:60]!r}")
+    assert wrong == []
+    assert catalogue.get("C74").verified["2.15.0"] == "fixed" and "fixed in torch 2.15.0" in catalogue.get("C74").status

@@ -379,3 +379,25 @@ def test_the_instrument_compiles_none_of_its_own_code_into_the_models_counts(ac)
     probed, bare = tk.run(s), tk.run(s.replace(instrument=False))
     assert (probed.compile.graphs, probed.compile.graph_breaks) == (bare.compile.graphs, bare.compile.graph_breaks)
     assert not any("is_real" in r or "probes" in r for r in probed.compile.recompiles), probed.compile.recompiles
+
+
+def test_a_target_inside_another_is_inlined_and_the_report_says_so(moe_cfg):
+    """C76: `layers.0.moe` compiled inside compiled `layers.0` never compiles on its own: Dynamo's own counter sees
+    one graph for the pair, as the Report says, and its warning names the inner target. Side by side targets do not
+    warn."""
+    nested = CompileConfig(scope=("layers.0", "layers.0.moe"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with pytest.warns(UserWarning, match=r"layers\.0\.moe lies inside another compiled target.*C76"):
+        model = tk.prepare(tk.build_model(moe_cfg), compile=nested)
+    tk.train_step(model, tk.make_batch(moe_cfg))
+    assert graph_count() == 1 and break_count() == 0
+    report = tk.run(tk.Scenario(model=moe_cfg, compile=nested, steady_steps=0))
+    assert report.ok and report.numerics.grads_match and report.verdict == "ok"
+    assert report.compile.graphs == 1 and not report.compile.regions_without_graphs
+    (warning,) = [w for w in report.warnings if "inside another compiled target" in w]
+    assert "'layers.0'" not in warning and "layers.0.moe" in warning
+    apart = tk.run(
+        tk.Scenario(model=moe_cfg, compile=CompileConfig(scope=("layers.0.moe", "layers.1.attention")), steady_steps=0)
+    )
+    assert apart.ok and not [w for w in apart.warnings if "inside another compiled target" in w]

@@ -404,6 +404,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
             "use method='module_compile' for the whole model.",
         )
     _warn_inert_regions(model, targets, orders)
+    _warn_nested(targets)
     undo = []
     functions = {}
     if cfg.functions:
@@ -479,6 +480,22 @@ def _warn_inert_regions(model: nn.Module, targets: list[str], orders: dict[str, 
             f"{' …' if len(inert) > 6 else ''} plain calls: under compile torch_remat honours "
             "recompute=False only inside a compiled checkpoint, so they are recomputed (compile a module "
             "without kept regions, or the whole block)",
+            stacklevel=3,
+        )
+
+
+def _warn_nested(targets: list[str]) -> None:
+    """A target inside another target is never compiled on its own: Dynamo inlines it into the outer graph, keeping
+    only its fullgraph flag (C76). Its settings are the outer's here (one CompileConfig), so nothing is lost but the
+    region a user may think is separate: say so where the user will look."""
+    inner = [t for t in targets if any(o != t and (o == "" or t.startswith(o + ".")) for o in targets)]
+    if inner:
+        warnings.warn(
+            f"{', '.join(inner[:6])}{' …' if len(inner) > 6 else ''} "
+            f"{'lies' if len(inner) == 1 else 'lie'} inside another compiled target: Dynamo inlines "
+            f"{'it' if len(inner) == 1 else 'them'} into the outer graph and never compiles "
+            f"{'it' if len(inner) == 1 else 'them'} on its own (known case C76); compile either the outer module "
+            "or the inner ones",
             stacklevel=3,
         )
 
