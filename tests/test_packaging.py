@@ -74,41 +74,15 @@ def test_ci_runs_readmes_two_commands_first_in_a_fresh_venv():
     # Between the two, only the older releases' venvs are started in the background: README's venv is not touched.
     assert not any(".ci-venv-readme" in line for line in body[first_venv + 7 : test - 4])
     assert not any("torch==" in line for line in body[first_venv : first_venv + 7])
-    # What runs before stage 1 (the older releases' venvs, built from disk while stage 1 downloads, and the 2.13.0
-    # stage, which starts as soon as its venv is built) installs into its own venvs with a pip cache of its own, in
-    # the background: nothing of stage 1's is shared or warmed.
+    # What runs before stage 1 (the older releases' venvs, built from disk while stage 1 downloads) installs into its
+    # own venvs with a pip cache of its own, in the background: nothing of stage 1's is shared or warmed.
     before = body[:first_venv]
     pips = [line for line in before if "pip install" in line]
     assert all(".ci-venv-2.1" in line for line in pips), pips
-    launch = [before.index(f"(set -e; {job}) >{log} 2>&1 &") for job, log in _BACKGROUND.items()]
-    for job, release in (("install_old", "2.14"), ("stage_2_13", "2.13")):
-        start = before.index(f"{job}() {{")
-        assert before[start + 1] == f'export PIP_CACHE_DIR="$PWD/.ci-pip-cache-old/{release}"'
-    assert all(before.index("install_old() {") < before.index(line) < min(launch) for line in pips)
-    # The 2.13.0 stage runs in a copy of the checkout: its pytest session writes nowhere stage 1's reads.
-    stage = body[body.index("stage_2_13() {") : body.index("(set -e; install_old) >.ci-install-old.log 2>&1 &")]
-    assert stage[2] == 'cd "$old_tree"' and "python -m pytest -m per_release" in stage
-    assert 'TOOLKIT_FINDINGS="$PWD/.ci-findings.jsonl"' in " ".join(stage)
+    start, end = before.index("install_old() {"), before.index("(set -e; install_old) >.ci-install-old.log 2>&1 &")
+    assert before[start + 1] == 'export PIP_CACHE_DIR="$PWD/.ci-pip-cache-old"'
+    assert all(start < before.index(line) < end for line in pips)
     assert "--system-site-packages" not in ci
-
-
-# The jobs `.ci/run` starts in the background before stage 1, and their logs.
-_BACKGROUND = {"install_old": ".ci-install-old.log", "stage_2_13": ".ci-stage-2.13.log"}
-
-
-def test_ci_leaves_no_stage_running_and_says_how_each_background_job_ended():
-    """Whatever way `.ci/run` ends, its background jobs and their children (pytest's workers) are stopped by the
-    EXIT trap, and the 2.13.0 stage's log and exit status are printed and checked after the last stage."""
-    ci = (ROOT / ".ci" / "run").read_text()
-    body = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
-    assert "trap cleanup EXIT" in body
-    cleanup = body[body.index("cleanup() {") : body.index("trap cleanup EXIT")]
-    assert 'for pid in ${install_old_pid:-} ${stage_2_13_pid:-}; do kill_tree "$pid"; done' in cleanup
-    assert 'rm -rf "$old_tree"' in cleanup
-    tail = body[body.index('stamp "torch $v"') :]
-    assert tail.index('wait "$stage_2_13_pid" || stage_2_13_rc=$?') < tail.index("cat .ci-stage-2.13.log")
-    assert tail.index("cat .ci-stage-2.13.log") < tail.index('stamp "total"')
-    assert 'if [ "$stage_2_13_rc" != 0 ]; then' in tail
 
 
 def test_readme_says_what_the_install_pulls_and_how_long_the_tests_take():
@@ -130,7 +104,7 @@ def test_torch_floor_is_a_release_ci_runs():
     assert oldest.startswith(floor + ".") or oldest == floor, (floor, oldest)
     # CI pins every checked release but the newest, which README's install gets from the index, unpinned.
     for release in [oldest, *pinned]:
-        assert f'"torch=={release}"' in ci, release
+        assert re.search(rf"for v in [^\n]*\b{re.escape(release)}\b", ci), release
 
 
 def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
