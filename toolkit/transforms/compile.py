@@ -488,7 +488,7 @@ def _warn_nested(targets: list[str]) -> None:
     """A target inside another target is never compiled on its own: Dynamo inlines it into the outer graph, keeping
     only its fullgraph flag (C76). Its settings are the outer's here (one CompileConfig), so nothing is lost but the
     region a user may think is separate: say so where the user will look."""
-    inner = [t for t in targets if any(o != t and (o == "" or t.startswith(o + ".")) for o in targets)]
+    inner = [t for t in targets if any(o != t and _covers(o, t) for o in targets)]
     if inner:
         warnings.warn(
             f"{', '.join(inner[:6])}{' …' if len(inner) > 6 else ''} "
