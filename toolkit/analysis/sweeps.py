@@ -235,6 +235,7 @@ BARE_RERUN = (
     "error",
     "grads_differ",
     "fell_back_to_eager",
+    "module_left_unwrapped",
     "sac_not_applied",
     "ac_saves_nothing",
     "recompiles",

@@ -5,6 +5,8 @@ The user-facing notes a Report may carry (a warm model, C31 on a +cpu build, a b
 
 from __future__ import annotations
 
+import dataclasses
+
 from .. import compat
 from .explain import explain, is_checkpoint_error
 from .machine import environment
@@ -100,6 +102,9 @@ def assemble(
             saved = _saved(steps.census)
         p = steps.probes
         if p is not None:
+            transforms = dataclasses.replace(
+                transforms, under_checkpoint=p.under_checkpoint, unresolved=p.checkpoint_unresolved
+            )
             recompute = Recompute(
                 ops=sum(p.recompute_by_op.values()),
                 by_op=p.recompute_by_op,
@@ -131,6 +136,14 @@ def assemble(
             blind = [compat.blind_spot(name) if name in compat.FEATURES else name for name in dict.fromkeys(names)]
             if warm and not steps.compiled_in_step:
                 blind.append(_WARM_NOTE)
+            unplaced = transforms.unplaced
+            if unplaced:
+                where = ", ".join(r or "<model>" for r in p.checkpoint_unresolved)
+                blind.append(
+                    f"whether {', '.join(unplaced[:6])}{' …' if len(unplaced) > 6 else ''} ran under a checkpoint, as "
+                    f"AC was asked: checkpoints ran inside compiled {where}, where no module hook is (the `eager` "
+                    "backend runs them there eagerly), or in a graph whose forward was not read"
+                )
         elif not instrumented:
             # A bare run: Dynamo's own counters give the graphs and breaks; nothing else was watched.
             graphs = steps.compiled_total

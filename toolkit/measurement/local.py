@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from .. import compat
-from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_text
+from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_strings, check_text
 from ..compat import tree_leaves
 from ..transforms import ACConfig
 from ..transforms.fsdp import process_group
-from ..transforms.naming import has_compiled, unwrap
+from ..transforms.naming import canonical_name, has_compiled, module_names, unwrap
 from ..transforms.settings import torch_settings
 from . import numerics as _numerics
 from .assemble import assemble
@@ -221,6 +221,7 @@ def measure(
     measure_memory: bool = True,
     steady_steps: int = 0,
     forward_kwargs: dict[str, Any] | None = None,
+    checkpointed: tuple[str, ...] | list[str] = (),
     **kwargs: Any,
 ) -> Report:
     """Measure one training step of any module or callable exactly as given (your own AC / compile / FSDP included):
@@ -236,6 +237,11 @@ def measure(
     `cold=True` forgets Dynamo's compiled graphs first, so the step compiles afresh and graph breaks and
     recompiles are seen (your next step then compiles again). `reference="auto"` compares gradients with a deep
     copy run eagerly without checkpoint wrappers (`None` skips it; FSDP-sharded models are not compared).
+
+    `checkpointed` names the modules your code asked AC to checkpoint (names as `model.named_modules()` gives them;
+    wrapper segments such as `_checkpoint_wrapped_module` and `_orig_mod` may be left out). Any that runs in the
+    step with no checkpoint around it is a silent failure, `module_left_unwrapped`, named on the first line: a
+    compile path that skipped a module when it wrapped the others (NVIDIA-NeMo/Automodel#3213's class).
     """
     own = "measure"
     if loss_fn is not None and not callable(loss_fn):
@@ -253,6 +259,7 @@ def measure(
         check_bool(own, opt, value)
     check_text(own, "name", name)
     check_int(own, "steady_steps", steady_steps, 0, MAX_STEADY_STEPS, "timing steps after the measured one")
+    asked = _asked_modules(module_or_fn, checkpointed)
     call_kwargs = {**(forward_kwargs or {}), **kwargs}
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()
     leaves = [t for t in tree_leaves((args, call_kwargs)) if isinstance(t, torch.Tensor)]
@@ -274,6 +281,7 @@ def measure(
         return module_or_fn(*args, **call_kwargs)
 
     with _Attempt(record, requested=requested, reset_dynamo=False) as a:
+        a.transforms = Transforms(checkpointed=asked)
         a.stack.enter_context(restoring_model_state(model))
         if cold:
             compat.reset_dynamo()
@@ -322,6 +330,33 @@ def measure(
         else:
             a.numerics = _numerics.not_compared(steps.loss, why)
     return a.report()
+
+
+def _asked_modules(module_or_fn: Any, checkpointed: Any) -> tuple[str, ...]:
+    """`measure(checkpointed=...)` as canonical names, each one a module of the model, refused before anything runs."""
+    names = check_strings("measure", "checkpointed", checkpointed, "('layers.0', 'layers.1')", non_empty=False)
+    if not names:
+        return ()
+    if not isinstance(module_or_fn, nn.Module):
+        raise ConfigError(
+            "measure",
+            "checkpointed",
+            "names modules, but what is measured is a function, not an nn.Module.",
+            "measure the module itself, or leave checkpointed out.",
+        )
+    known = set(module_names(module_or_fn).values())
+    asked = tuple(dict.fromkeys(canonical_name(n) for n in names))
+    unknown = [n for n in asked if n not in known]
+    if unknown:
+        near = sorted(k for k in known if k.count(".") <= 1 and k)[:6]
+        raise ConfigError(
+            "measure",
+            "checkpointed",
+            f"names {', '.join(repr(n) for n in unknown[:4])}, which {'is' if len(unknown) == 1 else 'are'} not a "
+            f"module of this model.",
+            f"pass names as model.named_modules() gives them (e.g. {', '.join(near) or 'its submodules'}).",
+        )
+    return asked
 
 
 def _check_inputs(module_or_fn: Any, model: nn.Module, leaves: list[torch.Tensor]) -> None:

@@ -189,6 +189,36 @@ class Transforms:
     """Modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`."""
     compiled: tuple[str, ...] = ()
     """Compile targets ("" = the whole model)."""
+    under_checkpoint: tuple[str, ...] | None = None
+    """Modules the measured step's forward ran inside a checkpoint region: entered inside one eagerly, or with ops a
+    compiled graph tagged as checkpointed. None when the probes did not watch the step."""
+    unresolved: tuple[str, ...] = ()
+    """Compiled regions inside which a checkpoint ran around modules the probes cannot name (the `eager` backend runs
+    a compiled graph's checkpoints eagerly, where no module hook is; a forward graph that could not be read)."""
+
+    @property
+    def left_unwrapped(self) -> tuple[str, ...]:
+        """Modules AC was asked to checkpoint (`checkpointed`) that ran without any checkpoint around them or inside
+        them: AC silently off there (NVIDIA-NeMo/Automodel#3213's class). Those in `unplaced` are not named:
+        unknown is not unwrapped."""
+        ran = self.under_checkpoint
+        if ran is None:
+            return ()
+        unplaced = self.unplaced
+        return tuple(
+            m for m in self.checkpointed if m not in unplaced and not any(_within(r, m) or _within(m, r) for r in ran)
+        )
+
+    @property
+    def unplaced(self) -> tuple[str, ...]:
+        """Modules AC was asked to checkpoint that sit inside an `unresolved` region: whether they ran under a
+        checkpoint is not known (a blind spot, said as one)."""
+        return tuple(m for m in self.checkpointed if any(_within(m, u) for u in self.unresolved))
+
+
+def _within(inner: str, outer: str) -> bool:
+    """`inner` is `outer` or a module inside it ("" is the whole model)."""
+    return outer == "" or inner == outer or inner.startswith(outer + ".")
 
 
 @dataclass(frozen=True)
@@ -434,6 +464,16 @@ class Report:
         if c.fell_back_to_eager:
             where = ", ".join(c.regions_without_graphs) or "every region"
             out.append(("fell_back_to_eager", f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"))
+        unwrapped = self.transforms.left_unwrapped
+        if unwrapped:
+            names = ", ".join(unwrapped[:6]) + (" …" if len(unwrapped) > 6 else "")
+            out.append(
+                (
+                    "module_left_unwrapped",
+                    f"AC was asked to checkpoint {names}, but {'it' if len(unwrapped) == 1 else 'they'} ran with no "
+                    f"checkpoint around {'it' if len(unwrapped) == 1 else 'them'}",
+                )
+            )
         return tuple(out)
 
     @property

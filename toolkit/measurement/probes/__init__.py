@@ -72,6 +72,10 @@ class ProbeRecord:
     """"phase: op" → calls of collective ops dispatched eagerly during the step."""
     redrawn: tuple[str, ...] = ()
     """"module (op)" of each random op whose recompute drew other numbers than its forward (the RNG not restored)."""
+    under_checkpoint: tuple[str, ...] = ()
+    """Modules whose forward ran inside a checkpoint region (eagerly, or as ops a compiled graph tagged)."""
+    checkpoint_unresolved: tuple[str, ...] = ()
+    """Compiled regions in which a checkpoint ran that the probes cannot place around modules."""
     draws_compiled: bool | None = False
     """A compiled graph of the step drew random numbers, which eager code draws otherwise (None: unknown, a graph
     whose forward could not be read)."""
@@ -275,6 +279,8 @@ class Probes:
                 )
             ),
             draws_compiled=self.compiled.draws(),
+            under_checkpoint=tuple(sorted(self.state.under_checkpoint)),
+            checkpoint_unresolved=tuple(sorted(self.state.checkpoint_unresolved)),
         )
 
 

@@ -98,6 +98,14 @@ class StepState:
         """Packs of an op's inputs (autograd saves them before the op runs), waiting for that op's name."""
         self.checkpoint_options: dict[str, Any] = {}
         """The options of the checkpoint call whose frame is about to be made."""
+        self.under_checkpoint: set[str] = set()
+        """Modules (and compiled regions) entered in the forward inside a checkpoint region, so that every op of theirs
+        ran under it; and modules whose ops a compiled graph tagged as checkpointed (`compiled.py`)."""
+        self.checkpoint_unresolved: set[str] = set()
+        """Compiled regions inside which a checkpoint ran with no module hook to say around which modules (the `eager`
+        backend runs a compiled graph's checkpoints eagerly, inside it; a graph whose forward could not be read)."""
+        self.reentrant = 0
+        """Depth of reentrant checkpoints running their forward now (they make no frame)."""
         self.graph_regions: set[str] = set()
         """Compiled regions in which a Dynamo graph's own code dispatched an op in the forward: what a backend with no
         AOTAutograd (`eager`) leaves as the only sign that the graph ran, where `compiled.py` sees AOT's saves."""
@@ -124,6 +132,8 @@ class StepState:
         while stack and not (name == stack[-1] or name.startswith(stack[-1] + ".") or stack[-1] == ""):
             stack.pop()
         stack.append(name)
+        if self.phase == "forward" and (self.frames or self.reentrant):
+            self.under_checkpoint.add(name)
 
     def pop(self, name: str) -> None:
         while self.stack:

@@ -123,7 +123,12 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
         self.records.append(rec)
 
     def forward_enter(self, frame):
-        self.state.frames.append(self.by_frame.get(frame))
+        state = self.state
+        state.frames.append(self.by_frame.get(frame))
+        if state.phase == "forward" and state.regions and not torch.compiler.is_compiling():
+            # Inside a compiled region no module has a hook: which of its modules this checkpoint covers is unknown.
+            # (While compiling, AOT runs a traced checkpoint to trace it: the graph's tags say what it covers.)
+            state.checkpoint_unresolved.add(state.region())
 
     def forward_exit(self, frame):
         self.state.compiled_saves = {}
@@ -238,7 +243,15 @@ class Checkpoints:
                 for t in [*args, *_bound_tensors(run_function)]:
                     if isinstance(t, torch.Tensor):
                         probes.state.hold(t)
-            return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+            else:
+                return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+            probes.state.reentrant += 1  # the modules its forward runs run under it (`StepState.push`)
+            if probes.state.regions:
+                probes.state.checkpoint_unresolved.add(probes.state.region())
+            try:
+                return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+            finally:
+                probes.state.reentrant -= 1
 
         return forward
 

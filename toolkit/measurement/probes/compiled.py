@@ -70,9 +70,14 @@ class GraphRecord:
     draws: bool | None = None
     """Its forward graph draws random numbers (dropout, `rand`): an eager reference draws them otherwise. None when
     its forward graph could not be read (a warm inductor graph)."""
+    checkpointed: tuple[str, ...] = ()
+    """Modules (relative, as `GraphSaved.module`) with forward ops a checkpoint inside the graph tagged: Dynamo's
+    `tag_activation_checkpoint` gives each op it traced an `ac_graph_id`, which the partitioner keeps."""
     random_recomputed: tuple[str, ...] = ()
     """Random ops (dropout, `rand`) the partitioner placed in the backward graph: drawn again there, with new numbers
     unless their RNG state is replayed (`rngprims` ops, which this leaves out)."""
+    known_graph: bool = True
+    """Its forward graph was read (partition or kept graph): `checkpointed` is what it holds, not a guess."""
 
 
 @dataclass
@@ -185,6 +190,10 @@ class CompiledGraphs:
         if rec is None:
             rec = self.records[id(meta)] = self._kept_graph_record(region, ctx, meta)
         rec.runs += 1
+        if rec.known_graph:
+            state.under_checkpoint.update(self.resolve(region, rel) for rel in rec.checkpointed)
+        else:
+            state.checkpoint_unresolved.add(region)  # its forward graph unread: a checkpoint inside is not seen
         for i, t in enumerate(saved):
             if not is_real(t):
                 continue
@@ -207,7 +216,7 @@ class CompiledGraphs:
         if fw is None:
             self.unattributed += 1
             self.blind.add("compiled_fw_graph" if compat.aot_partition_target() is not None else "aot_partition")
-            return GraphRecord(region, [], Counter(), recompute_known=False, warm=warm)
+            return GraphRecord(region, [], Counter(), recompute_known=False, warm=warm, known_graph=False)
         outs = list(fw.graph.output_node().args[0])
         saved_nodes = [node for sl in compat.saved_slices(meta) for node in outs[sl]]
         return GraphRecord(
@@ -218,6 +227,7 @@ class CompiledGraphs:
             warm=warm,
             function_cls=compat.compiled_function_of(ctx),
             draws=bool(_random_in(fw)),
+            checkpointed=_checkpointed_in(fw),
         )
 
     def finish(self) -> None:
@@ -312,6 +322,18 @@ def _recompute_ops(bw) -> Counter:
     return recompute
 
 
+def _checkpointed_in(fw) -> tuple[str, ...]:
+    """The modules (relative) whose forward ops in `fw` ran under a checkpoint the graph traced. Only checkpoint's own
+    tagging sets `ac_graph_id`; the partitioner also sets `recompute` on ops of its own choosing (MUST_SAVE), so that
+    alone says nothing. An op outside any submodule ("") says nothing about which module was wrapped."""
+    found = {
+        _rel_module(node)
+        for node in fw.graph.nodes
+        if node.op == "call_function" and node.meta.get("ac_graph_id") is not None
+    }
+    return tuple(sorted(found - {""}))
+
+
 def _random_in(gm) -> tuple[str, ...]:
     """The ops of a graph that draw from torch's global RNG (`nondeterministic_seeded`, with a nonzero dropout
     probability). In a backward graph each is a forward op recomputed, drawing new numbers: whether the partitioner
@@ -333,4 +355,11 @@ def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
         for node in outs[n_fwd_outputs:]
         if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
     ]
-    return GraphRecord(region, saved, _recompute_ops(bw), draws=bool(_random_in(fw)), random_recomputed=_random_in(bw))
+    return GraphRecord(
+        region,
+        saved,
+        _recompute_ops(bw),
+        checkpointed=_checkpointed_in(fw),
+        draws=bool(_random_in(fw)),
+        random_recomputed=_random_in(bw),
+    )
