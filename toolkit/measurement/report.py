@@ -182,11 +182,14 @@ class CompileInfo:
 
 @dataclass(frozen=True)
 class Transforms:
-    """What the toolkit's transforms did to the model, by canonical name (empty for torchtitan's own transforms and
-    for `measure` of a user's module, whose structure the toolkit did not make)."""
+    """What the transforms did to the model, by canonical name: the toolkit's own, or what a stack's own code left
+    (torchtitan's wrappers, transformers' per-layer flags); for `measure` of a user's module, only what the user
+    names in `checkpointed=`."""
 
     checkpointed: tuple[str, ...] = ()
-    """Modules wrapped in a CheckpointWrapper, or given a torch_remat checkpoint `forward`."""
+    """Modules AC was asked to checkpoint: wrapped in a CheckpointWrapper or given a torch_remat checkpoint `forward`
+    (the toolkit, torchtitan), flagged by the stack's own switch (transformers), or named in `measure(checkpointed=)`.
+    """
     compiled: tuple[str, ...] = ()
     """Compile targets ("" = the whole model)."""
     under_checkpoint: tuple[str, ...] | None = None

@@ -26,6 +26,7 @@ from torch import nn
 from .. import _extras
 from .._config import ConfigError, PlainData, check_bool, check_choice, check_int
 from ..transforms import ACConfig, CompileConfig
+from ..transforms.naming import canonical_name, is_checkpoint_wrapper, is_compiled
 from . import extra_of
 from .base import Built
 
@@ -551,8 +552,14 @@ class TorchtitanStack:
     def called(self, model: nn.Module) -> nn.Module:
         return model  # its compiles sit inside the model (in place, or a wrapper in the module's slot)
 
-    def applied(self, model: nn.Module) -> None:
-        return None  # torchtitan's own code applied them; it keeps no record the toolkit reads
+    def applied(self, model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """What torchtitan's own code left on the model (it keeps no record of its own): the modules its `apply_ac`
+        put in a CheckpointWrapper, and the compile targets, by canonical name. The Report checks that each of the
+        former ran under its checkpoint (`Transforms.left_unwrapped`)."""
+        named = list(model.named_modules())
+        ckpt = tuple(dict.fromkeys(canonical_name(n) for n, m in named if is_checkpoint_wrapper(m)))
+        compiled = tuple(dict.fromkeys(canonical_name(n) or "<model>" for n, m in named if is_compiled(m)))
+        return ckpt, compiled
 
     def undo(self, model: nn.Module) -> None:
         return None  # its transforms have no undo; the model is discarded after the step
