@@ -138,7 +138,7 @@ def assemble(
                 blind.append(_WARM_NOTE)
             unplaced = transforms.unplaced
             if unplaced:
-                where = ", ".join(r or "<model>" for r in p.checkpoint_unresolved)
+                where = ", ".join(r or "<model>" for r in transforms.unresolved)
                 blind.append(
                     f"whether {', '.join(unplaced[:6])}{' …' if len(unplaced) > 6 else ''} ran under a checkpoint, as "
                     f"AC was asked: checkpoints ran inside compiled {where}, where no module hook is (the `eager` "

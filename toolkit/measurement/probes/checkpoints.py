@@ -235,21 +235,21 @@ class Checkpoints:
             # Under Dynamo this is traced, not run: the original alone, so the graph is the one a user gets.
             if torch.compiler.is_compiling():
                 return original(ctx, run_function, preserve_rng_state, *args)
-            if probes.state.phase == "forward":
-                # A reentrant checkpoint (transformers' use_reentrant=True) saves its inputs with ctx.save_for_backward
-                # and re-runs `run_function` inside its backward: its inputs are held to re-run it, and backward
-                # must be watched, as for the generator form.
-                probes.saw_checkpoint = True
-                for t in [*args, *_bound_tensors(run_function)]:
-                    if isinstance(t, torch.Tensor):
-                        probes.state.hold(t)
-            else:
-                return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
-            probes.state.reentrant += 1  # the modules its forward runs run under it (`StepState.push`)
+            call = functools.partial(original, ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+            if probes.state.phase != "forward":
+                return call()
+            # A reentrant checkpoint (transformers' use_reentrant=True) saves its inputs with ctx.save_for_backward and
+            # re-runs `run_function` inside its backward: its inputs are held to re-run it, and backward must be
+            # watched, as for the generator form.
+            probes.saw_checkpoint = True
+            for t in [*args, *_bound_tensors(run_function)]:
+                if isinstance(t, torch.Tensor):
+                    probes.state.hold(t)
             if probes.state.regions:
                 probes.state.checkpoint_unresolved.add(probes.state.region())
+            probes.state.reentrant += 1  # the modules its forward runs run under it (`StepState.push`)
             try:
-                return original(ctx, probes._recompute_wrapper(run_function), preserve_rng_state, *args)
+                return call()
             finally:
                 probes.state.reentrant -= 1
 
