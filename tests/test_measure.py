@@ -421,8 +421,7 @@ def test_measure_a_users_own_checkpointed_and_compiled_module():
     assert report.recompute.in_compiled_backward >= 0
     # A real reference: a deep copy run eagerly (force_eager) with the same inputs.
     assert (
-        report.numerics.grads_match is True
-        and report.numerics.reference == "a deep copy run eagerly without checkpointing"
+        report.numerics.grads_match is True and report.numerics.reference == "eager: a deep copy without checkpointing"
     )
 
 

@@ -36,6 +36,9 @@ _REPORT_KEYS = {
     "recompile_reason_contains",
     "redrawn_contains",
     "redrawn_none",
+    "packages",
+    "eager_checkpoints",
+    "memory_budget",
 }
 
 
@@ -117,6 +120,13 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
     if "recipe" in sig and scen.recipe != sig["recipe"]:
         return False
     if "stacks" in sig and scen.stack not in sig["stacks"]:
+        return False
+    # Observations: what the step showed, the same whoever built the model.
+    if "packages" in sig and not set(sig["packages"]) & set(report.packages):
+        return False
+    if "eager_checkpoints" in sig and bool(report.compile.eager_checkpoints) != sig["eager_checkpoints"]:
+        return False
+    if "memory_budget" in sig and (report.compile.memory_budget is not None) != sig["memory_budget"]:
         return False
     if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
         return False

@@ -31,6 +31,7 @@ from .patches import (  # noqa: F401 - re-exported
 from .torch_api import (  # noqa: F401 - re-exported
     CompilerConfigs,
     TorchDispatchMode,
+    activation_memory_budget,
     aot_partition_target,
     aot_saved_state_target,
     apply_skips,

@@ -444,6 +444,14 @@ class CompilerConfigs(NamedTuple):
     inductor: Any
 
 
+def activation_memory_budget() -> float:
+    """AOTAutograd's `activation_memory_budget` in force now (1.0, the partitioner's default, where this torch has
+    no such setting): what a user's own `config.patch` or the toolkit's memory-budget mode set alike."""
+    import torch._functorch.config as functorch_config
+
+    return float(getattr(functorch_config, "activation_memory_budget", 1.0))
+
+
 def compiler_configs() -> CompilerConfigs:
     """Dynamo's, AOTAutograd's and Inductor's config modules (a tuple of the three, by name)."""
     import torch._functorch.config as functorch_config

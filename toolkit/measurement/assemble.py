@@ -84,6 +84,7 @@ def assemble(
     orders: dict,
     numerics: Numerics | None,
     transforms: Transforms,
+    packages: tuple[str, ...] = (),
 ) -> Report:
     """The Report of one attempt at a step: what the probes saw (nothing, when it failed before they ran), its
     error, warnings and blind spots."""
@@ -117,17 +118,21 @@ def assemble(
             )
             graphs = max(p.graphs_run, steps.compiled_total)
             without = p.regions_without_graphs if requested else ()
+            eager_checkpoints = p.eager_checkpoints if requested else ()
             warm = p.warm_graphs + (p.unknown_age_graphs if not steps.compiled_in_step else 0)
             comp = CompileInfo(
                 requested=requested,
                 graphs=graphs,
                 compiled_in_step=steps.compiled_in_step,
                 warm_graphs=warm,
+                compiled_later=steps.compiled_later,
+                memory_budget=steps.memory_budget,
                 graph_breaks=steps.graph_breaks,
                 breaks=p.breaks,
                 recompiles=p.recompiles,
-                fell_back_to_eager=bool(requested and (without or graphs == 0)),
+                fell_back_to_eager=bool(requested and (without or eager_checkpoints or graphs == 0)),
                 regions_without_graphs=tuple(without),
+                eager_checkpoints=tuple(eager_checkpoints),
                 orders=orders,
             )
             names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
@@ -152,6 +157,7 @@ def assemble(
                 graphs=graphs,
                 compiled_in_step=steps.compiled_in_step,
                 graph_breaks=steps.graph_breaks,
+                memory_budget=steps.memory_budget,
                 fell_back_to_eager=bool(requested and graphs == 0),
                 orders=orders,
             )
@@ -190,6 +196,7 @@ def assemble(
         distributed=dist_info,
         transforms=transforms,
         checkpoint_error=divergence,
+        packages=packages,
         timing=Timing(
             build_s=round(timing.get("build_s", 0.0), 4),
             apply_s=round(timing.get("apply_s", 0.0), 4),

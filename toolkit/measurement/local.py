@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, chec
 from ..compat import tree_leaves
 from ..transforms import ACConfig
 from ..transforms.fsdp import process_group
-from ..transforms.naming import canonical_name, has_compiled, module_names, unwrap
+from ..transforms.naming import canonical_name, has_compiled, model_packages, module_names, unwrap
 from ..transforms.settings import torch_settings
 from . import numerics as _numerics
 from .assemble import assemble
@@ -62,6 +62,8 @@ class _Attempt:
         self.timing: dict[str, float] = {}
         self.orders: dict[str, str] = {}
         self.transforms = Transforms()
+        self.packages: tuple[str, ...] = ()
+        """What the model is made of (`naming.model_packages`), set once it is built."""
         self.steps: StepResult | None = None
         self.numerics: Numerics | None = None
         self.err: BaseException | None = None
@@ -102,6 +104,7 @@ class _Attempt:
             err=self.err,
             warn=self.warn,
             timing=self.timing,
+            packages=self.packages,
             requested=self.requested,
             orders=self.orders,
             numerics=self.numerics,
@@ -134,6 +137,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             ref_loss = ref_grads = None
             reference = _numerics.reference_for(scenario)
             if scenario.check_numerics and reference.what:
+                stage("reference")
                 ref = build(scenario, sharded=False)
                 if reference.compile is not None:  # compiled the same way by the stack's own code, without AC
                     plain = scenario.replace(ac=ACConfig(), compile=reference.compile, fsdp="none", ep=1, name="")
@@ -147,6 +151,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 if reference.compile is not None:
                     compat.reset_dynamo()  # the measured model compiles the same code: no entry of the reference's
             model = built.model
+            a.packages = model_packages(model)
             t = time.perf_counter()
             a.orders = transform(scenario, model, stage)
             done = scenario.stack_impl.applied(model)
@@ -205,9 +210,17 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
 
 
 def _default_loss(out: Any) -> torch.Tensor:
+    """The loss of an output when no `loss_fn` is given: a `loss` the output carries (transformers' `ModelOutput`
+    when `labels=` were passed, or a dict's "loss"), else its first tensor, squared and averaged (a scalar as is)."""
+    carried = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(carried, torch.Tensor) and carried.numel() == 1:
+        return carried
     out = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the output is a {type(out).__name__}; pass loss_fn=... to make a scalar of it")
+        raise TypeError(
+            f"the output is a {type(out).__name__} with no scalar `loss`; pass loss_fn=... to make a scalar of it "
+            "(for a transformers model, pass labels= so that it returns its loss)"
+        )
     return out if out.dim() == 0 else out.float().square().mean()
 
 
@@ -228,8 +241,9 @@ def measure(
     `measure(model, *args, **kwargs)` calls `model(*args, **kwargs)` (`forward_kwargs=` carries keyword inputs whose
     names clash with the options here).
 
-    `loss_fn(output)` makes the scalar to differentiate; by default a scalar output is used as is and any other
-    output `o` becomes `o.float().square().mean()` (a dense gradient, unlike `sum()`). Saved tensors are counted
+    `loss_fn(output)` makes the scalar to differentiate; by default a `loss` the output carries is used
+    (transformers' `ModelOutput` given `labels=`), a scalar output as is, and any other output `o` becomes
+    `o.float().square().mean()` (a dense gradient, unlike `sum()`). Saved tensors are counted
     at the end of the forward, before the loss, so the loss's own saved tensors are not included.
 
     Side effects: none on your model or process — gradients, buffers (token counters), RNG, compiler configs,
@@ -282,6 +296,7 @@ def measure(
 
     with _Attempt(record, requested=requested, reset_dynamo=False) as a:
         a.transforms = Transforms(checkpointed=asked)
+        a.packages = model_packages(model)
         a.stack.enter_context(restoring_model_state(model))
         if cold:
             compat.reset_dynamo()
@@ -290,6 +305,7 @@ def measure(
         if reference == "auto" and isinstance(module_or_fn, nn.Module):
             ref, why = _numerics.eager_copy(module_or_fn)
             if ref is not None:
+                a.stage("reference")  # the model's own forward runs first here: an error in it is not the build's
                 ref_result = _numerics.reference_run(ref, lambda: ref(*args, **call_kwargs), loss_of)
                 del ref
         elif reference == "auto":

@@ -172,9 +172,9 @@ def reference_run(
         loss = loss_of(forward())
         loss.backward()
     what = (
-        "a deep copy run eagerly without checkpointing"
+        "eager: a deep copy without checkpointing"
         if disabled
-        else "a deep copy run eagerly without checkpoint wrappers (function-form checkpoints kept)"
+        else "eager: a deep copy without checkpoint wrappers (function-form checkpoints kept)"
     )
     return float(loss.detach().float()), grads(ref), what
 

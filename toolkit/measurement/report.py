@@ -170,6 +170,12 @@ class CompileInfo:
     """Graphs Dynamo compiled during the measured step (0 for a warm model)."""
     warm_graphs: int = 0
     """Graphs that ran but were compiled before the step."""
+    compiled_later: int = 0
+    """Graphs Dynamo compiled in the steps after the measured one (the memory and steady steps), counted apart:
+    a later step compiled again, which the measured step's figures do not include."""
+    memory_budget: float | None = None
+    """torch's `activation_memory_budget` in force while the step ran, when below 1 (None: 1, the default), read
+    from torch's config whoever set it (the toolkit's memory-budget mode, a user's `config.patch`)."""
     graph_breaks: int = 0
     breaks: tuple[GraphBreak, ...] = ()
     recompiles: tuple[str, ...] = ()
@@ -177,6 +183,10 @@ class CompileInfo:
     """Compile was requested but some compiled region ran without any graph (e.g. a graph break inside a
     checkpointed block with fullgraph=False: C2)."""
     regions_without_graphs: tuple[str, ...] = ()
+    eager_checkpoints: tuple[str, ...] = ()
+    """Checkpointed modules whose checkpoint ran eagerly inside a compiled region: Dynamo gave the checkpoint up (a
+    graph break inside it, C67) and ran it, and the layer it holds, outside the graph around it. The region may
+    still have graphs (whole-model compile), so `regions_without_graphs` does not show it."""
     orders: dict[str, str] = field(default_factory=dict)
 
 
@@ -217,6 +227,27 @@ class Transforms:
         """Modules AC was asked to checkpoint that sit inside an `unresolved` region: whether they ran under a
         checkpoint is not known (a blind spot, said as one)."""
         return tuple(m for m in self.checkpointed if any(_within(m, u) for u in self.unresolved))
+
+
+def _names(names: tuple[str, ...], n: int = 6) -> str:
+    """`layers.0, layers.1 …`: the first `n` canonical names ("" is the model)."""
+    return ", ".join(x or "<model>" for x in names[:n]) + (" …" if len(names) > n else "")
+
+
+def _fell_back_text(c: CompileInfo) -> str:
+    """`compile requested, but layers.0, layers.1 ran eagerly (0 graphs)`; for checkpoints Dynamo gave up inside a
+    region whose graphs otherwise ran: `… these checkpointed layers ran eagerly, outside the graph: model.layers.0`."""
+    parts = []
+    # A checkpoint inside a region that had no graph at all is said by that region's name already.
+    inside = tuple(e for e in c.eager_checkpoints if not any(_within(e, r) for r in c.regions_without_graphs))
+    if c.regions_without_graphs or not inside:
+        parts.append(f"{_names(c.regions_without_graphs) or 'every region'} ran eagerly")
+    if inside:
+        parts.append(
+            f"these checkpointed layers ran eagerly, outside the graph: {_names(inside)} (a graph break inside each "
+            "checkpoint)"
+        )
+    return f"compile requested, but {'; '.join(parts)} ({c.graphs} graphs)"
 
 
 def _within(inner: str, outer: str) -> bool:
@@ -437,6 +468,9 @@ class Report:
     transforms: Transforms = field(default_factory=Transforms)
     checkpoint_error: CheckpointDivergence | None = None
     """When the step raised a CheckpointError: which saved tensor diverged and the likely cause."""
+    packages: tuple[str, ...] = ()
+    """Top-level packages whose classes make up the measured model, torch's left out (`("transformers",)`), read off
+    the model whoever built it: what a case about one package's code matches (`catalogue`'s `packages`)."""
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -465,8 +499,7 @@ class Report:
             out.append(("grads_differ", "; ".join(why)))
         c = self.compile
         if c.fell_back_to_eager:
-            where = ", ".join(c.regions_without_graphs) or "every region"
-            out.append(("fell_back_to_eager", f"compile requested, but {where} ran eagerly ({c.graphs} graphs)"))
+            out.append(("fell_back_to_eager", _fell_back_text(c)))
         unwrapped = self.transforms.left_unwrapped
         if unwrapped:
             names = ", ".join(unwrapped[:6]) + (" …" if len(unwrapped) > 6 else "")
@@ -684,8 +717,16 @@ def format_report(r: Report) -> str:
         warm = f" ({c.warm_graphs} compiled before the step)" if c.warm_graphs else ""
         lines.append(
             f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
-            + ("; FELL BACK TO EAGER in " + ", ".join(c.regions_without_graphs) if c.fell_back_to_eager else "")
+            + (
+                "; FELL BACK TO EAGER in " + _names((*c.regions_without_graphs, *c.eager_checkpoints), 99)
+                if c.fell_back_to_eager
+                else ""
+            )
         )
+        if c.memory_budget is not None:
+            lines.append(f"    activation_memory_budget {c.memory_budget:g} (read from torch's config in the step)")
+        if c.compiled_later:
+            lines.append(f"    a later step compiled {c.compiled_later} more graphs (not counted above)")
         for b in c.breaks[:5]:
             lines.append(f"    break at {b.place}: {b.reason.splitlines()[0][:120]}")
     else:

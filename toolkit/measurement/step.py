@@ -53,7 +53,8 @@ def no_tasks_left_on_error(older: torch.Tensor) -> Any:
 
 
 class Stage:
-    """The stage a run is in ("build", "ac", "compile", "forward", "backward", "measure"), reported on change."""
+    """The stage a run is in ("build", "reference" (the eager run gradients are compared with), "ac", "compile",
+    "forward", "backward", "measure"), reported on change."""
 
     def __init__(self, on_change: Callable[[str], None] | None = None):
         self.name = "build"
@@ -76,7 +77,11 @@ class StepResult:
     compiled_in_step: int = 0
     graph_breaks: int = 0
     compiled_total: int = 0
-    """Graphs compiled over every step run here (recompiles in later steps included)."""
+    """Graphs compiled by the measured step (step 1), counted from before its settings were entered."""
+    compiled_later: int = 0
+    """Graphs compiled by the steps after it (the memory step, the steady steps): a later step compiled again."""
+    memory_budget: float | None = None
+    """torch's `activation_memory_budget` in force while step 1 ran, when below 1 (whoever set it)."""
     memory: Memory | None = None
     timings: dict[str, float] = field(default_factory=dict)
     checkpoints: Any = None
@@ -124,6 +129,8 @@ def measured_step(
     t0 = time.perf_counter()
     with torch_settings(model), no_tasks_left_on_error(older):
         counted = compat.counters_snapshot()
+        budget = compat.activation_memory_budget()
+        out.memory_budget = budget if budget < 1.0 else None
         try:
             with probes.active() if probes is not None else contextlib.nullcontext():
                 stage("forward")
@@ -146,6 +153,8 @@ def measured_step(
                 out.checkpoints = probes.checkpoint_view(model)
             raise
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
+    out.compiled_total = compat.graphs_compiled(before)[0]
+    after_first = compat.counters_snapshot()
     out.timings.update(
         first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0, first_backward_s=time.perf_counter() - t_bwd
     )
@@ -156,7 +165,6 @@ def measured_step(
         out.probes = probes.collect()
         del probes
     else:
-        out.compiled_total = compat.graphs_compiled(before)[0]
         return out  # a bare run: nothing else to measure
 
     def sync():
@@ -210,7 +218,7 @@ def measured_step(
         bare_step(times=steady)
     for i, name in enumerate(("steady_forward_s", "steady_backward_s", "steady_step_s")):
         out.timings[name] = statistics.median(t[i] for t in steady) if steady else 0.0
-    out.compiled_total = compat.graphs_compiled(before)[0]
+    out.compiled_later = compat.graphs_compiled(after_first)[0]
     return out
 
 

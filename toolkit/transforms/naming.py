@@ -129,3 +129,9 @@ def wrapper_chain(m: nn.Module) -> list[str]:
         chain.append(type(m).__name__)
         m = wrapped_child(m)
     return chain
+
+
+def model_packages(model: nn.Module) -> tuple[str, ...]:
+    """The top-level packages whose classes make up `model`, torch's own left out: `("transformers",)` for a model
+    transformers built, whoever built and called it; what a case about one package's code is matched by."""
+    return tuple(sorted({type(m).__module__.split(".")[0] for m in model.modules()} - {"torch"}))

@@ -76,6 +76,9 @@ class ProbeRecord:
     """Modules whose forward ran inside a checkpoint region (eagerly, or as ops a compiled graph tagged)."""
     checkpoint_unresolved: tuple[str, ...] = ()
     """Compiled regions in which a checkpoint ran that the probes cannot place around modules."""
+    eager_checkpoints: tuple[str, ...] = ()
+    """Checkpointed modules (else the compiled region around them) whose checkpoint Dynamo gave up and ran eagerly
+    inside a compiled region (`StepState.eager_checkpoints`)."""
     draws_compiled: bool | None = False
     """A compiled graph of the step drew random numbers, which eager code draws otherwise (None: unknown, a graph
     whose forward could not be read)."""
@@ -281,6 +284,7 @@ class Probes:
             draws_compiled=self.compiled.draws(),
             under_checkpoint=tuple(sorted(self.state.under_checkpoint)),
             checkpoint_unresolved=tuple(sorted(self.state.checkpoint_unresolved)),
+            eager_checkpoints=tuple(sorted(self.state.eager_checkpoints)),
         )
 
 

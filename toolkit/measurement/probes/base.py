@@ -5,6 +5,7 @@ What the probes share: the step's phase, the module stack (who is running), and 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -46,6 +47,29 @@ class Held(NamedTuple):
     dtype: str
     nbytes: int
     """Its storage's size when it was packed."""
+
+
+# FX names the code of every GraphModule it generates "<eval_with_key>.N"; a checkpointed body inside a Dynamo graph
+# (the checkpoint higher-order op) is run node by node by FX's Interpreter instead (torch/fx, 2.13–2.15).
+_GRAPH_CODE = "<eval_with_key>"
+_INTERPRETER = ("fx/interpreter.py", "fx\\interpreter.py")
+
+
+def from_graph_code(depth: int = 12) -> bool:
+    """Was the caller called by a Dynamo graph's own code? Under the `eager` backend the captured graph runs as its
+    GraphModule's generated forward (or, for a checkpointed body, FX's Interpreter), op by op; AOTAutograd's graphs
+    run below the dispatch mode. For an op, that frame is among the first Python frames above `__torch_dispatch__`
+    (checkpoint's own dispatch modes and torch's disable wrappers sit between); for a checkpoint region that begins,
+    a graph's `tag_activation_checkpoint` call sits deeper (`depth` frames are looked at)."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename
+        if name.startswith(_GRAPH_CODE) or name.endswith(_INTERPRETER):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -101,6 +125,10 @@ class StepState:
         self.under_checkpoint: set[str] = set()
         """Modules (and compiled regions) entered in the forward inside a checkpoint region, so that every op of theirs
         ran under it; and modules whose ops a compiled graph tagged as checkpointed (`compiled.py`)."""
+        self.eager_checkpoints: set[str] = set()
+        """Checkpoint regions (their module, else the compiled region around them) that began eagerly, in Python code,
+        inside a compiled region: Dynamo gave the checkpoint up (a graph break inside it) and ran it outside any graph.
+        Not the `eager` backend running a graph's own checkpoint (that one begins from the graph's code)."""
         self.checkpoint_unresolved: set[str] = set()
         """Compiled regions inside which a checkpoint ran with no module hook to say around which modules (the `eager`
         backend runs a compiled graph's checkpoints eagerly, inside it; a graph whose forward could not be read)."""
@@ -134,6 +162,22 @@ class StepState:
         stack.append(name)
         if self.phase == "forward" and (self.frames or self.reentrant):
             self.under_checkpoint.add(name)
+
+    def checkpoint_begins(self, module: str | None) -> None:
+        """A checkpoint region (either form) begins; `module` is the module its function runs, if known. Inside a
+        compiled region, and not while Dynamo traces it, it runs eagerly there: from the graph's own code (the `eager`
+        backend runs a traced checkpoint so, and no module hook says what it covers), or from Python code, because
+        Dynamo gave the checkpoint up and ran it outside any graph (`eager_checkpoints`)."""
+        if self.phase != "forward" or not self.regions or torch.compiler.is_compiling():
+            return
+        if from_graph_code(depth=64):
+            self.checkpoint_unresolved.add(self.region())
+            return
+        self.eager_checkpoints.add(self.region() if module is None else module)
+        if module is None:
+            self.checkpoint_unresolved.add(self.region())
+        else:
+            self.under_checkpoint.add(module)
 
     def pop(self, name: str) -> None:
         while self.stack:

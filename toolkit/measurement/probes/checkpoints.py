@@ -45,6 +45,8 @@ class FrameRecord:
     region: str
     """The module running when the region began (its CheckpointWrapper's name, or the caller of `checkpoint`)."""
     preserve_rng_state: bool | None = None
+    owner: str | None = None
+    """The module whose call the region's function is (a module, its bound method, or a partial of one), if any."""
     forward: list[Packed] = field(default_factory=list)
     recomputes: dict[Any, list[Packed]] = field(default_factory=dict)
     """Graph-task id → what the recompute packed, in order."""
@@ -117,18 +119,19 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
     def frame(self, frame):
         opts = self.state.checkpoint_options
         region = opts.get("region")
-        rec = FrameRecord(self.state.module() if region is None else region, opts.get("preserve_rng_state"))
+        rec = FrameRecord(
+            self.state.module() if region is None else region, opts.get("preserve_rng_state"), owner=region
+        )
         self.state.checkpoint_options = {}
         self.by_frame[frame] = rec
         self.records.append(rec)
 
     def forward_enter(self, frame):
         state = self.state
-        state.frames.append(self.by_frame.get(frame))
-        if state.phase == "forward" and state.regions and not torch.compiler.is_compiling():
-            # Inside a compiled region no module has a hook: which of its modules this checkpoint covers is unknown.
-            # (While compiling, AOT runs a traced checkpoint to trace it: the graph's tags say what it covers.)
-            state.checkpoint_unresolved.add(state.region())
+        rec = self.by_frame.get(frame)
+        state.frames.append(rec)
+        # (While compiling, AOT runs a traced checkpoint to trace it: the graph's tags say what it covers.)
+        state.checkpoint_begins(rec.owner if rec is not None else None)
 
     def forward_exit(self, frame):
         self.state.compiled_saves = {}
@@ -245,8 +248,7 @@ class Checkpoints:
             for t in [*args, *_bound_tensors(run_function)]:
                 if isinstance(t, torch.Tensor):
                     probes.state.hold(t)
-            if probes.state.regions:
-                probes.state.checkpoint_unresolved.add(probes.state.region())
+            probes.state.checkpoint_begins(probes._region_of(run_function))
             probes.state.reentrant += 1  # the modules its forward runs run under it (`StepState.push`)
             try:
                 return call()
@@ -257,7 +259,12 @@ class Checkpoints:
 
     def _region_of(self, fn) -> str | None:
         """The canonical name of the module a checkpoint call runs (a module, or one's bound method), if any."""
-        owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+        bound = None
+        while isinstance(fn, functools.partial):  # transformers 5.x: `partial(forward, layer, **kwargs)`
+            if fn.args and isinstance(fn.args[0], nn.Module):
+                bound = fn.args[0]
+            fn = fn.func
+        owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", bound)
         return self.names.get(id(owner)) if isinstance(owner, nn.Module) else None
 
     def _recompute_wrapper(self, fn):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -11,7 +10,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
 from ...compat import TorchDispatchMode
-from .base import Produced, StepState, dtype_name, is_real, tensors
+from .base import Produced, StepState, dtype_name, from_graph_code, is_real, tensors
 
 _op_names: dict[Any, str] = {}
 _COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.", "c10d_functional.")
@@ -138,7 +137,7 @@ class Tracker(TorchDispatchMode):
         if info.random and not state.in_pack and not state.bookkeeping:
             self._draw(func, name, args, kwargs or {}, out)
         if state.phase == "forward":
-            if state.regions and state.regions[-1] not in state.graph_regions and _from_graph_code():
+            if state.regions and state.regions[-1] not in state.graph_regions and from_graph_code():
                 state.graph_regions.add(state.regions[-1])
             produced = self.produced
             module = None
@@ -215,25 +214,3 @@ class Tracker(TorchDispatchMode):
     def record(self, key: int, produced: Produced) -> None:
         """A storage made outside the dispatcher's sight (e.g. the RNG state a checkpoint stashes)."""
         self.produced[key] = produced
-
-
-# FX names the code of every GraphModule it generates "<eval_with_key>.N"; a checkpointed body inside a Dynamo graph
-# (the checkpoint higher-order op) is run node by node by FX's Interpreter instead (torch/fx, 2.13–2.15).
-_GRAPH_CODE = "<eval_with_key>"
-_INTERPRETER = ("fx/interpreter.py", "fx\\interpreter.py")
-
-
-def _from_graph_code(depth: int = 12) -> bool:
-    """Was the op being dispatched called by a Dynamo graph? Under the `eager` backend the captured graph runs as its
-    GraphModule's generated forward (or, for a checkpointed body, FX's Interpreter), op by op, through this mode;
-    AOTAutograd's graphs run below it. That frame is among the first Python frames above `__torch_dispatch__`
-    (checkpoint's own dispatch modes and torch's disable wrappers sit between)."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return False
-        name = frame.f_code.co_filename
-        if name.startswith(_GRAPH_CODE) or name.endswith(_INTERPRETER):
-            return True
-        frame = frame.f_back
-    return False
