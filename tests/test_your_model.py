@@ -7,6 +7,7 @@ a model transformers built from a config object, checkpointed and compiled the w
 
 import pytest
 import torch
+from _helpers import extra
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -234,7 +235,7 @@ def test_transformers_cells_get_the_same_verdict_and_cases_whoever_built_the_mod
     (model)`), run by `tk.run`, and the same model a user built, measured by `tk.measure` with no `loss_fn` (the
     ModelOutput's own loss): the same verdict, explanation and known cases. Where AC and compile meet, Dynamo puts
     no checkpoint in any graph (the test's backend counts 0) and both say which layers ran eagerly (C67)."""
-    pytest.importorskip("transformers", reason='pip install -e ".[transformers]" turns the transformers tests on')
+    extra("transformers")
     from toolkit.stacks.transformers import TransformersConfig
 
     cfg = TransformersConfig(family="qwen3_moe")
