@@ -111,6 +111,7 @@ def synthetic_matrix():
             breaks=(brk,),
             fell_back_to_eager=True,
             regions_without_graphs=("layers.0", "layers.1"),
+            eager_checkpoints=("layers.0", "layers.1"),  # the checkpoints inside them ran eagerly: C2's observation
             orders={"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"},
         ),
         "sac_not_applied": report(cells["sac_not_applied"], saved=60_000),

@@ -221,8 +221,12 @@ def test_readmes_transformers_snippet_runs_and_says_what_it_says():
     snippet = next(s for s in _blocks("python") if 'stack="transformers"' in s)
     out = subprocess.run([sys.executable, "-c", "import toolkit as tk\n" + snippet], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    said = snippet.split("# line 1: ", 1)[1].split(" — ", 1)[0]  # README's comment names line 1's verdict
-    assert out.stdout.splitlines()[0].split(": ", 1)[1].startswith(said), out.stdout[:500]
+    # README's comments name each printed Report's line 1 verdict, in order: the stack's, then the user-built model's.
+    said = [part.split(" — ", 1)[0] for part in snippet.split("# line 1: ")[1:]]
+    firsts = [line for line in out.stdout.splitlines() if not line.startswith(" ")]
+    assert len(said) == len(firsts) == 2, out.stdout[:2000]
+    for verdict, line in zip(said, firsts):
+        assert line.split(": ", 1)[1].startswith(verdict), out.stdout[:2000]
 
 
 def test_readmes_torchtitan_snippet_runs(tmp_path):

@@ -188,6 +188,42 @@ def test_an_error_in_a_users_forward_is_not_an_error_at_build(reference):
     assert report.error.stage == ("reference" if reference else "forward")
 
 
+# -- the toolkit's own cells against the same model prepared by the public API and measured as a user's ----------
+
+TOOLKIT_CELLS = [
+    ("none", "blocks", "compile_outside"),
+    ("full", "blocks", "compile_outside"),
+    ("full", "blocks", "ac_outside"),
+    ("selective_op", "blocks", "compile_outside"),
+    ("full", "model", "compile_outside"),
+    ("selective_op", "moe", "compile_outside"),
+    ("memory_budget", "blocks", "compile_outside"),
+]
+
+
+@pytest.mark.parametrize("ac,scope,order", TOOLKIT_CELLS, ids=["-".join(c) for c in TOOLKIT_CELLS])
+def test_toolkit_cells_get_the_same_verdict_and_cases_from_measure(ac, scope, order):
+    """`tk.run(Scenario(...))` and the same model built with `tk.build_model`, `tk.prepare` and measured by
+    `tk.measure` (as a user who calls the toolkit's transforms does): the same verdict, explanation and cases."""
+    cfg = tk.ModelConfig(n_layers=2, experts_impl="for_loop")
+    options = {"memory_budget": 0.3} if ac == "memory_budget" else {}
+    ac_cfg = tk.ACConfig(mode=ac, **options)
+    comp = tk.CompileConfig(
+        scope=scope, backend="aot_eager", order=order if ac != "none" and scope == "blocks" else None
+    )
+    ours = tk.run(tk.Scenario(model=cfg, ac=ac_cfg, compile=comp, steady_steps=0))
+    model = tk.prepare(tk.build_model(cfg), ac=ac_cfg, compile=comp)
+    batch = tk.make_batch(cfg)
+    try:
+        theirs = tk.measure(model, batch.tokens, loss_fn=lambda logits: tk.loss_fn(logits, batch.labels), cold=True)
+    finally:
+        tk.reset(model)
+    a, b = classify(ours), classify(theirs)
+    assert (b.label, b.explanation, b.cases) == (a.label, a.explanation, a.cases)
+    assert theirs.saved.total_bytes == ours.saved.total_bytes
+    assert theirs.compile.memory_budget == ours.compile.memory_budget == options.get("memory_budget")
+
+
 # -- transformers: the stack's cells against the same model built by a user's own code -----------------------------
 
 CELLS = [

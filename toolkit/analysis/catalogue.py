@@ -39,6 +39,7 @@ _REPORT_KEYS = {
     "packages",
     "eager_checkpoints",
     "memory_budget",
+    "saved_kinds",
 }
 
 
@@ -127,6 +128,8 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
     if "eager_checkpoints" in sig and bool(report.compile.eager_checkpoints) != sig["eager_checkpoints"]:
         return False
     if "memory_budget" in sig and (report.compile.memory_budget is not None) != sig["memory_budget"]:
+        return False
+    if "saved_kinds" in sig and not any(report.saved.by_kind.get(kind) for kind in sig["saved_kinds"]):
         return False
     if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
         return False

@@ -126,7 +126,6 @@ def assemble(
                 compiled_in_step=steps.compiled_in_step,
                 warm_graphs=warm,
                 compiled_later=steps.compiled_later,
-                memory_budget=steps.memory_budget,
                 graph_breaks=steps.graph_breaks,
                 breaks=p.breaks,
                 recompiles=p.recompiles,
@@ -157,7 +156,6 @@ def assemble(
                 graphs=graphs,
                 compiled_in_step=steps.compiled_in_step,
                 graph_breaks=steps.graph_breaks,
-                memory_budget=steps.memory_budget,
                 fell_back_to_eager=bool(requested and graphs == 0),
                 orders=orders,
             )
@@ -166,6 +164,9 @@ def assemble(
             memory = steps.memory
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
             blind.append(compat.blind_spot("profiler_allocations"))
+    if steps is not None and steps.memory_budget is not None:
+        # Read as the step began: a step that failed while compiling (C58) ran under it too.
+        comp = dataclasses.replace(comp, memory_budget=steps.memory_budget)
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
         warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
     divergence = None
