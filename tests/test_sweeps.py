@@ -225,6 +225,9 @@ def test_merge_results_from_two_machines_by_key(tmp_path):
         dry = _cli("--merge", *(str(x / "results.jsonl") for x in merged), "--out", str(d), *only, "--dry-run")
         assert dry.returncode == 0, dry.stderr
         assert f"{to_run} to run on" in dry.stdout and f"{3 - to_run} already in" in dry.stdout, dry.stdout
+        # The cells it would run, by label: b lacks DENSE, and its DENSE_FULL crashed.
+        listed = [line.strip() for line in dry.stdout.splitlines()[1:]]
+        assert listed == ([DENSE.label, DENSE_FULL.label] if to_run else []), dry.stdout
         assert not d.exists()
     p = _cli(
         "--merge",

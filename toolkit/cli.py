@@ -314,7 +314,7 @@ def _matrix_command(argv: list[str]) -> int:
         return code
     import re
 
-    from ._config import ConfigError
+    from ._config import ConfigError, printable
     from ._extras import available, reason
     from .analysis import store, sweeps
     from .analysis.cells import left_out as left_out_cells
@@ -391,6 +391,8 @@ def _matrix_command(argv: list[str]) -> int:
                 )
                 + ". Nothing was run."
             )
+            for cell in pending:  # what would run, one per line, in the order it would run
+                print(f"  {printable(cell.label)}")
             return 0
         if args.merge:
             added, skipped = store.merge_into(args.out, args.merge)
