@@ -411,3 +411,157 @@ def test_families_compiled_whole_name_exactly_the_checkpoints_no_graph_holds(fam
     assert report.verdict == ("fell_back_to_eager" if eager else "ok")
     if eager:
         assert "C67" in classify(report).cases
+
+
+# -- sweep your own model: `matrix --model FILE.py:FUNCTION` ---------------------------------------------------------
+
+MINE = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Expert(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.w = nn.Linear(d, d, bias=False)
+
+
+class Mine(nn.Module):
+    """Blocks in `trunk`, not `layers`; a longer ModuleList of small experts that are not the blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(32, 32)
+        self.trunk = nn.ModuleList(Block() for _ in range(3))
+        self.spare = nn.ModuleList(Expert() for _ in range(5))
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.trunk:
+            x = block(x)
+        return self.head(x)
+
+
+def build():
+    return Mine(), torch.randn(4, 32)
+
+
+def not_a_model():
+    return 3
+'''
+
+
+def _matrix(*args, timeout=600):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", "matrix", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_a_users_model_is_swept_resumed_and_swept_again_when_edited(tmp_path):
+    """`matrix --model mine.py:build`: the blocks found as FSDP's auto-wrap would (`trunk`, the ModuleList with the
+    most parameters, not the longer `spare`), the cells listed by --dry-run, three run for real. Saved bytes equal
+    the test's own hooks on the same model: plain, and with the test's own checkpoint_wrapper on each trunk block.
+    Run again it runs nothing; the file edited, it runs again."""
+    import importlib.util
+    import json
+
+    from _truth import Truth
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    mine = tmp_path / "mine.py"
+    mine.write_text(MINE)
+    spec = f"{mine}:build"
+    out = tmp_path / "out"
+    dry = _matrix("--model", spec, "--dry-run", "--out", str(out))
+    assert dry.returncode == 0, dry.stderr
+    assert f"--model {spec}: blocks trunk.0 … trunk.2 (3)" in dry.stderr
+    listed = [line.strip() for line in dry.stdout.splitlines()[1:]]
+    assert len(listed) == 7 and all(line.startswith(f"user:{spec} | AC ") for line in listed)
+    assert f"user:{spec} | AC full | blocks (AC outside) | aot_eager" in listed
+    only = ("--only", r"\| AC (none \| eager|full \| eager|full \| blocks) \| (eager|aot_eager)$")
+    swept = _matrix("--model", spec, *only, "--out", str(out), "--no-progress", "--no-bare")
+    assert swept.returncode == 0, swept.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    reports = {r["cell"]["ac"] + " " + r["cell"]["scope"]: tk.Report.from_dict(r["report"]) for r in records}
+    assert set(reports) == {"none none", "full none", "full blocks"}
+    assert reports["full blocks"].verdict == "ok" and reports["full blocks"].compile.graphs >= 1
+    assert set(reports["full blocks"].transforms.checkpointed) == {"trunk.0", "trunk.1", "trunk.2"}
+    module_spec = importlib.util.spec_from_file_location("mine_for_truth", mine)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    for ac in ("none", "full"):
+        torch.manual_seed(0)
+        model, x = module.build()
+        if ac == "full":
+            for i, block in enumerate(model.trunk):
+                model.trunk[i] = checkpoint_wrapper(block)
+        with Truth(model) as truth:
+            out_t = model(x)
+            expected = truth.bytes(out_t)
+        assert reports[f"{ac} none"].saved.total_bytes == expected, ac
+    for name in ("matrix.md", "matrix.json", "matrix.html"):
+        assert (out / name).is_file()
+    again = _matrix("--model", spec, *only, "--out", str(out), "--no-progress", "--no-bare")
+    assert again.returncode == 0 and "up to date" in again.stdout.splitlines()[-1], again.stdout
+    mine.write_text(MINE + "\n# edited\n")
+    edited = _matrix("--model", spec, *only, "--out", str(out), "--dry-run")
+    assert "3 to run" in edited.stdout, edited.stdout
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (("--model", "{dir}/absent.py:build"), "is not a file"),
+        (("--model", "{dir}/mine.py:nothing"), "has no function 'nothing'"),
+        (("--model", "{dir}/mine.py:not_a_model"), "returned int, not (model, inputs)"),
+        (("--model", "{dir}/mine.py"), "is not FILE.py:FUNCTION"),
+        (("--model", "{dir}/mine.py:build", "--blocks", "Nope"), "whose children are of class 'Nope'"),
+        (("--blocks", "Block"), "--blocks names the blocks of --model's model"),
+        (("--model", "{dir}/mine.py:build", "--stack", "toolkit"), "--model sweeps your model alone"),
+    ],
+)
+def test_a_users_model_that_cannot_be_swept_is_refused_before_any_cell_runs(tmp_path, args, words):
+    (tmp_path / "mine.py").write_text(MINE)
+    out = _matrix(*(a.format(dir=tmp_path) for a in args), "--dry-run", "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and words in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_tk_sweep_takes_your_build_function(tmp_path):
+    """`tk.sweep(model=build)` with the function itself (defined at the top of a file): the same cells as
+    `matrix --model`; a function that is not (a lambda) is refused naming the field."""
+    import importlib.util
+
+    (tmp_path / "mine.py").write_text(MINE)
+    spec = importlib.util.spec_from_file_location("mine_for_sweep", tmp_path / "mine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = tk.sweep(
+        model=module.build,
+        out=tmp_path / "out",
+        progress=False,
+        workers=1,
+        bare=False,
+        runner=lambda s: tk.run(s.replace(check_numerics=False, measure_memory=False, steady_steps=0)),
+    )
+    labels = [r.cell.label for r in result.rows]
+    assert len(labels) == 7 and labels[0] == f"user:{tmp_path / 'mine.py'}:build | AC none | eager | eager"
+    assert {r.classification.label for r in result.rows} <= {"works", "ac_saves_nothing"}
+    with pytest.raises(tk.ConfigError, match="sweep.model: .* is not a function defined at the top of a .py file"):
+        tk.sweep(model=lambda: None, out=tmp_path / "other", progress=False)

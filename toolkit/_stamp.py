@@ -72,6 +72,25 @@ def _sources() -> list[list[Any]]:
     return files
 
 
+def _model_file(argv: list[str]) -> list[Any] | None:
+    """The file a `--model FILE.py:FUNCTION` (or `MODULE:FUNCTION`) sweep measures, and its state: an edit to the
+    user's model measures again. None without --model."""
+    for i, arg in enumerate(argv):
+        spec = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else arg.partition("=")[2]
+        if arg != "--model" and not arg.startswith("--model="):
+            continue
+        where = spec.rsplit(":", 1)[0]
+        if where.endswith(".py"):
+            return [os.path.abspath(where), _stat(where)]
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError):
+            found = None
+        origin = found.origin if found is not None else None
+        return [origin, _stat(origin)]
+    return None
+
+
 def inputs(argv: list[str], out: str | os.PathLike, packages: Iterable[str]) -> dict[str, Any]:
     """Everything a sweep's outputs depend on, beside the arguments themselves. `packages`: the optional packages
     whose installed versions count (`toolkit.stacks.extras()`, read by the CLI: the stacks sit above this layer)."""
@@ -87,6 +106,7 @@ def inputs(argv: list[str], out: str | os.PathLike, packages: Iterable[str]) -> 
         "torch": _install("torch"),
         "extras": {m: _install(m) for m in sorted(packages)},
         "toolkit": _sources(),
+        "model": _model_file(argv),
         "files": {name: _stat(folder / name) for name in OUTPUTS},
     }
 

@@ -242,6 +242,18 @@ def _matrix_parser() -> argparse.ArgumentParser:
         "(pip install -e '.[torchtitan]'), transformers' own (pip install -e '.[transformers]'), or all; repeat for "
         "several in one matrix",
     )
+    parser.add_argument(
+        "--model",
+        metavar="FILE.py:FUNCTION",
+        help="sweep your own model instead: FUNCTION() returns (model, inputs) or (model, inputs, loss_fn) at a tiny "
+        "size (also PKG.MODULE:FUNCTION); the toolkit's AC modes and compiles on its blocks",
+    )
+    parser.add_argument(
+        "--blocks",
+        metavar="CLASSNAME",
+        help="with --model: the class of its repeated blocks (default: the children of the ModuleList holding the "
+        "most parameters, as FSDP's auto-wrap finds them)",
+    )
     parser.add_argument("--only", metavar="REGEX", help="only cells whose label matches, e.g. '^dense \\| AC full'")
     parser.add_argument(
         "--timeout-s",
@@ -332,11 +344,28 @@ def _matrix_command(argv: list[str]) -> int:
     if args.workers is None:  # local's option: the cluster executors run each cell as a job of its own
         args.workers = max(1, min(2, os.cpu_count() or 1)) if args.executor == "local" else 1
     backends = args.backend or ["aot_eager"]
-    try:
-        stacks = tuple(args.stack or ["toolkit"])
-        cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=stacks)
-    except (ConfigError, ImportError) as e:
-        parser.error(f"--stack {' '.join(stacks)}: {e}")
+    if args.blocks is not None and args.model is None:
+        parser.error("--blocks names the blocks of --model's model. Fix: pass --model FILE.py:FUNCTION too.")
+    if args.model is not None and args.stack:
+        parser.error("--model sweeps your model alone. Fix: drop --stack, or sweep the stacks in another --out.")
+    if args.model is not None:
+        from .analysis.cells import model_cells
+        from .stacks.user import UserModelConfig, preflight
+
+        stacks = ("user",)
+        try:
+            # The file, the function, what it returns and its blocks, checked once before any cell runs.
+            blocks = preflight(UserModelConfig(build=args.model, blocks=args.blocks))
+            print(f"--model {args.model}: blocks {blocks}", file=sys.stderr)
+            cells = model_cells(args.model, args.blocks, tuple(backends), quick=not args.full)
+        except ConfigError as e:
+            parser.error(f"--model {args.model}: {e}")
+    else:
+        try:
+            stacks = tuple(args.stack or ["toolkit"])
+            cells = sweeps.default_cells(quick=not args.full, backends=tuple(backends), stack=stacks)
+        except (ConfigError, ImportError) as e:
+            parser.error(f"--stack {' '.join(stacks)}: {e}")
     left_out = left_out_cells() if {"toolkit", "all"} & set(stacks) else []
     for line in left_out:
         print(line, file=sys.stderr)

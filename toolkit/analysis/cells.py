@@ -80,11 +80,12 @@ class Cell:
         mode, offload = self.ac.removesuffix(OFFLOAD), self.ac.endswith(OFFLOAD)
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
             st = foreign(self.stack)
-            comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph)
+            comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
+            ac = ACConfig(mode=mode, memory_budget=0.3) if mode == "memory_budget" else ACConfig(mode=mode)
             return Scenario(
                 stack=self.stack,
                 **{st.config_field: st.config_for(self.block)},
-                ac=ACConfig(mode=mode, offload=True) if offload else ACConfig(mode=mode),
+                ac=ac.replace(offload=True) if offload else ac,
                 compile=comp,
                 **common,
             )
@@ -239,6 +240,17 @@ def stack_cells(stack: str, backends: Iterable[str] = ("aot_eager",), *, quick: 
     return _dedupe([Cell(**fields) for fields in foreign(stack).sweep_cells(tuple(backends), quick=quick)])
 
 
+def model_cells(
+    build: str, blocks: str | None = None, backends: Iterable[str] = ("aot_eager",), *, quick: bool = False
+) -> list[Cell]:
+    """A user's own model (`matrix --model FILE.py:FUNCTION`, `stacks/user.py`): the toolkit's AC modes × eager, the
+    whole model, or each block in both orders × `backends`, on the blocks `blocks` names (a class) or finds."""
+    from ..stacks.user import STACK, UserModelConfig
+
+    cfg = UserModelConfig(build=build, blocks=blocks)
+    return _dedupe([Cell(**fields) for fields in STACK.cells(cfg, tuple(backends), quick=quick)])
+
+
 def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
     """torchtitan's own models with its own transforms (`stack="torchtitan"`): each family × its AC modes × eager
     or its compile (blocks whole, fullgraph) × without / with its FSDP2. Needs torchtitan installed."""
@@ -277,5 +289,7 @@ def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     release = scenario.stack_impl.release()
     if release is not None:  # transformers: another release is another measurement
         key[scenario.stack] = release
+    if scenario.stack == "user":  # an edited model is another measurement
+        key["source"] = scenario.stack_impl.source_digest(scenario.model)
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -22,10 +22,10 @@ from .._config import ConfigError, check_bool, check_int, check_seconds
 from .._stamp import render
 from ..measurement import Report
 from ..measurement import environment as run_environment
-from ..stacks import STACKS as STACK_NAMES
+from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import get
 from ..transforms.compile import BACKENDS
-from .cells import Cell, cell_key, full_cells, quick_cells, stack_cells, valid
+from .cells import Cell, cell_key, full_cells, model_cells, quick_cells, stack_cells, valid
 from .classification import EXPLAIN, classify
 from .executors import Executor, Job, make
 from .matrix import MatrixResult, Row
@@ -104,6 +104,8 @@ def sweep(
     stack: str | tuple[str, ...] = "toolkit",
     retry_timeouts: bool = True,
     bare: bool = True,
+    model: str | Callable[[], Any] | None = None,
+    blocks: str | None = None,
     **executor_options: Any,
 ) -> MatrixResult:
     """Measure every cell (isolated), appending each result to `out/results.jsonl` as it finishes; cells already
@@ -114,12 +116,24 @@ def sweep(
     torchtitan's or transformers' own models and transforms ("torchtitan", "transformers": `stack_cells`), a tuple
     of them, or "all"; ignored when `cells` is given. `bare`: then rerun every cell classified as an error or a
     silent failure with none of the probes (`Cell.bare`), so the list says whether the failure happens without the
-    instrument. Writes
+    instrument. `model`: sweep your own model instead (`matrix --model`): a `build()` defined at the top of a .py
+    file, or `"FILE.py:FUNCTION"`, returning `(model, inputs)` or `(model, inputs, loss_fn)`; `blocks` the class of
+    its repeated blocks (default: found as FSDP's auto-wrap would). Writes
     matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
     for name, flag in (("retry_timeouts", retry_timeouts), ("bare", bare), ("progress", progress), ("quick", quick)):
         check_bool("sweep", name, flag)
     check_bool("sweep", "warm", warm)
+    if model is not None:
+        from ..stacks.user import UserModelConfig, preflight, spec_of
+
+        if cells is not None:
+            raise ConfigError("sweep", "model", "sweeps your model's own cells; cells= would be left out.", "pass one.")
+        spec = spec_of(model)
+        preflight(UserModelConfig(build=spec, blocks=blocks))  # before any cell: the file, build() and its blocks
+        cells = model_cells(spec, blocks, backends if isinstance(backends, str) else tuple(backends), quick=quick)
+    elif blocks is not None:
+        raise ConfigError("sweep", "blocks", "names the blocks of model=.", "pass model= too, or drop blocks.")
     if cells is None:
         cells = default_cells(
             quick=quick, backends=backends if isinstance(backends, str) else tuple(backends), stack=stack

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from torch import nn
 from .. import compat
 from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_strings, check_text
 from ..compat import tree_leaves
+from ..stacks.user import default_loss
 from ..transforms import ACConfig
 from ..transforms.fsdp import process_group
 from ..transforms.naming import canonical_name, has_compiled, model_packages, module_names, unwrap
@@ -209,21 +210,6 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
     return a.report()
 
 
-def _default_loss(out: Any) -> torch.Tensor:
-    """The loss of an output when no `loss_fn` is given: a `loss` the output carries (transformers' `ModelOutput`
-    when `labels=` were passed, or a dict's "loss"), else its first tensor, squared and averaged (a scalar as is)."""
-    carried = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
-    if isinstance(carried, torch.Tensor) and carried.numel() == 1:
-        return carried
-    out = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(
-            f"the output is a {type(out).__name__} with no scalar `loss`; pass loss_fn=... to make a scalar of it "
-            "(for a transformers model, pass labels= so that it returns its loss)"
-        )
-    return out if out.dim() == 0 else out.float().square().mean()
-
-
 def measure(
     module_or_fn: nn.Module | Callable,
     *args: Any,
@@ -278,7 +264,7 @@ def measure(
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()
     leaves = [t for t in tree_leaves((args, call_kwargs)) if isinstance(t, torch.Tensor)]
     _check_inputs(module_or_fn, model, leaves)
-    loss_of = _checked_loss(loss_fn) if loss_fn is not None else _default_loss
+    loss_of = _checked_loss(loss_fn) if loss_fn is not None else default_loss
     device = next((t.device for t in leaves), None) or next((p.device for p in model.parameters()), torch.device("cpu"))
     requested = has_compiled(model) or hasattr(module_or_fn, "_torchdynamo_orig_callable")
     label = name or type(module_or_fn).__name__

@@ -21,7 +21,7 @@ from ..analysis.classification import Classification, classify, describe, headli
 from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
 from ..measurement import estimate as estimate_step
 from ..models import ModelConfig
-from ..stacks import STACKS as STACK_NAMES
+from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import foreign, of_block
 from ..stacks import get as get_stack
 from ..transforms import ACConfig, CompileConfig

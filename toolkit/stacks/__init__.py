@@ -1,5 +1,6 @@
-"""The registry of training stacks a Scenario can drive (`Stack`, stacks/base.py): the toolkit's own, torchtitan's, and
-Hugging Face transformers'. A stack's module is imported when first asked for, never by `import toolkit`."""
+"""The registry of training stacks a Scenario can drive (`Stack`, stacks/base.py): the toolkit's own, torchtitan's,
+Hugging Face transformers', and a user's own model (`user`: its build(), the toolkit's transforms). A stack's module is
+imported when first asked for, never by `import toolkit`."""
 
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ _MODULES: dict[str, tuple[str, Extra | None]] = {
             "(Scenario(stack='transformers'), matrix --stack transformers)",
         ),
     ),
+    "user": ("user", None),
 }
 """Stack name → (its module in this package, which defines `STACK`; the optional package that brings it, with its
 install line, or None). Adding a stack is a module and a line here. Read without importing torch (the CLI's stamp)."""
 
 STACKS: tuple[str, ...] = tuple(_MODULES)
+OWN_MODELS: tuple[str, ...] = tuple(name for name in STACKS if name != "user")
+"""The stacks that bring models of their own (`matrix --stack`, the Explorer's models); `user` measures the model a
+user's build() returns (`matrix --model`)."""
 
 
 def get(name: str) -> Stack:
@@ -76,6 +81,7 @@ def missing(modules: tuple[str, ...] | list[str]) -> str | None:
 
 
 __all__ = [
+    "OWN_MODELS",
     "STACKS",
     "Built",
     "ForeignStack",

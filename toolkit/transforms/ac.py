@@ -11,6 +11,7 @@ torchtitan does the same with one `Config` per policy (`FullAC.Config`, `Selecti
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
@@ -31,7 +32,7 @@ from .._config import (
     to_dict,
     warn_input,
 )
-from .naming import canonical_name, get_module, get_slot, has_checkpoint, unwrap
+from .naming import canonical_name, get_module, get_slot, has_checkpoint, named_modules, unwrap
 from .policies import custom_context, per_op_context, save_ops_context
 from .remat import REMAT_FULL, REMAT_SELECTIVE
 from .settings import Applied, applied, forget, record
@@ -329,15 +330,16 @@ class Checkpointing(ACConfig):
         return compat.checkpoint_wrapper(module, **kwargs)
 
     def _wrap_blocks(
-        self, layers: nn.Module, items: list[tuple[str, nn.Module]], undo: list[tuple[str, str]]
+        self, model: nn.Module, items: list[tuple[str, nn.Module]], undo: list[tuple[str, str]]
     ) -> list[str]:
+        prefix, layers = block_container(model)
         for key, block in items:
-            layers.register_module(key, self.wrap(block, f"layers.{key}"))
-            undo.append(("wrapped", f"layers.{key}"))
-        return [f"layers.{key}" for key, _ in items]
+            layers.register_module(key, self.wrap(block, f"{prefix}.{key}"))
+            undo.append(("wrapped", f"{prefix}.{key}"))
+        return [f"{prefix}.{key}" for key, _ in items]
 
     def _apply(self, model, layer_items, rec, undo):
-        return self._wrap_blocks(unwrap(model).layers, layer_items, undo)
+        return self._wrap_blocks(model, layer_items, undo)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,11 +376,7 @@ class ReentrantAC(ACConfig):
         )
 
     def _apply(self, model, layer_items, rec, undo):
-        layers = unwrap(model).layers
-        for key, block in layer_items:
-            layers.register_module(key, self.wrap(block, f"layers.{key}"))
-            undo.append(("wrapped", f"layers.{key}"))
-        return [f"layers.{key}" for key, _ in layer_items]
+        return self._wrap_blocks(model, layer_items, undo)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,7 +461,7 @@ class SelectiveLayerAC(Checkpointing):
                 "every layer_every-th).",
                 f"pass layer_every <= {len(layer_items)}, or mode='none'.",
             )
-        return self._wrap_blocks(unwrap(model).layers, chosen, undo)
+        return self._wrap_blocks(model, chosen, undo)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -503,12 +501,13 @@ class PerSubmoduleAC(PerOpPolicy):
         if self.uses_sac:
             self._warn_unmatched(layer_items)
         wrapped = []
+        prefix = block_container(model)[0]
         for key, block in layer_items:
             for child in ("attention", "moe", "feed_forward"):
                 if isinstance(getattr(block, child, None), nn.Module):
-                    block.register_module(child, self.wrap(getattr(block, child), f"layers.{key}.{child}"))
-                    undo.append(("wrapped", f"layers.{key}.{child}"))
-                    wrapped.append(f"layers.{key}.{child}")
+                    block.register_module(child, self.wrap(getattr(block, child), f"{prefix}.{key}.{child}"))
+                    undo.append(("wrapped", f"{prefix}.{key}.{child}"))
+                    wrapped.append(f"{prefix}.{key}.{child}")
         return wrapped
 
 
@@ -627,10 +626,11 @@ class RematAC(ACConfig):
         from .remat import apply_remat, check_patterns, region_names
 
         check_patterns(self, {name for _, block in layer_items for name in region_names(block)})
+        prefix = block_container(model)[0]
         for key, block in layer_items:
-            apply_remat(block, f"layers.{key}", self, undo)  # records each forward it replaces, as it goes
+            apply_remat(block, f"{prefix}.{key}", self, undo)  # records each forward it replaces, as it goes
         rec.ac_patched = [name for what, name in undo if what == "patched"]
-        return [f"layers.{key}" for key, _ in layer_items]
+        return [f"{prefix}.{key}" for key, _ in layer_items]
 
 
 def _linears(block: nn.Module) -> list[str]:
@@ -773,23 +773,73 @@ def op_from_name(name: Any, *, owner: str = "ACConfig", field: str = "save_ops")
 # --- applying and removing -------------------------------------------------------------------------------
 
 
-def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """`(key, block)` of `model.layers` (the unit AC and compile work on), blocks unwrapped."""
+_NAMED_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Model (unwrapped) → the canonical name of its blocks' container, where a stack said it (`name_blocks`)."""
+
+
+def name_blocks(model: nn.Module, container: str | None) -> None:
+    """Say where `model`'s blocks are (the canonical name of their ModuleList / ModuleDict), for a model whose blocks
+    `block_container`'s own rule would not pick (a user's `--blocks CLASS`); None forgets it."""
     root = unwrap(model)
+    if container is None:
+        _NAMED_BLOCKS.pop(root, None)
+        return
+    found = get_module(root, container)
+    if not isinstance(found, (nn.ModuleDict, nn.ModuleList)):
+        raise ConfigError(
+            "model",
+            "blocks",
+            f"{container!r} is a {type(found).__name__}, not a ModuleList / ModuleDict of blocks.",
+            "name the container of the repeated blocks.",
+        )
+    _NAMED_BLOCKS[root] = container
+
+
+def repeated_containers(model: nn.Module, cls_name: str | None = None) -> list[tuple[str, nn.Module]]:
+    """`(canonical name, container)` of each ModuleList / ModuleDict of `model` whose children are all one class
+    (`cls_name` when given), the most parameters first: the first is where FSDP's auto-wrap would find the blocks
+    (transformers' `model.layers`, not the experts inside each layer)."""
+    found = []
+    for name, m in named_modules(model):
+        if isinstance(m, (nn.ModuleDict, nn.ModuleList)) and len(m):
+            kinds = {type(unwrap(c)).__name__ for c in m.children()}
+            if len(kinds) == 1 and (cls_name is None or kinds == {cls_name}):
+                found.append((name, m))
+    return sorted(found, key=lambda nm: -sum(p.numel() for p in nm[1].parameters()))
+
+
+def block_container(model: nn.Module) -> tuple[str, nn.Module]:
+    """`(canonical name, container)` of the model's repeated blocks, the unit AC and per-block compile work on:
+    `model.layers` (the toolkit's and torchtitan's models), the container a stack named (`name_blocks`), else the
+    first of `repeated_containers`."""
+    root = unwrap(model)
+    named = _NAMED_BLOCKS.get(root)
+    if named is not None:
+        return named, get_module(root, named)
     layers = getattr(root, "layers", None)
-    if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
+    if isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
+        return "layers", layers
+    found = repeated_containers(root)
+    if not found:
         raise ConfigError(
             "model",
             "layers",
-            f"{type(root).__name__} has no `layers` ModuleDict/ModuleList of blocks.",
-            "build the model with toolkit.build_model, or keep the blocks in `model.layers`.",
+            f"{type(root).__name__} has no ModuleList / ModuleDict of repeated blocks (and no `layers`).",
+            "keep the blocks in an nn.ModuleList (as `model.layers` or anywhere), or build the model with "
+            "toolkit.build_model.",
         )
-    return [(k, unwrap(b)) for k, b in layers.named_children()]
+    return found[0]
+
+
+def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """`(key, block)` of the model's blocks (`block_container`), blocks unwrapped; each one's canonical name is
+    `f"{block_container(model)[0]}.{key}"`."""
+    return [(k, unwrap(b)) for k, b in block_container(model)[1].named_children()]
 
 
 def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
-    """Checkpoint `model.layers` per `cfg` in place; FQNs stay canonical. Refuses to wrap twice; a failure half-way
-    leaves the model as it was."""
+    """Checkpoint the model's blocks (`block_container`: `model.layers`, or wherever they are) per `cfg` in place;
+    FQNs stay canonical. Refuses to wrap twice; a failure half-way leaves the model as it was."""
     if not isinstance(cfg, ACConfig):
         raise TypeError(f"apply_ac needs an ACConfig, got {type(cfg).__name__}")
     rec = applied(model)

@@ -14,7 +14,7 @@ from torch import nn
 
 from .. import compat
 from .._config import ConfigError, check_bool, check_choice, check_known, check_object, refuse_callables, to_dict
-from .ac import ac_region_of, blocks
+from .ac import ac_region_of, block_container, blocks
 from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, wrapped_child
 from .settings import applied, check_memory_budget, forget, record
 
@@ -274,8 +274,9 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
                 )
         return list(scope)
     names = []
+    prefix = block_container(model)[0]
     for key, block in blocks(model):
-        base = f"layers.{key}"
+        base = f"{prefix}.{key}"
         if scope == "blocks":
             names.append(base)
         elif scope in ("attention", "feed_forward", "moe"):
