@@ -12,6 +12,7 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,6 +78,8 @@ def scratch(tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.jsonl").write_text("")
+    # The your-own-model command names the example model README points to.
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
     # The central list's commands name the committed folder: its records, read by --merge (a dry run writes nothing).
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "central-list").mkdir()

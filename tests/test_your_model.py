@@ -565,3 +565,38 @@ def test_tk_sweep_takes_your_build_function(tmp_path):
     assert {r.classification.label for r in result.rows} <= {"works", "ac_saves_nothing"}
     with pytest.raises(tk.ConfigError, match="sweep.model: .* is not a function defined at the top of a .py file"):
         tk.sweep(model=lambda: None, out=tmp_path / "other", progress=False)
+
+
+def test_a_bug_bundle_of_a_users_model_runs_from_a_fresh_directory(tmp_path):
+    """A Report of a user's model cell, exported: the bundle carries a copy of the model's file and its script,
+    copied alone into an empty folder (the original file gone), re-runs it and reproduces the outcome."""
+    import shutil
+    import subprocess
+    import sys
+
+    from toolkit.stacks.user import UserModelConfig
+
+    (tmp_path / "mine.py").write_text(MINE)
+    scenario = tk.Scenario(
+        stack="user",
+        model=UserModelConfig(build=f"{tmp_path / 'mine.py'}:build"),
+        ac=tk.ACConfig(mode="full"),
+        compile=tk.CompileConfig(scope="blocks", backend="aot_eager"),
+        measure_memory=False,
+        steady_steps=0,
+    )
+    report = tk.run(scenario)
+    assert report.verdict == "ok" and report.transforms.checkpointed == ("trunk.0", "trunk.1", "trunk.2")
+    bundle = tk.repro.export(report, tmp_path / "out" / "mine", scenario=scenario)
+    assert bundle.model is not None and bundle.model.read_text() == MINE
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    for p in (bundle.script, bundle.model):
+        shutil.copy(p, fresh / p.name)
+    (tmp_path / "mine.py").unlink()
+    done = subprocess.run(
+        [sys.executable, str(fresh / bundle.script.name)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("reproduced"), (
+        done.stdout[-2000:] + done.stderr[-2000:]
+    )

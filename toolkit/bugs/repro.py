@@ -40,10 +40,14 @@ class Bundle:
     """JSON: the environment of the observed run and of the exporting machine."""
     trace: pathlib.Path | None = None
     """`TORCH_TRACE` directory written by re-running the script (read it with `tlparse`), when asked for."""
+    model: pathlib.Path | None = None
+    """A user's model (`stack="user"`): the copy of the file its `build()` lives in, which the script imports from
+    beside itself."""
 
     def names(self) -> list[str]:
         """File names only (stable text for notebooks)."""
-        return [p.name for p in (self.script, self.notebook, self.environment, self.trace) if p is not None]
+        files = (self.script, self.notebook, self.environment, self.trace, self.model)
+        return [p.name for p in files if p is not None]
 
 
 def _stem(report: Report, case: str | None) -> str:
@@ -76,11 +80,33 @@ def bundle_base(path: str | os.PathLike, report: Report, case: str | None = None
     return p
 
 
-def _targets(base: pathlib.Path, trace: bool) -> dict[str, pathlib.Path]:
+MODEL_SUFFIX = "_model.py"
+"""A user's model file, copied beside the bundle (`BASE_model.py`)."""
+
+
+def _targets(base: pathlib.Path, trace: bool, user_model: bool = False) -> dict[str, pathlib.Path]:
     out = {s: pathlib.Path(f"{base}{s}") for s in SUFFIXES}
     if trace:
         out[".trace"] = pathlib.Path(f"{base}.trace")
+    if user_model:
+        out[MODEL_SUFFIX] = pathlib.Path(f"{base}{MODEL_SUFFIX}")
     return out
+
+
+def _user_model_source(scenario: Scenario) -> tuple[pathlib.Path, str] | None:
+    """For a user's model (`stack="user"`) given as `FILE.py:FUNCTION`: its file and function, to copy beside the
+    bundle; None for another stack. A `MODULE:FUNCTION` one must be importable where the bundle runs (said in it)."""
+    if scenario.stack != "user":
+        return None
+    where, fn = scenario.model.build.rsplit(":", 1)
+    if not where.endswith(".py"):
+        return None
+    path = pathlib.Path(where)
+    if not path.is_file():
+        raise ConfigError(
+            "repro.export", "scenario", f"the model file {where!r} is gone.", "export from where the file is."
+        )
+    return path, fn
 
 
 def _check_targets(targets: dict[str, pathlib.Path], overwrite: bool) -> None:
@@ -111,8 +137,9 @@ def _markdown_text(text: str) -> str:
     return re.sub(r"([\\`*_\[\]()|])", r"\\\1", html.escape(one_line, quote=True))
 
 
-def _script(report: Report, scenario: Scenario, case: str | None) -> tuple[str, str]:
-    """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal."""
+def _script(report: Report, scenario: Scenario, case: str | None, model_file: str | None = None) -> tuple[str, str]:
+    """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal.
+    `model_file`: a user's model copied beside the script, which the scenario's `build` then names."""
     name = printable(report.scenario.name) or case or "scenario"
     checks = [f"assert report.outcome == {report.outcome!r}, report"]
     if report.error is not None:
@@ -139,6 +166,19 @@ def _script(report: Report, scenario: Scenario, case: str | None) -> tuple[str, 
             'print("torch", torch.__version__, "| python", platform.python_version(), "| cuda", '
             "torch.cuda.is_available())",
             "scenario = tk.Scenario.from_json(SCENARIO)",
+            *(
+                [
+                    f"# Your model, copied beside this script as {model_file} (files it imports from its own folder",
+                    "# must sit beside it too): the notebook runs in its own folder, the script from anywhere.",
+                    "import os",
+                    "",
+                    "HERE = os.path.dirname(os.path.abspath(globals().get('__file__', 'notebook')))",
+                    "MODEL = os.path.join(HERE, scenario.model.build)",
+                    "scenario = scenario.replace(model=scenario.model.replace(build=MODEL))",
+                ]
+                if model_file
+                else []
+            ),
             "report = tk.run(scenario)",
             "print(report)",
             "",
@@ -178,8 +218,12 @@ def export(
                 f"{', '.join(shown) or 'no catalogued case'}); pass one of those or case=None."
             )
     scenario = scenario if scenario is not None else report.scenario.to_scenario()
-    targets = _targets(bundle_base(path, report, case), trace)
+    source = _user_model_source(scenario)
+    targets = _targets(bundle_base(path, report, case), trace, user_model=source is not None)
     _check_targets(targets, overwrite)
+    model_copy = targets.get(MODEL_SUFFIX)
+    if source is not None:  # the bundle names its own copy, relative to itself
+        scenario = scenario.replace(model=scenario.model.replace(build=f"{model_copy.name}:{source[1]}"))
     py, ipynb, env = targets[".py"], targets[".ipynb"], targets[".env.json"]
     try:
         py.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +234,9 @@ def export(
             f"cannot make the folder {str(py.parent)!r} ({e.strerror or e}).",
             "pass another path.",
         ) from None
-    setup, check = _script(report, scenario, case)
+    setup, check = _script(report, scenario, case, model_copy.name if model_copy is not None else None)
+    if source is not None:
+        _files.write_text(model_copy, _files.read_capped(source[0], "repro.export", "scenario"))
     _files.write_text(py, setup + check)  # each file whole or not at all
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -230,4 +276,4 @@ def export(
                 f"the script ran (exit {done.returncode}) but wrote no TORCH_TRACE log into {trace_dir}; "
                 f"is compile requested in this scenario? Output:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
             )
-    return Bundle(script=py, notebook=ipynb, environment=env, trace=trace_dir)
+    return Bundle(script=py, notebook=ipynb, environment=env, trace=trace_dir, model=model_copy)
