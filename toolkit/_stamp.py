@@ -76,8 +76,11 @@ def _model_file(argv: list[str]) -> list[Any] | None:
     """The file a `--model FILE.py:FUNCTION` (or `MODULE:FUNCTION`) sweep measures, and its state: an edit to the
     user's model measures again. None without --model."""
     for i, arg in enumerate(argv):
-        spec = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else arg.partition("=")[2]
-        if arg != "--model" and not arg.startswith("--model="):
+        if arg.startswith("--model="):
+            spec = arg.partition("=")[2]
+        elif arg == "--model" and i + 1 < len(argv):
+            spec = argv[i + 1]
+        else:
             continue
         where = spec.rsplit(":", 1)[0]
         if where.endswith(".py"):

@@ -203,13 +203,13 @@ def preflight(cfg: UserModelConfig) -> str:
     (`model.layers.0 … model.layers.N`)."""
     import torch
 
-    from ..transforms.ac import repeated_containers
+    from ..transforms.naming import get_module
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = built_parts(load(cfg.build)(), cfg.build)[0]
     container = blocks_of(model, cfg.blocks)
-    keys = [key for key, _ in dict(repeated_containers(model, cfg.blocks))[container].named_children()]
+    keys = [key for key, _ in get_module(model, container).named_children()]
     return f"{container}.{keys[0]}" + (f" … {container}.{keys[-1]} ({len(keys)})" if len(keys) > 1 else "")
 
 
