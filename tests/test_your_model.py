@@ -600,3 +600,33 @@ def test_a_bug_bundle_of_a_users_model_runs_from_a_fresh_directory(tmp_path):
     assert done.returncode == 0 and done.stdout.strip().endswith("reproduced"), (
         done.stdout[-2000:] + done.stderr[-2000:]
     )
+
+
+def test_the_explorer_on_your_model(tmp_path):
+    """`tk.explore(build)`: your model beside the stacks' own in 'model from', the toolkit's AC and compile toggled
+    over its blocks (both orders), its sizes and what it cannot take disabled or refused naming the field; a run
+    checkpoints exactly the blocks `--blocks`-less discovery finds, and exports a bundle that carries its file."""
+    (tmp_path / "mine.py").write_text(MINE)
+    ex = tk.explore(f"{tmp_path / 'mine.py'}:build")
+    c = ex.controls
+    assert c["stack"].value == f"user:{tmp_path / 'mine.py'}:build"
+    assert c["stack"].label == "your model: mine.py:build"
+    assert all(c[name].disabled for name in ("n_layers", "n_experts", "top_k", "dim", "recipe", "fsdp"))
+    assert ex.estimate_button.disabled and not ex.run_button.disabled
+    c["ac_mode"].value, c["scope"].value, c["order"].value = "full", "blocks", "ac_outside"
+    assert not c["order"].disabled
+    sc = ex.scenario
+    assert sc.stack == "user" and sc.ac.mode == "full" and sc.compile.order == "ac_outside"
+    c["ac_mode"].value = "per_submodule"  # names the toolkit's own submodules: refused before running
+    assert ex.run_button.disabled and "ACConfig.mode" in ex.status.value
+    c["ac_mode"].value, c["order"].value = "full", "auto"
+    report = ex.run()
+    assert report.ok and report.transforms.checkpointed == ("trunk.0", "trunk.1", "trunk.2")
+    # One graph: the three blocks are one class at one shape, so Dynamo's guards pass for each and its code is reused.
+    assert report.compile.graphs == 1 and ex.stage_text.startswith("done: works")
+    py, _ = ex.export(tmp_path / "bundle" / "mine")
+    assert (tmp_path / "bundle" / "mine_model.py").read_text() == MINE and py.exists()
+    with pytest.raises(tk.ConfigError, match="UserModelConfig.build: 'nowhere.py' is not a file"):
+        tk.explore("nowhere.py:build")
+    with pytest.raises(tk.ConfigError, match="UserModelConfig.blocks"):
+        tk.explore(f"{tmp_path / 'mine.py'}:build", blocks="NoSuchBlock")

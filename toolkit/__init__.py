@@ -70,9 +70,15 @@ __all__ = [
     "analysis",
     "display",
     "widgets",
+    "explore",
     "__version__",
 ]
-_LAZY = {"display": "toolkit.notebook.display", "widgets": "toolkit.notebook.widgets"}
+# The notebook front end's names: a module, or `module:attribute`.
+_LAZY = {
+    "display": "toolkit.notebook.display",
+    "widgets": "toolkit.notebook.widgets",
+    "explore": "toolkit.notebook.widgets:explore",
+}
 
 
 def __getattr__(name: str):
@@ -84,7 +90,9 @@ def __getattr__(name: str):
     import importlib.util
 
     if name in _LAZY:
-        value = importlib.import_module(_LAZY[name])
+        module, _, attribute = _LAZY[name].partition(":")
+        value = importlib.import_module(module)
+        value = getattr(value, attribute) if attribute else value
     elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
         value = importlib.import_module(f"{__name__}.{name}")  # a public subpackage: `tk.compat`, `tk.bugs`
     else:

@@ -40,6 +40,7 @@ _REPORT_KEYS = {
     "eager_checkpoints",
     "memory_budget",
     "saved_kinds",
+    "aot_autograd",
 }
 
 
@@ -131,6 +132,8 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
         return False
     if "saved_kinds" in sig and not any(report.saved.by_kind.get(kind) for kind in sig["saved_kinds"]):
         return False
+    if "aot_autograd" in sig and report.compile.aot_autograd != sig["aot_autograd"]:
+        return False  # None (nothing compiled in the step) matches neither
     if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
         return False
     if "backends" in sig and scen.backend not in sig["backends"]:

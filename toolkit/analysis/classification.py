@@ -106,6 +106,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
             and none_ref.ok
             and saved >= none_ref.saved.total_bytes
             and "fell_back_to_eager" not in flags
+            and "ac_saves_nothing" not in flags
         ):
             flags.append("ac_saves_nothing")
             why["ac_saves_nothing"] = f"saved {fmt_bytes(saved)} >= {fmt_bytes(none_ref.saved.total_bytes)} without AC"

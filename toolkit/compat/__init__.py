@@ -92,6 +92,7 @@ from .torch_api import (  # noqa: F401 - re-exported
     skip_code,
     storage_nbytes_now,
     storage_weak_ref,
+    through_aot_autograd,
     trace_logger,
     traced_as,
     tree_leaves,

@@ -223,6 +223,16 @@ def graphs_compiled(before: dict[str, dict[str, int]]) -> tuple[int, int]:
     return int(graphs), int(breaks)
 
 
+def through_aot_autograd(before: dict[str, dict[str, int]]) -> bool | None:
+    """Whether the graphs Dynamo compiled since `before` went through AOTAutograd (`aot_eager`, `inductor`: a
+    partition into forward and backward graphs), read from Dynamo's counters; False: a backend that runs Dynamo's
+    graph as traced (`eager`); None when it compiled none."""
+    now = counters_snapshot()
+    graphs = now.get("stats", {}).get("unique_graphs", 0) - before.get("stats", {}).get("unique_graphs", 0)
+    aot = now.get("aot_autograd", {}).get("total", 0) - before.get("aot_autograd", {}).get("total", 0)
+    return None if graphs <= 0 else aot > 0
+
+
 _to_skip: list[Any] = []
 
 

@@ -132,7 +132,8 @@ def assemble(
                 fell_back_to_eager=bool(requested and (without or eager_checkpoints or graphs == 0)),
                 regions_without_graphs=tuple(without),
                 eager_checkpoints=tuple(eager_checkpoints),
-                orders=orders,
+                # What the step showed, for the regions the transforms named none (a model the toolkit did not build).
+                orders={**p.orders, **orders} if requested else orders,
             )
             names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
             # A feature this torch lacks is named by its `compat` entry; what a probe failed to read in this step
@@ -167,6 +168,8 @@ def assemble(
     if steps is not None and steps.memory_budget is not None:
         # Read as the step began: a step that failed while compiling (C58) ran under it too.
         comp = dataclasses.replace(comp, memory_budget=steps.memory_budget)
+    if steps is not None and steps.aot_autograd is not None:
+        comp = dataclasses.replace(comp, aot_autograd=steps.aot_autograd)
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
         warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
     divergence = None

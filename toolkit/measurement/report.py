@@ -176,6 +176,10 @@ class CompileInfo:
     memory_budget: float | None = None
     """torch's `activation_memory_budget` in force while the step ran, when below 1 (None: 1, the default), read
     from torch's config whoever set it (the toolkit's memory-budget mode, a user's `config.patch`)."""
+    aot_autograd: bool | None = None
+    """Whether the graphs Dynamo compiled in the step went through AOTAutograd (`aot_eager`, `inductor`), whoever
+    chose the backend; False: a backend that runs Dynamo's graph as traced (`eager`: no partition, so no memory budget,
+    and a traced checkpoint runs its higher-order op's eager code); None: no graph was compiled in the step."""
     graph_breaks: int = 0
     breaks: tuple[GraphBreak, ...] = ()
     recompiles: tuple[str, ...] = ()
@@ -482,8 +486,8 @@ class Report:
     def silent_failures(self) -> tuple[tuple[str, str], ...]:
         """`(label, why)` of each silent failure this Report shows on its own, most severe first: gradients that
         differ from the reference (a recompute that drew new random numbers always does), compile that fell back to
-        eager. The one rule `classify` and the summary's first line both read (the failures that need reference
-        runs, a policy with no effect, are `classify`'s)."""
+        eager, a memory budget that no partitioner read. The one rule `classify` and the summary's first line both
+        read (the failures that need reference runs, a policy with no effect, are `classify`'s)."""
         if not self.ok:
             return ()
         out = []
@@ -500,6 +504,15 @@ class Report:
         c = self.compile
         if c.fell_back_to_eager:
             out.append(("fell_back_to_eager", _fell_back_text(c)))
+        if c.memory_budget is not None and c.aot_autograd is False:
+            # No partitioner read the budget: what it asked to recompute is saved (C66), whoever set it.
+            out.append(
+                (
+                    "ac_saves_nothing",
+                    f"activation_memory_budget {c.memory_budget:g} was set, but the graphs compiled without "
+                    "AOTAutograd (the `eager` backend): no partitioner reads the budget, so nothing is recomputed",
+                )
+            )
         unwrapped = self.transforms.left_unwrapped
         if unwrapped:
             names = ", ".join(unwrapped[:6]) + (" …" if len(unwrapped) > 6 else "")

@@ -82,6 +82,8 @@ class StepResult:
     """Graphs compiled by the steps after it (the memory step, the steady steps): a later step compiled again."""
     memory_budget: float | None = None
     """torch's `activation_memory_budget` in force while step 1 ran, when below 1 (whoever set it)."""
+    aot_autograd: bool | None = None
+    """Whether the graphs step 1 compiled went through AOTAutograd (None: it compiled none), read when it fails too."""
     memory: Memory | None = None
     timings: dict[str, float] = field(default_factory=dict)
     checkpoints: Any = None
@@ -152,6 +154,8 @@ def measured_step(
             if probes is not None:
                 out.checkpoints = probes.checkpoint_view(model)
             raise
+        finally:
+            out.aot_autograd = compat.through_aot_autograd(counted)
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
     out.compiled_total = compat.graphs_compiled(before)[0]
     after_first = compat.counters_snapshot()

@@ -24,6 +24,7 @@ from ..models import ModelConfig
 from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import foreign, of_block
 from ..stacks import get as get_stack
+from ..stacks.user import UserModelConfig, preflight, spec_of
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.ac import MODES, MemoryBudgetAC, PerSubmoduleAC, RematAC, SelectiveLayerAC
 from ..transforms.compile import BACKENDS, SCOPES
@@ -92,7 +93,12 @@ class Explorer:
         wide = W.Layout(flex="0 0 auto", width="420px")  # the controls alone on their row, whose choices are long
         stacks = _models()
         own = get_stack(s.stack).cell_prefix
-        stack = f"{own}:{s.config.family}" if own else "toolkit"
+        if isinstance(s.config, UserModelConfig):
+            # Your model is offered beside the stacks' own, as the matrix addresses it (`user:FILE.py:FUNCTION`).
+            stack = s.config.block
+            stacks.append((f"your model: {s.config.label}", stack))
+        else:
+            stack = f"{own}:{s.config.family}" if own else "toolkit"
         self.controls: dict[str, W.ValueWidget] = {
             "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style, layout=wide),
             # A flex box, as the other controls are, so that its label sits left of the buttons, not above them.
@@ -308,6 +314,19 @@ class Explorer:
     def build_scenario(self) -> Scenario:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
+        if of_block(v["stack"]) == "user":
+            # Your model as your build() returns it (its sizes are its own), the toolkit's AC and compile on its blocks.
+            mode = v["ac_mode"]
+            options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
+            comp = CompileConfig(
+                scope=v["scope"],
+                backend=v["backend"],
+                fullgraph=v["fullgraph"],
+                order=None if v["order"] == AUTO_ORDER else v["order"],
+                method=v["method"],
+            )
+            cfg = foreign("user").config_for(v["stack"])
+            return Scenario(stack="user", model=cfg, ac=ACConfig(mode=mode, **options), compile=comp)
         if v["stack"] != "toolkit":
             # Another stack's own model at the Explorer's size, with its own AC and compile (`Stack.sized`).
             name = of_block(v["stack"])
@@ -393,6 +412,14 @@ class Explorer:
                 ctl[name].disabled = False
             for name in ("layer_every", "offload"):  # transformers' every_n_layers and offload
                 ctl[name].disabled = name not in MODES[mode].options()
+        user = of_block(ctl["stack"].value) == "user"
+        if user:  # its build() sets its sizes; the toolkit's AC modes and both orders apply to its blocks
+            for name in ("n_layers", "n_experts", "top_k", "fsdp"):
+                ctl[name].disabled = True
+            for name in ("order", "memory_budget", "layer_every"):
+                ctl[name].disabled = name != "order" and name not in MODES[mode].options()
+        # A full-size estimate builds the toolkit's or a stack's model at a published layer's shapes; yours has none.
+        self.estimate_button.disabled = user
         try:
             self.scenario = self.build_scenario()
             check_structure(self.scenario)
@@ -530,6 +557,17 @@ class Explorer:
             self.stage.value = f"not exported: {_esc(str(e))}"
             return
         self.stage.value = f"exported {_esc(str(py))} and its notebook"
+
+
+def explore(build: Any, *, blocks: str | None = None) -> Explorer:
+    """The Explorer on your own model: `build` is a function defined at the top of a .py file (or
+    `"path/to/file.py:build"`, `"package.module:build"`) returning `(model, inputs)` or `(model, inputs, loss_fn)`,
+    as for `tk.sweep(model=build)`; `blocks` names the blocks' class (default: found as FSDP's auto-wrap would). Its
+    controls toggle the toolkit's AC and compile over those blocks. A file, function or return value that cannot be
+    measured is refused here, naming the field (`ConfigError`), before any control is drawn."""
+    cfg = UserModelConfig(build=spec_of(build), blocks=blocks)
+    preflight(cfg)
+    return Explorer(Scenario(stack="user", model=cfg))
 
 
 def export_repro(

@@ -51,6 +51,24 @@ def fix() -> dict:
     }
 
 
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D, bias=False)
+
+    def forward(self, x_TD):
+        context_fn = partial(create_selective_checkpoint_contexts, _policy)
+        return checkpoint(
+            lambda x: torch.relu(self.lin(x)), x_TD, use_reentrant=False, debug=True, context_fn=context_fn
+        )
+
+
+def user_models() -> dict:
+    """The case as a user's training code holds it: SAC with debug=True around a layer, and its input."""
+    torch.manual_seed(0)
+    return {"C24": {"model": _Model(), "inputs": (torch.randn(T, D, requires_grad=True),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

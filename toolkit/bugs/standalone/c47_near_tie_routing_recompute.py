@@ -156,6 +156,11 @@ def variant_no_ties() -> dict:
     return _run(Block(ties=False))
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the block with near-tied router scores, and its input."""
+    return {"C47": {"model": Block(), "inputs": (inputs(),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

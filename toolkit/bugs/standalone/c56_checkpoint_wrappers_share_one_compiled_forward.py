@@ -99,6 +99,29 @@ def fix() -> dict:
     return _step(per_submodule=False)
 
 
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+
+    def forward(self, x_TD, freqs_TD):
+        for block in self.layers:
+            x_TD = block(x_TD, freqs_TD)
+        return x_TD
+
+
+def user_models() -> dict:
+    """The case as a user's training code holds it: each block's attention and feed-forward wrapped and compiled
+    apart, and the inputs."""
+    torch.manual_seed(0)
+    model = _Model()
+    for block in model.layers:
+        for name in ("attention", "feed_forward"):
+            wrapped = checkpoint_wrapper(getattr(block, name), preserve_rng_state=False)
+            setattr(block, name, torch.compile(wrapped, backend="aot_eager", fullgraph=True))
+    return {"C56": {"model": model, "inputs": (torch.randn(T, D, requires_grad=True), torch.randn(T, D))}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -142,6 +142,24 @@ def fix() -> dict:
     }
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the experts compiled whole with Inductor, their inputs, and the
+    torch config in force (a memory budget, scalar outputs captured, no FX graph cache hit)."""
+    torch.manual_seed(0)
+    experts = torch.compile(Experts(), backend="inductor", fullgraph=True)
+    return {
+        "C58": {
+            "model": experts,
+            "inputs": (torch.randn(T, D, requires_grad=True), torch.tensor(COUNTS_E)),
+            "config": {
+                "torch._functorch.config.activation_memory_budget": 0.3,
+                "torch._dynamo.config.capture_scalar_outputs": True,
+                "torch._inductor.config.fx_graph_cache": False,
+            },
+        }
+    }
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -128,6 +128,31 @@ def variant_eager_checkpoint() -> dict:
     return out
 
 
+class _Block(torch.nn.Module):
+    def __init__(self, checkpointed: bool = False):
+        super().__init__()
+        self.w1_DH, self.w2_HD = (torch.nn.Parameter(w) for w in _weights())
+        self.checkpointed = checkpointed
+
+    def forward(self, x_BD):
+        if self.checkpointed:
+            return checkpoint(_block, x_BD, self.w1_DH, self.w2_HD, use_reentrant=False, preserve_rng_state=False)
+        return _block(x_BD, self.w1_DH, self.w2_HD)
+
+
+def user_models() -> dict:
+    """Each case as a user's training code holds it: the model, its inputs, and the torch config in force."""
+    x_BD = torch.randn(B, D, generator=torch.Generator().manual_seed(1))
+    return {
+        "C60": {
+            "model": torch.compile(_Block(), backend="aot_eager", fullgraph=True),
+            "inputs": (x_BD,),
+            "config": {"torch._functorch.config.activation_memory_budget": 0.0},
+        },
+        "C61": {"model": _Block(checkpointed=True), "inputs": (x_BD,)},
+    }
+
+
 if __name__ == "__main__":
     print(torch.__version__)
     print(json.dumps({"bug": bug(), "fix": fix(), "eager": variant_eager_checkpoint()}, indent=1))

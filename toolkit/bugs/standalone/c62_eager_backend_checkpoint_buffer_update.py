@@ -107,6 +107,18 @@ def fix() -> dict:
     return {"eager_update_outside": _step("eager", update_inside=False)}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the block compiled with the `eager` backend, and its input."""
+    torch.manual_seed(0)
+    block = Block()
+    return {
+        "C62": {
+            "model": torch.compile(block, backend="eager", fullgraph=True),
+            "inputs": (torch.randn(16, 8, requires_grad=True),),
+        }
+    }
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

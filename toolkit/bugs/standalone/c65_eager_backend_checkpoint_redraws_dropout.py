@@ -75,6 +75,22 @@ def fix() -> dict:
     return {"eager_mask_outside": _against_uncompiled("eager", mask=True)}
 
 
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w_DD = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x_TD):
+        return checkpoint(block, x_TD, self.w_DD, use_reentrant=False)
+
+
+def user_models() -> dict:
+    """The case as a user's training code holds it: the checkpointed block compiled with `eager`, and its input."""
+    torch.manual_seed(0)
+    model = torch.compile(_Model(), backend="eager", fullgraph=True)
+    return {"C65": {"model": model, "inputs": (torch.randn(32, 16, requires_grad=True),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -77,6 +77,20 @@ def fix() -> dict:
     return {"aot_eager": aot, "budget_applies": aot["1.0"] == 0 < aot["0.0"]}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the block compiled with `eager`, its input, and the budget."""
+    torch.manual_seed(0)
+    block = Block()
+    block.compile(backend="eager", fullgraph=True)
+    return {
+        "C66": {
+            "model": block,
+            "inputs": (torch.randn(128, 64, requires_grad=True),),
+            "config": {"torch._functorch.config.activation_memory_budget": 0.0},
+        }
+    }
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -103,6 +103,17 @@ def fix() -> dict:
     }
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: transformers' checkpointing on, each decoder layer compiled, and
+    the inputs (labels given: the model returns its loss)."""
+    model = _model(True)
+    for layer in model.model.layers:
+        layer.compile(backend="aot_eager")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    # C2 too: the general case, a checkpoint Dynamo gave up inside a compiled region.
+    return {"C67": {"model": model, "inputs": (), "kwargs": {"input_ids": ids, "labels": ids}, "also": ["C2"]}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -70,6 +70,23 @@ def fix() -> dict:
     return {"mixtral_without_topk": _step("mixtral", (torch.ops.aten.mm.default,))}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: Mixtral with transformers' checkpointing under a SAC policy that
+    saves mm and topk, and the inputs (labels given: the model returns its loss)."""
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = AutoConfig.for_model(
+        "mixtral", **sizes, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, vocab_size=128,
+        use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    save_ops = frozenset((torch.ops.aten.mm.default, torch.ops.aten.topk.default))
+    context = partial(create_selective_checkpoint_contexts, partial(_policy, save_ops))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": context})
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return {"C68": {"model": model, "inputs": (), "kwargs": {"input_ids": ids, "labels": ids}}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

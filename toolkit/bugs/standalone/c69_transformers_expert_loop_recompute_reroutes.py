@@ -84,6 +84,17 @@ def fix() -> dict:
     return {"error": kept["error"], "grads_match": match}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the eager expert loop checkpointed without the RNG state kept,
+    and the inputs (labels given: the model returns its loss)."""
+    model = _model("eager")
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False, "preserve_rng_state": False}
+    )
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return {"C69": {"model": model, "inputs": (), "kwargs": {"input_ids": ids, "labels": ids}}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

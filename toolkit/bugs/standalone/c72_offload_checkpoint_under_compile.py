@@ -91,6 +91,15 @@ def fix() -> dict:
     return {"offload_outside_fullgraph": _step(offload_inside=False, fullgraph=True, offload_outside=True)}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the offloading layer compiled, and its input."""
+    torch.manual_seed(0)
+    layer = Layer(offload=True)
+    layer.compile(backend="aot_eager")
+    # C2 too: the general case, a checkpoint Dynamo gave up inside a compiled region (here save_on_cpu made it).
+    return {"C72": {"model": layer, "inputs": (torch.randn(32, 64, requires_grad=True),), "also": ["C2"]}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -122,6 +122,17 @@ def fix() -> dict:
     return {"compile_path": _step(EAGER_PATH, compiled=True)}
 
 
+def user_models() -> dict:
+    """The case as a user's training code holds it: the compile path's wrapping, each layer compiled, its input, and
+    the modules the code meant to checkpoint (the eager path's list)."""
+    model = _model()
+    _wrap(model, COMPILE_PATH)
+    for layer in model:
+        layer.compile(backend="aot_eager")
+    meant = [f"{i}.{name}" for i, layer in enumerate(model) for name in EAGER_PATH if hasattr(layer, name)]
+    return {"C80": {"model": model, "inputs": (torch.randn(32, D, requires_grad=True),), "meant_checkpointed": meant}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -134,6 +134,10 @@ class StepState:
         backend runs a compiled graph's checkpoints eagerly, inside it; a graph whose forward could not be read)."""
         self.reentrant = 0
         """Depth of reentrant checkpoints running their forward now (they make no frame)."""
+        self.orders: dict[str, str] = {}
+        """Compiled region → how it and AC met, as the step showed it: "compile(AC(x))" when a checkpoint ran inside
+        it (traced into its graph, run by the graph's code, or given up by Dynamo and run eagerly there),
+        "AC(compile(x))" when it was entered while a checkpoint's forward ran. Whoever compiled and checkpointed."""
         self.graph_regions: set[str] = set()
         """Compiled regions in which a Dynamo graph's own code dispatched an op in the forward: what a backend with no
         AOTAutograd (`eager`) leaves as the only sign that the graph ran, where `compiled.py` sees AOT's saves."""
@@ -170,6 +174,7 @@ class StepState:
         Dynamo gave the checkpoint up and ran it outside any graph (`eager_checkpoints`)."""
         if self.phase != "forward" or not self.regions or torch.compiler.is_compiling():
             return
+        self.orders.setdefault(self.region(), "compile(AC(x))")
         if from_graph_code(depth=64):
             self.checkpoint_unresolved.add(self.region())
             return

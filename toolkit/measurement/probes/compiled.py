@@ -192,6 +192,8 @@ class CompiledGraphs:
         rec.runs += 1
         if rec.known_graph:
             state.under_checkpoint.update(self.resolve(region, rel) for rel in rec.checkpointed)
+            if rec.checkpointed:  # the graph traced a checkpoint: AC inside the compiled region
+                state.orders.setdefault(region, "compile(AC(x))")
         else:
             state.checkpoint_unresolved.add(region)  # its forward graph unread: a checkpoint inside is not seen
         for i, t in enumerate(saved):

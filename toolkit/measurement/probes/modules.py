@@ -73,6 +73,8 @@ class Modules:
         state = self.state
         state.push(name)
         state.regions.append(name)
+        if state.phase == "forward" and (state.frames or state.reentrant):
+            state.orders.setdefault(name, "AC(compile(x))")  # entered inside a checkpoint's forward
         self.region_runs[(name, state.phase)] += 1
         if state.phase == "backward":
             self.compiled_reruns[name] += 1

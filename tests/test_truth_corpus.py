@@ -1,0 +1,107 @@
+"""The truth corpus: each standalone repro is, by its contract, a torch-only model a user could have written. Measured
+as a user's model (`tk.measure`, no configuration from the toolkit), it must name its own case, and no unrelated
+case, on every release where the catalogue says it reproduces.
+
+The truth here is not the instrument: which case a script reproduces is its own `CASE` / `CASES`, and whether it
+reproduces on this release is its `bug()`'s verdict, checked by `cases --check` and recorded in the catalogue.
+"""
+
+import ast
+import contextlib
+import importlib
+
+import pytest
+import torch
+from _helpers import extra
+from test_bugs import STANDALONE
+
+import toolkit as tk
+from toolkit import bugs, catalogue
+from toolkit.analysis.classification import classify
+
+
+def _with_user_models() -> list[str]:
+    """The repro scripts that define `user_models()`, read from their source (nothing imported at collection)."""
+    return sorted(
+        p.stem
+        for p in STANDALONE.glob("c[0-9][0-9]_*.py")
+        if any(isinstance(n, ast.FunctionDef) and n.name == "user_models" for n in ast.parse(p.read_text()).body)
+    )
+
+
+def _case_of(name: str) -> str:
+    """`c07_sac_around…` → "C7", the case its file is named for."""
+    return f"C{int(name[1:3])}"
+
+
+@contextlib.contextmanager
+def _config(settings: dict):
+    """torch's config patched as a script's `config` says: dotted names, `torch._functorch.config.NAME` → value."""
+    with contextlib.ExitStack() as stack:
+        for dotted, value in settings.items():
+            module, name = dotted.rsplit(".", 1)
+            stack.enter_context(importlib.import_module(module).patch(**{name: value}))
+        yield
+
+
+def _own_cases(module) -> set[str]:
+    return {module.CASE, *getattr(module, "CASES", {})}
+
+
+def test_every_script_with_a_report_signature_is_in_the_corpus_or_says_why_not():
+    """A case a step can show (its signature has report keys) has a `user_models()` in its script; the scripts that do
+    not yet are named here, so that the list can only shrink."""
+    have = {_case_of(name) for name in _with_user_models()}
+    report_keys = catalogue._REPORT_KEYS
+    showable = {
+        c.id
+        for c in catalogue.cases()
+        if bugs.has_script(c.id)
+        and c.needs == "cpu"
+        and c.signature
+        and (set(c.signature) | {k for alt in c.signature.get("any_of", []) for k in alt}) & report_keys
+    }
+    # Cases whose script holds them in a variant of another case's script count through that script.
+    missing = {cid for cid in showable - have if _case_of(bugs._index()[cid]) not in have}
+    assert missing == NOT_YET, (
+        f"new in the corpus: {sorted(NOT_YET - missing)}; new without: {sorted(missing - NOT_YET)}"
+    )
+
+
+NOT_YET = {
+    # A step that configured them shows them (the matrix's cells), but their scripts hold no user model yet: the SAC
+    # mode they need is read from the configuration (`ac_modes`), which `tk.measure` does not have.
+    "C6", "C7", "C8", "C9", "C45", "C46", "C64",
+    # FSDP2 across experts (a process group), a recipe's layout, a BF16 grouped-mm kernel.
+    "C53", "C54", "C57", "C14",
+    # Memory-budget knapsack on a weight-heavy graph: the matrix shows it against its no-AC reference run.
+    "C55",
+    # transformers' offload=True on a torch build with no accelerator (reproduces on 2.13.0's CPU wheel only).
+    "C71",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _with_user_models())
+def test_a_repro_measured_as_a_users_model_names_its_own_case(name):
+    try:
+        module = bugs.script(_case_of(name))
+    except ModuleNotFoundError as e:
+        extra(e.name)  # a transformers script: skips with the install line where transformers is absent
+        raise
+    release = catalogue.torch_release()
+    for case_id, spec in module.user_models().items():
+        case = catalogue.get(case_id)
+        if case.verified.get(release) != "reproduced":
+            continue  # fixed, or not yet broken, on this release: nothing to name
+        torch._dynamo.reset()
+        with _config(spec.get("config", {})):
+            report = tk.measure(
+                spec["model"],
+                *spec["inputs"],
+                forward_kwargs=spec.get("kwargs"),
+                cold=True,
+                checkpointed=spec.get("meant_checkpointed", ()),
+            )
+        found = classify(report).cases
+        allowed = _own_cases(module) | set(spec.get("also", ()))
+        assert case_id in found and set(found) <= allowed, (case_id, found, str(report)[:2000])
