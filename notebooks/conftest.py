@@ -36,6 +36,22 @@ def _needs(path) -> tuple[str, ...]:
     return ()
 
 
+@functools.lru_cache(maxsize=None)
+def repro_cases(path) -> tuple[str, ...]:
+    """The cases whose standalone repro a bug notebook runs and confirms (`tk.bugs.script("CNN")` or
+    `tk.bugs.check("CNN")` in its code), read from its source."""
+    code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    return tuple(sorted(set(re.findall(r"bugs\.(?:script|check)\(\s*[\"'](C\d+)[\"']", code))))
+
+
+def _differs_between_releases(path) -> bool:
+    """A case the notebook is named for, or whose repro it runs, has another verdict on another release (C14)."""
+    from toolkit import catalogue
+
+    named = {f"C{int(n)}" for n in re.findall(r"C(\d+)", path.name)}
+    return any(len(set(catalogue.get(c).verified.values())) > 1 for c in named | set(repro_cases(path)))
+
+
 def pytest_collection_modifyitems(config, items):
     from toolkit.stacks import missing
 
@@ -45,8 +61,14 @@ def pytest_collection_modifyitems(config, items):
         if "torchtitan" in _needs(item.path):
             item.add_marker(pytest.mark.extras)  # `-m extras` (tests/conftest.py)
         if item.path.parent.name == "bugs":
-            # A bug notebook is its case's evidence on the release it runs on: `-m per_release` (tests/conftest.py).
-            item.add_marker(pytest.mark.per_release)
+            runs = repro_cases(item.path)
+            item.add_marker(pytest.mark.runs_repros(*runs))
+            # What can differ between releases, `-m per_release` (tests/conftest.py): a notebook whose case is shown by
+            # a Scenario, not a repro (the notebook is its only check), or whose verdict is not the same on every
+            # release. The others' repros are checked there once each, by tests/test_bugs.py, without a kernel;
+            # README's stage runs every notebook (and no repro twice: tests/conftest.py).
+            if not runs or _differs_between_releases(item.path):
+                item.add_marker(pytest.mark.per_release)
         why = missing(_needs(item.path))
         if why:
             item.add_marker(pytest.mark.skip(reason=f"{item.path.name}: {why}"))

@@ -65,7 +65,7 @@ def _relative(item) -> str | None:
 
 # The optional packages CI's README stage has not installed: `-m extras` runs what needs or branches on them, on
 # the one release that installs them (.ci/run).
-CI_EXTRAS = ("torchtitan", "transformers", "submitit", "ray", "tlparse")
+CI_EXTRAS = ("torchtitan", "transformers", "submitit", "ray", "tlparse", "litgpt")
 
 
 def _reads_release(node) -> bool:
@@ -112,6 +112,31 @@ def _rules(path: pathlib.Path) -> dict:
             module_extras |= calls(stmt)
     found[None] = (module_extras, False)
     return found
+
+
+class _EachReproOnce:
+    """Runs after every other collection hook, the `-m` selection included: a case's repro test (tests/test_bugs.py)
+    is deselected where a selected bug notebook runs that repro (`runs_repros`, notebooks/conftest.py), so that no
+    repro runs twice in one run, whichever tests `-m` kept."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        ran = {case for item in items for m in item.iter_markers("runs_repros") for case in m.args}
+        once = [
+            item
+            for item in items
+            if getattr(item, "originalname", None) == REPRO_TEST and item.callspec.params["case_id"] in ran
+        ]
+        if once:
+            config.hook.pytest_deselected(items=once)
+            items[:] = [item for item in items if item not in once]
+
+
+REPRO_TEST = "test_a_standalone_repro_gives_this_releases_verdict"
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_EachReproOnce(), "each-repro-once")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -62,7 +62,7 @@ def test_catalogue_lists_filters_and_renders():
         "C50",
         "C51",
         "C59",  # a process's exit: its standalone script is the repro
-        "C63",  # a torch-only script, checked per release by test_a_standalone_repro_no_notebook_runs_…
+        "C63",  # a torch-only script, checked per release by test_a_standalone_repro_gives_this_releases_verdict
         "C64",  # found by the matrix's eager column; a torch + torch_remat script
         "C66",  # the eager column's memory budgets: the cells, and a torch-only script
         "C67",  # the transformers stack's: transformers-only scripts (skipped, with the install line, without it)
@@ -138,31 +138,40 @@ def test_signatures_on_observations_and_reports():
     assert not catalogue.get("C4").matches_observed({"error": "Unsupported"})
 
 
-def test_the_eager_backend_cases_match_their_backend_and_a_nan_is_not_a_difference():
-    """C62 and C64 show only in the matrix's eager column; C64's NaN gradients are not C11's routing difference."""
-    from toolkit.measurement.report import ErrorInfo, Numerics, ScenarioRecord
+def test_the_eager_backend_cases_match_a_step_without_aot_autograd_and_a_nan_is_not_a_difference():
+    """C62 and C64 show where the step's graphs skipped AOTAutograd (the `eager` backend, whoever chose it: the
+    matrix's eager column, or a user's own `backend="eager"`), read off the step, not the configuration; C64's NaN
+    gradients are not C11's routing difference."""
+    from toolkit.measurement.report import CompileInfo, ErrorInfo, Numerics, ScenarioRecord
 
     def rec(backend, ac="remat"):
         return ScenarioRecord(name="x", ac_mode=ac, compile_scope="moe", backend=backend)
 
+    def comp(aot):
+        return CompileInfo(requested=True, graphs=1, compiled_in_step=1, aot_autograd=aot)
+
     text = "one of the variables needed for gradient computation has been modified by an inplace operation"
-    for backend, shows in (("eager", True), ("aot_eager", False)):
+    # The configured backend does not decide: a user's eager-backend step measured by tk.measure says "user".
+    for backend, aot, shows in (("user", False, True), ("eager", True, False), ("eager", None, False)):
         err = tk.Report(
-            outcome="error", scenario=rec(backend, "full"), error=ErrorInfo("RuntimeError", text, "measure")
+            outcome="error",
+            scenario=rec(backend, "full"),
+            error=ErrorInfo("RuntimeError", text, "measure"),
+            compile=comp(aot),
         )
-        assert catalogue.get("C62").matches("error", err) is shows
+        assert catalogue.get("C62").matches("error", err) is shows, (backend, aot)
     nan, diff = (
         Numerics(loss=5.0, reference_loss=5.0, loss_diff=0.0, max_grad_diff=d, worst_param="w", grads_match=False)
         for d in (float("nan"), 0.1)
     )
     for numerics, c11, c64 in ((nan, False, True), (diff, True, False)):
-        r = tk.Report(outcome="ok", scenario=rec("eager"), numerics=numerics)
+        r = tk.Report(outcome="ok", scenario=rec("eager"), numerics=numerics, compile=comp(False))
         assert (catalogue.get("C11").matches("grads_differ", r), catalogue.get("C64").matches("grads_differ", r)) == (
             c11,
             c64,
         )
     # After a JSON round trip the NaN is null: still not finite.
-    r = tk.Report.from_json(tk.Report(outcome="ok", scenario=rec("eager"), numerics=nan).to_json())
+    r = tk.Report.from_json(tk.Report(outcome="ok", scenario=rec("eager"), numerics=nan, compile=comp(False)).to_json())
     assert catalogue.get("C64").matches("grads_differ", r) and not catalogue.get("C11").matches("grads_differ", r)
 
 
@@ -395,46 +404,41 @@ def test_cases_cli(capsys):
     assert "no standalone repro for C19" in capsys.readouterr().err
 
 
-def _scripts_no_notebook_runs() -> list[str]:
-    """The cases `cases --check all` runs (a signature and a standalone repro) whose repro no bug notebook runs and
-    confirms (`tk.bugs.script("CNN")` or `tk.bugs.check("CNN")` in its code): read from the notebooks, so that a new
-    script without a notebook is checked here on every release without anyone adding it."""
-    code = "\n".join(
-        "".join(cell.source)
-        for path in sorted((NOTEBOOKS / "bugs").glob("*.ipynb"))
-        for cell in nbformat.read(path, as_version=4).cells
-        if cell.cell_type == "code"
-    )
-    in_notebooks = set(re.findall(r"bugs\.(?:script|check)\(\s*[\"'](C\d+)[\"']", code))
-    return [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id) and c.id not in in_notebooks]
+def _scripts() -> list[str]:
+    """Every case `cases --check all` runs: a signature and a standalone repro."""
+    return [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
 
 
 def test_every_standalone_repro_is_checked_on_every_release_once():
-    """CI's older releases run `-m per_release` only: each case `cases --check all` covers is confirmed there once,
-    by its bug notebook or by the test below, never twice (the check was half of an older stage's time)."""
-    left = _scripts_no_notebook_runs()
-    # The scripts with no notebook of their own (C63: the eager column's torch-only repro; C67-C69 the
-    # transformers stack's, C71 too, which skip with their install line where transformers is missing; C72's offload
-    # under compile; C64's recompile limit inside torch_remat; C66, C73-C77, C79 and C80 issue 39's, torch-only; a few s
-    # each, C79 two gloo ranks).
-    assert {
-        "C42",
-        "C59",
-        "C63",
-        "C64",
-        "C66",
-        "C67",
-        "C68",
-        "C69",
-        "C71",
-        "C72",
-        *(f"C{i}" for i in range(73, 78)),
-        "C79",
-        "C80",
-    } <= set(left)
-    assert len(left) < 19, left
-    everything = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
-    assert len(everything) >= 30 and set(left) < set(everything)
+    """CI's older releases run `-m per_release`: each case `cases --check all` covers is confirmed there once, by the
+    repro test below or by a bug notebook that runs the same repro, never twice (tests/conftest.py deselects the
+    test where the notebook runs). A bug notebook is per release where it is its case's only check (a Scenario, no
+    repro) or its verdict differs between releases; in README's stage every notebook runs, and their repros' tests
+    step aside. Checked on this session's collection (the same rules whatever `-m` said) and on the notebooks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_conftest", NOTEBOOKS / "conftest.py")
+    nb_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nb_conftest)
+    notebooks = sorted((NOTEBOOKS / "bugs").glob("*.ipynb"))
+    runs = {path.name: set(nb_conftest.repro_cases(path)) for path in notebooks}
+    everything = set(_scripts())
+    ran_by_notebooks = set().union(*runs.values())
+    assert len(everything) >= 30 and ran_by_notebooks <= everything
+    per_release = {
+        name
+        for name, cases in runs.items()
+        if not cases or nb_conftest._differs_between_releases(NOTEBOOKS / "bugs" / name)
+    }
+    # The Scenario-only notebooks, and those whose verdict moves (C14: fixed on 2.15; C26; C31: fixed after 2.13).
+    assert {"C01_order_matrix.ipynb", "C14_grouped_mm_gotchas.ipynb", "C31_remat_placeholder_cpu_build.ipynb"} <= (
+        per_release
+    )
+    assert "C52_compiled_autograd_eager_checkpoint.ipynb" not in per_release  # 42 s of kernel: its repro, alone
+    # Under -m per_release, each repro is run once: by a per-release notebook, else by its own test.
+    by_notebook = set().union(*(runs[n] for n in per_release))
+    by_test = everything - by_notebook
+    assert by_notebook | by_test == everything and not by_notebook & by_test
 
 
 # The run's own findings file (CI's, read by .ci/verdicts.py), taken before `_findings` points each test elsewhere.
@@ -442,11 +446,12 @@ _RUN_FINDINGS = os.environ.get("TOOLKIT_FINDINGS")
 
 
 @pytest.mark.per_release
-@pytest.mark.parametrize("case_id", _scripts_no_notebook_runs())
-def test_a_standalone_repro_no_notebook_runs_gives_this_releases_verdict(case_id, monkeypatch):
-    """What `cases --check` says of a case whose script is its only repro (C42: the FutureWarning exists from torch
-    2.14 on; C59: the exit-time SIGSEGV of 2.15), against the catalogue's verdict for the running release; a new
-    verdict is recorded where the run records the bug notebooks' (CI's verdict line counts it)."""
+@pytest.mark.parametrize("case_id", _scripts())
+def test_a_standalone_repro_gives_this_releases_verdict(case_id, monkeypatch):
+    """What `cases --check` says of a case, against the catalogue's verdict for the running release (C42: the
+    FutureWarning exists from torch 2.14 on; C59: the exit-time SIGSEGV of 2.15); deselected where a bug notebook of
+    this run runs the same repro (tests/conftest.py). A new verdict is recorded where the run records the bug
+    notebooks' (CI's verdict line counts it)."""
     if _RUN_FINDINGS:
         monkeypatch.setenv("TOOLKIT_FINDINGS", _RUN_FINDINGS)
     found = bugs.check(case_id)

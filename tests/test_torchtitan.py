@@ -164,3 +164,30 @@ def test_what_torchtitans_own_transforms_cannot_take_is_refused_up_front(change,
         tk.Scenario(stack="torchtitan", **change)
     with pytest.raises(tk.ConfigError, match="Scenario.torchtitan"):
         tk.Scenario(torchtitan=FAMILIES["qwen3"])
+
+
+TITAN_CELLS = [(ac, compiled) for ac in ("none", "full", "selective_op") for compiled in (False, True)]
+
+
+@pytest.mark.parametrize("ac,compiled", TITAN_CELLS, ids=[f"{a}-{'blocks' if c else 'eager'}" for a, c in TITAN_CELLS])
+def test_torchtitan_cells_get_the_same_verdict_and_cases_whoever_built_the_model(ac, compiled):
+    """Each kind of cell the torchtitan stack builds (its AC modes × eager / its per-block compile), run by `tk.run`,
+    and the same model built by torchtitan's own `apply_ac` / `apply_compile` in the test and measured by `tk.measure`
+    (what a torchtitan user's step is): the same verdict, explanation and known cases, the same saved bytes; the
+    orders `tk.measure` read off the step are the ones the stack configured."""
+    from toolkit.analysis.classification import classify
+
+    cfg = FAMILIES["qwen3"]
+    comp = tk.CompileConfig(scope="blocks", fullgraph=True) if compiled else tk.CompileConfig()
+    ours = tk.run(
+        tk.Scenario(stack="torchtitan", torchtitan=cfg, ac=tk.ACConfig(mode=ac), compile=comp, steady_steps=0)
+    )
+    tokens, labels = titan.make_batch(cfg)
+    loss = titan.loss_fn(cfg)
+    model = titan.parallelize(titan.build(cfg), ac=ac, compile_backend="aot_eager" if compiled else None)
+    theirs = tk.measure(model, tokens, loss_fn=lambda o: loss(o, labels), cold=True)
+    a, b = classify(ours), classify(theirs)
+    assert (b.label, b.explanation, b.cases) == (a.label, a.explanation, a.cases)
+    assert theirs.saved.total_bytes == ours.saved.total_bytes
+    assert theirs.compile.orders == ours.compile.orders
+    assert theirs.compile.aot_autograd == ours.compile.aot_autograd == (True if compiled else None)

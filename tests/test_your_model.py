@@ -413,6 +413,77 @@ def test_families_compiled_whole_name_exactly_the_checkpoints_no_graph_holds(fam
         assert "C67" in classify(report).cases
 
 
+# litgpt's MoE (`LLaMAMoE`): a test-only truth model, not a toolkit extra. litgpt pins huggingface-hub < 1.4, which
+# transformers 5 does not take, so it goes in with --no-deps, as .ci/run installs it.
+LITGPT = (
+    'needs litgpt 0.5.x: pip install --no-deps "litgpt==0.5.13" "lightning==2.6.6" lightning-utilities torchmetrics'
+)
+
+
+def _litgpt_moe(ac: str):
+    """litgpt's GPT with `LLaMAMoE` feed-forwards at a CPU size, from its own Config (nothing downloaded); with
+    `ac="full"` each Block checkpointed by torch's `apply_activation_checkpointing`, as a litgpt user without Fabric
+    does it."""
+    import functools
+
+    from litgpt.model import GPT, Block, Config
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    config = Config(
+        n_layer=2,
+        n_head=4,
+        n_embd=64,
+        block_size=32,
+        vocab_size=128,
+        padded_vocab_size=128,
+        mlp_class_name="LLaMAMoE",
+        moe_intermediate_size=32,
+        n_expert=4,
+        n_expert_per_token=2,
+        intermediate_size=128,
+        norm_class_name="RMSNorm",
+        bias=False,
+    )
+    torch.manual_seed(0)
+    model = GPT(config)
+    if ac == "full":
+        wrapper = functools.partial(checkpoint_wrapper, preserve_rng_state=True)
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, Block))
+    return model
+
+
+def test_litgpt_llama_moe_is_exact_against_independent_truth():
+    """litgpt 0.5's LLaMAMoE: eagerly without AC and with every Block checkpointed, saved bytes equal the test's own
+    hooks' count to the byte and gradients match; compiled whole, the graphs are the test's backend's and the
+    checkpoints that no graph holds (its counted checkpoint calls) are the ones line 1 names."""
+    import importlib.util
+
+    from _truth import Truth
+
+    if importlib.util.find_spec("litgpt") is None:
+        pytest.skip(LITGPT)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    for ac in ("none", "full"):
+        model = _litgpt_moe(ac)
+        with Truth(model) as truth:
+            out = model(ids)
+            expected = truth.bytes(out)
+        del out
+        model.zero_grad(set_to_none=True)
+        report = tk.measure(model, ids, measure_memory=False)
+        assert report.saved.total_bytes == expected > 0, ac
+        assert report.verdict == "ok" and report.numerics.grads_match is True
+        assert report.packages == ("litgpt",)
+    counter = HopCounter()
+    report = tk.measure(torch.compile(_litgpt_moe("full"), backend=counter), ids, measure_memory=False, cold=True)
+    assert report.compile.graphs == counter.graphs >= 1
+    assert len(report.compile.eager_checkpoints) == 2 - counter.checkpoints
+    assert report.verdict == ("fell_back_to_eager" if counter.checkpoints < 2 else "ok")
+
+
 # -- sweep your own model: `matrix --model FILE.py:FUNCTION` ---------------------------------------------------------
 
 MINE = '''
