@@ -134,7 +134,7 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
         return False
     if "aot_autograd" in sig and report.compile.aot_autograd != sig["aot_autograd"]:
         return False  # None (nothing compiled in the step) matches neither
-    if "ac_modes" in sig and scen.ac_mode not in sig["ac_modes"]:
+    if "ac_modes" in sig and not _ac_mode_shows(sig["ac_modes"], report):
         return False
     if "backends" in sig and scen.backend not in sig["backends"]:
         return False
@@ -172,6 +172,22 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
     if "redrawn_none" in sig and bool(redrawn) == sig["redrawn_none"]:
         return False
     return True
+
+
+def _ac_mode_shows(modes, report) -> bool:
+    """The AC mode a signature names: the one configured where the toolkit configured it, else (a model measured as
+    it came, `ac_mode` "unknown") what the step showed: checkpoints with a selective policy match the selective modes,
+    checkpoints without one the others."""
+    mode = report.scenario.ac_mode
+    if mode != "unknown":
+        return mode in modes
+    from ..transforms.ac import MODES
+
+    t = report.transforms
+    if t.selective:
+        return any(MODES[m].SELECTIVE for m in modes if m in MODES)
+    # torch's plain checkpoint (remat's regions and a memory budget are not seen as checkpoints here)
+    return bool(t.under_checkpoint) and bool(set(modes) & {"full", "reentrant", "selective_layer"})
 
 
 @functools.lru_cache(maxsize=1)

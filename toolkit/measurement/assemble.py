@@ -104,7 +104,10 @@ def assemble(
         p = steps.probes
         if p is not None:
             transforms = dataclasses.replace(
-                transforms, under_checkpoint=p.under_checkpoint, unresolved=p.checkpoint_unresolved
+                transforms,
+                under_checkpoint=p.under_checkpoint,
+                unresolved=p.checkpoint_unresolved,
+                selective=p.selective,
             )
             recompute = Recompute(
                 ops=sum(p.recompute_by_op.values()),
@@ -170,6 +173,11 @@ def assemble(
         comp = dataclasses.replace(comp, memory_budget=steps.memory_budget)
     if steps is not None and steps.aot_autograd is not None:
         comp = dataclasses.replace(comp, aot_autograd=steps.aot_autograd)
+    if steps is not None and steps.probes is None and err is not None:
+        # A failed step: what the probes saw before it failed (for regions no transform named, as for a whole step).
+        if requested:
+            comp = dataclasses.replace(comp, orders={**steps.observed_orders, **comp.orders})
+        transforms = dataclasses.replace(transforms, selective=steps.observed_selective)
     if error is not None and "_set_storage_data_ptr_access_error_msg" in error.message:
         warn.insert(0, _REMAT_PLACEHOLDER_NOTE)
     divergence = None

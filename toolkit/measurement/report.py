@@ -209,6 +209,9 @@ class Transforms:
     under_checkpoint: tuple[str, ...] | None = None
     """Modules the measured step's forward ran inside a checkpoint region: entered inside one eagerly, or with ops a
     compiled graph tagged as checkpointed. None when the probes did not watch the step."""
+    selective: tuple[str, ...] = ()
+    """Checkpoints the step saw begin with a selective policy (a `context_fn`: SAC), whoever set it: what a model the
+    toolkit did not configure shows of its AC mode."""
     unresolved: tuple[str, ...] = ()
     """Compiled regions inside which a checkpoint ran around modules the probes cannot name (the `eager` backend runs
     a compiled graph's checkpoints eagerly, where no module hook is; a forward graph that could not be read)."""

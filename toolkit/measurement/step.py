@@ -84,6 +84,10 @@ class StepResult:
     """torch's `activation_memory_budget` in force while step 1 ran, when below 1 (whoever set it)."""
     aot_autograd: bool | None = None
     """Whether the graphs step 1 compiled went through AOTAutograd (None: it compiled none), read when it fails too."""
+    observed_orders: dict[str, str] = field(default_factory=dict)
+    observed_selective: tuple[str, ...] = ()
+    """How compile and AC met, and the checkpoints with a selective policy, as far as step 1 ran: kept when it fails
+    (the probes' record is not collected then), so that an error is matched on what the step showed too."""
     memory: Memory | None = None
     timings: dict[str, float] = field(default_factory=dict)
     checkpoints: Any = None
@@ -156,6 +160,9 @@ def measured_step(
             raise
         finally:
             out.aot_autograd = compat.through_aot_autograd(counted)
+            if probes is not None:
+                out.observed_orders = dict(probes.state.orders)
+                out.observed_selective = tuple(sorted(probes.state.selective))
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
     out.compiled_total = compat.graphs_compiled(before)[0]
     after_first = compat.counters_snapshot()

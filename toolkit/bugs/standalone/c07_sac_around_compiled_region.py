@@ -192,6 +192,34 @@ def fix() -> dict:
     }
 
 
+class _SACAroundCompiled(nn.Module):
+    """SAC around a compiled MLP whose policy saves everything it is shown (C6's second way to go wrong)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = SwiGLU()
+        self.compiled = torch.compile(self.mlp, backend="inductor")
+
+    def forward(self, x_TD):
+        def context_fn():
+            return create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: MUST_SAVE)
+
+        return checkpoint(self.compiled, x_TD, use_reentrant=False, context_fn=context_fn)
+
+
+def user_models() -> dict:
+    """C6 as a user's training code holds it: SAC (save everything) around an Inductor-compiled MLP, regions not
+    wrapped (Inductor's default), and its input."""
+    torch.manual_seed(0)
+    return {
+        "C6": {
+            "model": _SACAroundCompiled(),
+            "inputs": (torch.randn(T, D, requires_grad=True),),
+            "config": {"torch._inductor.config.wrap_inductor_compiled_regions": False},
+        }
+    }
+
+
 if __name__ == "__main__":
     print(torch.__version__)
     print("bug", json.dumps(bug()))

@@ -79,6 +79,8 @@ class ProbeRecord:
     eager_checkpoints: tuple[str, ...] = ()
     """Checkpointed modules (else the compiled region around them) whose checkpoint Dynamo gave up and ran eagerly
     inside a compiled region (`StepState.eager_checkpoints`)."""
+    selective: tuple[str, ...] = ()
+    """Checkpoints that ran with a selective policy (`StepState.selective`)."""
     orders: dict[str, str] = field(default_factory=dict)
     """Compiled region → "compile(AC(x))" / "AC(compile(x))", as the step showed it (`StepState.orders`)."""
     draws_compiled: bool | None = False
@@ -288,6 +290,7 @@ class Probes:
             checkpoint_unresolved=tuple(sorted(self.state.checkpoint_unresolved)),
             eager_checkpoints=tuple(sorted(self.state.eager_checkpoints)),
             orders=dict(sorted(self.state.orders.items())),
+            selective=tuple(sorted(self.state.selective)),
         )
 
 

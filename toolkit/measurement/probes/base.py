@@ -134,6 +134,9 @@ class StepState:
         backend runs a compiled graph's checkpoints eagerly, inside it; a graph whose forward could not be read)."""
         self.reentrant = 0
         """Depth of reentrant checkpoints running their forward now (they make no frame)."""
+        self.selective: set[str] = set()
+        """Checkpoints (their module, else the module running) that began in the forward with a policy, a
+        `context_fn` other than torch's no-op: selective AC, whoever set it."""
         self.orders: dict[str, str] = {}
         """Compiled region → how it and AC met, as the step showed it: "compile(AC(x))" when a checkpoint ran inside
         it (traced into its graph, run by the graph's code, or given up by Dynamo and run eagerly there),

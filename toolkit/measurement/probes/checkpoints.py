@@ -221,10 +221,14 @@ class Checkpoints:
                     probes.state.hold(t)
                 checkpoint_hooks.keep_sac_legacy_under(call, probes.own_pack)
                 # Read by the frame the generator makes next (the options a CheckpointError explanation weighs).
+                region = probes._region_of(call.fn)
                 probes.state.checkpoint_options = {
                     "preserve_rng_state": call.option("preserve_rng_state"),
-                    "region": probes._region_of(call.fn),
+                    "region": region,
                 }
+                context_fn = call.option("context_fn")
+                if context_fn is not None and context_fn is not torch.utils.checkpoint.noop_context_fn:
+                    probes.state.selective.add(region if region is not None else probes.state.module())
             # The generator calls `fn` only to recompute: a call of the wrapper means backward is re-running it.
             call.fn = probes._recompute_wrapper(call.fn)
             return (yield from call.call(original))
