@@ -73,14 +73,42 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
-def append_line(path: str | os.PathLike, line: str) -> None:
-    """One line appended and synced. A failure leaves at most a torn last line, which the readers of such files skip
-    and name; it comes out as `WriteFailed`, in one line."""
+def open_own(path: str | os.PathLike, mode: str = "a") -> Any:
+    """A file the toolkit keeps and writes in place (a sweep's results and lock, the findings), opened only as the
+    regular file it should be, created if missing: never through a symlink (`O_NOFOLLOW`), and never blocking on a
+    FIFO (`O_NONBLOCK` until it is known to be a regular file). `mode`: "a" appends, "r+b" rewrites in place (a torn
+    tail cut), "r+" reads and rewrites (the lock). Anything else planted there is refused as `WriteFailed`, in one
+    line, and nothing outside the folder is touched."""
+    flags = {"a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "r+b": os.O_RDWR, "r+": os.O_RDWR | os.O_CREAT}[mode]
     try:
-        with open(path, "a") as f:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, _mode_for(pathlib.Path(path)))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise WriteFailed(
+                e.errno,
+                f"{str(path)!r} is a symlink; the toolkit does not write through one. Fix: remove it (the file it "
+                "points to is untouched)",
+            ) from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader, opened to write without blocking
+            raise WriteFailed(e.errno, f"{str(path)!r} is a FIFO, not a regular file. Fix: remove it") from None
+        raise WriteFailed(e.errno, f"could not open {str(path)!r}: {_reason(e)}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WriteFailed(errno.EINVAL, f"{str(path)!r} is not a regular file (a FIFO, a device). Fix: remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+b" if mode == "r+b" else mode if mode == "a" else "r+")
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """One line appended and synced (`open_own`: never through a symlink). A failure leaves at most a torn last line,
+    which the readers of such files skip and name; it comes out as `WriteFailed`, in one line."""
+    try:
+        with open_own(path, "a") as f:
             f.write(line.rstrip("\n") + "\n")
             f.flush()
             os.fsync(f.fileno())
+    except WriteFailed:
+        raise
     except OSError as e:
         raise WriteFailed(e.errno, f"could not append to {str(path)!r}: {_reason(e)}") from None
 

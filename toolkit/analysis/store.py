@@ -161,9 +161,9 @@ def repair_tail(path: str | os.PathLike) -> str | None:
     whole record missing only its newline gets one. Says what it did, in words (None when nothing needed doing).
     Reads only the file's tail (at most `LINE_CAP` bytes)."""
     p = pathlib.Path(path)
-    if not p.exists():
+    if not os.path.lexists(p):
         return None
-    with open(p, "rb+") as f:
+    with _files.open_own(p, "r+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return None
@@ -207,7 +207,7 @@ def merge_results(
     have = read_records(into)
     repair_tail(into)
     added = 0
-    with open(into, "a") as f:
+    with _files.open_own(into, "a") as f:
         for src in sources:
             records, bad = read_results(src)
             if skipped is not None and bad:
@@ -264,13 +264,22 @@ class Folder:
                 f"{str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist.",
                 "create the folder it points to, or pass another folder.",
             )
+        for name in (LOCK, RESULTS, *OUTPUTS):  # the folder's own files: never read or written through a symlink
+            if (p / name).is_symlink():
+                raise ConfigError(
+                    "sweep",
+                    "out",
+                    f"{str(p / name)!r} is a symlink (to {os.readlink(p / name)!r}); the toolkit does not read or "
+                    "write its own files through one.",
+                    "remove the link (what it points to is left as it is), or pass another folder.",
+                )
         if self.results.exists() and not self.results.is_file():  # a FIFO or /dev/zero would block or never end
             raise ConfigError(
                 "sweep", "out", f"{str(self.results)!r} is not a regular file.", "move it away, or pass another folder."
             )
         try:
             p.mkdir(parents=True, exist_ok=True)
-            lock = open(p / LOCK, "a+")
+            lock = _files.open_own(p / LOCK, "r+")  # a symlink planted as the lock is refused, its target untouched
         except OSError as e:
             raise ConfigError(
                 "sweep", "out", f"cannot write into {str(p)!r} ({e.strerror or e}).", "pass a folder you can write to."
@@ -292,7 +301,7 @@ class Folder:
         lock.flush()
         self._lock = lock
         try:
-            with open(self.results, "a"):
+            with _files.open_own(self.results, "a"):  # created if missing; never through a symlink
                 pass
             said = repair_tail(self.results)
             if said:  # a torn line cut is a cell lost: said, as every line the readers skip is

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _files
 from .._config import MAX_RANKS, check_int, check_seconds
 from . import channel
 from .report import Report, fmt_bytes, fmt_measured_bytes
@@ -115,7 +116,7 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
     remove_orphaned_folders()
     with tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-") as tmp:
         spec = pathlib.Path(tmp, "scenario.json")
-        spec.write_text(scenario.to_json())
+        _files.write_text(spec, scenario.to_json())
         cmd = [
             sys.executable,
             "-m",

@@ -6,6 +6,7 @@ import pathlib
 import runpy
 import sys
 
+from .. import _files
 from . import channel
 
 
@@ -20,8 +21,7 @@ def main(spec: str, out: str) -> int:
     try:
         report = run_here(Scenario.from_json(pathlib.Path(spec).read_text()))
         path = pathlib.Path(out, f"rank{dist.get_rank()}.json")
-        path.with_suffix(".tmp").write_text(report.to_json())
-        path.with_suffix(".tmp").replace(path)
+        _files.write_text(path, report.to_json())  # whole or not at all: the launcher reads only finished reports
     finally:
         dist.destroy_process_group()
     return 0

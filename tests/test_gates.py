@@ -1,0 +1,124 @@
+"""The write gate, searched: whatever is planted in a sweep folder in place of the files the toolkit keeps there (a
+symlink to a user's file, a FIFO, a folder), no byte outside the folder changes, and the refusal names the file and
+the fix; and nothing in the toolkit writes a file except through `toolkit._files`."""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolkit import _files
+from toolkit._config import ConfigError
+from toolkit.analysis import store
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KINDS = ("symlink", "dangling_symlink", "fifo", "directory")
+OWNED = (store.LOCK, store.RESULTS, *store.OUTPUTS)
+
+
+def _plant(path: pathlib.Path, kind: str, victim: pathlib.Path) -> None:
+    if kind == "symlink":
+        path.symlink_to(victim)
+    elif kind == "dangling_symlink":
+        path.symlink_to(victim.with_name("nowhere"))
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(OWNED), kind=st.sampled_from(KINDS), content=st.binary(max_size=64))
+def test_nothing_planted_in_a_sweep_folder_is_written_through(tmp_path_factory, name, kind, content):
+    """The sweep folder's own files, each replaced by each kind of thing: opening the folder is refused as a
+    ConfigError on `sweep.out` naming the file, or goes on without touching it; the user's file the link points to
+    keeps every byte, and nothing blocks (a FIFO in place of the lock or the results)."""
+    tmp = tmp_path_factory.mktemp("gate")
+    victim = tmp / "users_file.txt"
+    victim.write_bytes(content)
+    out = tmp / "out"
+    out.mkdir()
+    _plant(out / name, kind, victim)
+    try:
+        with store.Folder(out) as folder:
+            folder.append({"key": "k"})
+    except ConfigError as e:
+        assert e.owner == "sweep" and e.field == "out" and name in str(e), e
+    assert victim.read_bytes() == content
+    assert sorted(p.name for p in tmp.iterdir()) == ["out", "users_file.txt"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(KINDS), mode=st.sampled_from(["a", "r+", "r+b"]), content=st.binary(max_size=64))
+def test_the_writer_opens_only_the_regular_file_it_keeps(tmp_path_factory, kind, mode, content):
+    """`_files.open_own`, the one way a kept file is written in place: each planted kind is refused in one line
+    (`WriteFailed`), without following a link or blocking on a FIFO; a regular file opens."""
+    tmp = tmp_path_factory.mktemp("own")
+    victim = tmp / "victim"
+    victim.write_bytes(content)
+    target = tmp / "kept"
+    _plant(target, kind, victim)
+    with pytest.raises(_files.WriteFailed) as e:
+        _files.open_own(target, mode).close()
+    assert "kept" in str(e.value) and "\n" not in str(e.value)
+    assert victim.read_bytes() == content
+    regular = tmp / "regular"
+    with _files.open_own(regular, "a") as f:
+        f.write("x\n")
+    assert regular.read_text() == "x\n"
+
+
+def _writes(tree: ast.AST) -> list[int]:
+    """Lines that write a file by path: `open(..., mode)` with a write mode, `Path.write_text/write_bytes/touch`."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if name in ("write_text", "write_bytes", "touch") and isinstance(node.func, ast.Attribute):
+            if getattr(node.func.value, "id", None) != "_files":
+                found.append(node.lineno)
+        elif name == "open" and getattr(node.func, "id", None) == "open":
+            modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
+            if any(isinstance(m, ast.Constant) and set(str(m.value)) & set("wax+") for m in modes):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_file_is_written_outside_the_writer():
+    """Every file the toolkit writes goes through `toolkit._files` (atomic, or `open_own` for the files it appends
+    to): no `open(path, "w"/"a"/...)`, `write_text` or `write_bytes` elsewhere in the package. The standalone repros
+    are torch-only scripts, pasted into upstream issues, and write their own scratch files."""
+    offenders = {}
+    for path in sorted((ROOT / "toolkit").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "toolkit/_files.py" or rel.startswith("toolkit/bugs/standalone/"):
+            continue
+        lines = _writes(ast.parse(path.read_text()))
+        if lines:
+            offenders[rel] = lines
+    assert offenders == {}, offenders
+
+
+def test_a_symlinked_lock_is_refused_from_the_command_line_and_its_target_kept(tmp_path):
+    """README's route: `matrix --out DIR` where DIR/.sweep.lock links to a user's file: exit 2 before any cell runs,
+    one line naming the link and the fix, the user's file byte for byte as it was."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / store.LOCK).symlink_to(victim)
+    done = subprocess.run(
+        [sys.executable, "-m", "toolkit", "matrix", "--quick", "--out", str(out), "--only", "^dense"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2, done.stdout[-1000:] + done.stderr[-1000:]
+    assert "is a symlink" in done.stderr and "Fix: remove the link" in done.stderr and "Traceback" not in done.stderr
+    assert victim.read_text() == "mine\n" and os.readlink(out / store.LOCK) == str(victim)
