@@ -122,3 +122,83 @@ def test_a_symlinked_lock_is_refused_from_the_command_line_and_its_target_kept(t
     assert done.returncode == 2, done.stdout[-1000:] + done.stderr[-1000:]
     assert "is a symlink" in done.stderr and "Fix: remove the link" in done.stderr and "Traceback" not in done.stderr
     assert victim.read_text() == "mine\n" and os.readlink(out / store.LOCK) == str(victim)
+
+
+# -- the escapers: one per output kind (toolkit/_escape.py) ------------------------------------------------------------
+
+_NASTY = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="utf-8"),
+        st.sampled_from(list("<>[]()|`\\!\n") + ["\x1b", "\u202e", "\u200d", "\ud800"]),
+    ),
+    max_size=80,
+) | st.sampled_from(
+    ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[x](javascript:alert(1))", "![i](data:text/html,x)"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_NASTY)
+def test_markdown_text_is_inert_whatever_it_holds(text):
+    """No tag, no link or image, no code span, no cell break and no unsafe character survives `_escape.markdown`;
+    it stays one line."""
+    import re
+
+    from toolkit import _escape
+
+    out = _escape.markdown(text)
+    assert "\n" not in out and "<" not in out and ">" not in out
+    assert not any(_escape.unsafe(c) for c in out)
+    # Every [, ], |, ` is backslashed (a backslash before it that is itself escaped would be "\\\\[").
+    assert not re.search(r"(?<!\\)(\\\\)*[\[\]|`]", out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_NASTY)
+def test_terminal_and_html_text_hold_no_unsafe_character(text):
+    from toolkit import _escape
+
+    assert not any(_escape.unsafe(c) for c in _escape.terminal(text))
+    out = _escape.html(text)
+    assert not any(_escape.unsafe(c) for c in out) and "<" not in out and '"' not in out
+    (out.encode("utf-8"))  # a lone surrogate would raise here: printed output must encode
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_NASTY)
+def test_a_name_is_refused_when_a_terminal_could_not_show_it(text):
+    """`check_text` (every name a user gives): a control, a bidi override or a lone surrogate is refused, naming the
+    field, before any work."""
+    from toolkit import _escape
+    from toolkit._config import check_text
+
+    if any(_escape.unsafe(c) for c in text) or len(text) > 200:
+        with pytest.raises(ConfigError, match="Scenario.name"):
+            check_text("Scenario", "name", text)
+    else:
+        check_text("Scenario", "name", text)
+
+
+def test_a_record_that_carries_markup_reaches_matrix_md_inert(tmp_path):
+    """A cell's error text holding a tag, a javascript: link and a pipe (a merged record from elsewhere, or an
+    exception message): matrix.md shows it as text."""
+    import toolkit as tk
+    from toolkit.analysis.cells import Cell
+    from toolkit.measurement.report import ErrorInfo, ScenarioRecord
+
+    evil = "<script>alert(1)</script> [x](javascript:alert(1)) a|b"
+
+    def runner(scenario):
+        return tk.Report(
+            outcome="error",
+            scenario=ScenarioRecord.of(scenario),
+            error=ErrorInfo("RuntimeError", evil, "forward"),
+        )
+
+    tk.sweep([Cell("dense", "none")], out=tmp_path / "out", progress=False, runner=runner)
+    md = (tmp_path / "out" / "matrix.md").read_text()
+    import re
+
+    assert "alert(1)" in md  # shown, as text
+    assert "<script" not in md and "a|b" not in md
+    assert not re.search(r"(?<!\\)\]\(javascript:", md)  # a link needs an unescaped "](": none

@@ -7,6 +7,8 @@ import functools
 import typing
 from typing import Any, Callable
 
+from ._escape import terminal, unsafe
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and how to fix it."""
@@ -93,18 +95,21 @@ def check_text(owner: str, field: str, value: Any, limit: int = 200) -> None:
     newline or an ESC colour code would break the line that leads with the classification)."""
     if not isinstance(value, str):
         raise ConfigError(owner, field, f"{_short(value)} is not a string.", f"pass {field} as text.")
-    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    bad = next((c for c in value if unsafe(c)), None)  # controls, bidi overrides, lone surrogates: one rule
     if bad is not None:
         raise ConfigError(
-            owner, field, f"holds the control character {bad!r}, which a terminal line cannot show.", "drop it."
+            owner,
+            field,
+            f"holds the character {terminal(bad)!r} (a control, format or surrogate character), which a terminal line "
+            "cannot show as itself.",
+            "drop it.",
         )
     if len(value) > limit:
         raise ConfigError(owner, field, f"is {len(value)} characters long, over {limit}.", "pass a shorter name.")
 
 
-def printable(text: str) -> str:
-    """`text` with every control character escaped (`\\x1b`): what any line shows of a name read from a file."""
-    return "".join(c if 32 <= ord(c) != 127 else repr(c)[1:-1] for c in text)
+printable = terminal
+"""`text` with every unsafe character escaped (`_escape.terminal`): what any line shows of a name read from a file."""
 
 
 def _short(value: Any) -> str:

@@ -7,9 +7,11 @@ import json
 import math
 import os
 import pathlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _escape
 from .._config import ConfigError
 
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
@@ -48,7 +50,6 @@ def _shows(text: str, patterns) -> bool:
     """Does `text` contain one of `patterns`? A pattern starting with "re:" is a regular expression, for a bug whose
     wording changes between torch releases (C14: "Expected inputs of BF16 type" in 2.13, "Expected mat_a to be
     BFloat16 …" in 2.14): match what the bug is, not how one release phrases it."""
-    import re
 
     return any(re.search(p[3:], text) if p.startswith("re:") else p in text for p in patterns)
 
@@ -322,14 +323,16 @@ def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
         if (
             not isinstance(f, dict)
             or not isinstance(f.get("case"), str)
+            or not re.fullmatch(r"C\d{1,4}", f["case"])
             or not isinstance(f.get("torch"), str)
+            or not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}(\+[\w.]{1,40})?", f["torch"])
             or not isinstance(f.get("reproduced"), bool)
-        ):
+        ):  # the case and the release are shown in tables and Markdown: their form is checked, not only their type
             raise ConfigError(
                 "TOOLKIT_FINDINGS",
                 "",
                 f"{str(path)!r} line {n} holds {raw.decode('utf-8', 'replace')[:60]!r}, not a finding (an object "
-                'with "case", "torch" and "reproduced").',
+                'with "case" like "C12", "torch" like "2.14.1" and "reproduced" true or false).',
                 "delete that line (cases --check and the bug notebooks append findings), or point TOOLKIT_FINDINGS "
                 "at another file.",
             )
@@ -366,7 +369,7 @@ def markdown(selection: list[Case] | None = None, *, with_findings: bool = False
         nb = f"[{pathlib.Path(c.notebook).name}](notebooks/{c.notebook})" if c.notebook else ""
         rows.append(
             f"| {c.id} | {c.title} | {c.status} | {refs} | {c.cpu} | {c.needs} | "
-            f"{versions(c, with_findings=with_findings, recorded=recorded)} | {nb} |"
+            f"{_escape.markdown(versions(c, with_findings=with_findings, recorded=recorded))} | {nb} |"
         )
     return "\n".join(rows)
 

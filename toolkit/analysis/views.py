@@ -11,7 +11,7 @@ import os
 import pathlib
 from typing import Any
 
-from .. import _files
+from .. import _escape, _files
 from ..measurement.report import fmt_bytes, fmt_measured_bytes
 from ..transforms.ac import MODES
 from . import catalogue
@@ -83,7 +83,7 @@ class MatrixViews:
             f"{measured}. These classify differently or save different bytes there than on torch {mine}; each "
             "difference is named by the ops whose saved bytes differ (a classification change, by what it was and the "
             "cases it showed there), explained where the cause is known. By cause: "
-            + "; ".join(f"{n} × {_md(c)}" for c, n in sorted(causes.items(), key=lambda e: -e[1]))
+            + "; ".join(f"{n} × {_escape.markdown(c)}" for c, n in sorted(causes.items(), key=lambda e: -e[1]))
             + ".",
             "",
             f"| cell | torch {mine} | " + " | ".join(f"torch {t}" for t in others) + " | why it differs |",
@@ -103,7 +103,9 @@ class MatrixViews:
             why = "; ".join(
                 dict.fromkeys(f"{t}: {there[t].cause}" if len(there) > 1 else there[t].cause for t in there)
             )
-            lines.append(f"| {_md(r.cell.label)} | {here} | " + " | ".join(cells) + f" | {_md(why)} |")
+            lines.append(
+                f"| {_escape.markdown(r.cell.label)} | {here} | " + " | ".join(cells) + f" | {_escape.markdown(why)} |"
+            )
         return "\n".join(lines) + "\n"
 
     def recipes_table(self, old: str = "torchtitan_0_3_0", new: str = "torchtitan_main") -> str:
@@ -138,7 +140,7 @@ class MatrixViews:
         for block, a, b in pairs:
             changed = a.classification.label != b.classification.label
             name = f"**{block}**" if changed else block
-            lines.append(f"| {name} | {_md(cell(a))} | {_md(cell(b))} |")
+            lines.append(f"| {name} | {_escape.markdown(cell(a))} | {_escape.markdown(cell(b))} |")
         return "\n".join(lines) + "\n"
 
     def cases_table(self, *, notebooks: str | None = "../../notebooks") -> str:
@@ -162,7 +164,7 @@ class MatrixViews:
         for e in entries:
             c = e["case"]
             by, others, verified = _case_counts(e)
-            cells = "<br>".join(_md(r.cell.label) for r in e["rows"])
+            cells = "<br>".join(_escape.markdown(r.cell.label) for r in e["rows"])
             href = _notebook_href(c, notebooks)
             notebook = f"[{pathlib.Path(c.notebook).stem}]({href})" if href else (c.notebook or "-")
             upstream = (
@@ -198,8 +200,9 @@ class MatrixViews:
         ]
         for a, i, what in diffs:
             lines.append(
-                f"| {_md(a.cell.label.rsplit(' | ', 1)[0])} | {a.classification.label} | {i.classification.label} | "
-                f"{_md('; '.join(what))} |"
+                f"| {_escape.markdown(a.cell.label.rsplit(' | ', 1)[0])} | {a.classification.label} | "
+                f"{i.classification.label} | "
+                f"{_escape.markdown('; '.join(what))} |"
             )
         return "\n".join(lines) + "\n"
 
@@ -217,7 +220,7 @@ class MatrixViews:
                 cases = ", ".join(_case_link(cid) for cid in c["cases"])
                 lines.append(
                     f"| {c['block']} | {c['AC']} | {c['compile']} | {c['backend']} | {c['saved']} | "
-                    f"{c['peak']} | {c['breaks']} | {_md(c['explanation'])} | {cases} | {c['bare']} |"
+                    f"{c['peak']} | {c['breaks']} | {_escape.markdown(c['explanation'])} | {cases} | {c['bare']} |"
                 )
             lines.append("")
         return "\n".join(lines)
@@ -611,13 +614,13 @@ TRANSFORMERS_LINE = (
 
 
 def _md(text: str) -> str:
+    """The catalogue's own text (its titles, statuses and workarounds are Markdown written here) in a table cell:
+    pipes and line breaks only. Anything read from a record goes through `_escape.markdown`."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _html(text: str) -> str:
-    import html
-
-    return html.escape(text)
+    return _escape.html(text)
 
 
 def notebooks_href(out: str | os.PathLike | None) -> str | None:

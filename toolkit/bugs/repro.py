@@ -8,7 +8,6 @@ replaces a file unless asked (`overwrite=True`).
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import pathlib
@@ -17,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from .. import _files
+from .. import _escape, _files
 from .._config import ConfigError, check_bool, check_instance, check_seconds, printable
 from ..analysis.classification import classify
 from ..measurement.machine import environment
@@ -131,12 +130,6 @@ def _check_targets(targets: dict[str, pathlib.Path], overwrite: bool) -> None:
             )
 
 
-def _markdown_text(text: str) -> str:
-    """`text` as inert markdown: one line, HTML escaped, markdown's punctuation backslashed."""
-    one_line = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())  # no NUL, no controls
-    return re.sub(r"([\\`*_\[\]()|])", r"\\\1", html.escape(one_line, quote=True))
-
-
 def _script(report: Report, scenario: Scenario, case: str | None, model_file: str | None = None) -> tuple[str, str]:
     """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal.
     `model_file`: a user's model copied beside the script, which the scenario's `build` then names."""
@@ -243,9 +236,9 @@ def export(
     title = printable(report.scenario.name) or case or "scenario"
     nb.cells = [
         nbformat.v4.new_markdown_cell(
-            f"# Repro: {_markdown_text(title)}\n\n"
-            f"Observed outcome: **{_markdown_text(report.outcome)}** "
-            f"(torch {_markdown_text(report.environment.get('torch', '?'))})."
+            f"# Repro: {_escape.markdown(title)}\n\n"
+            f"Observed outcome: **{_escape.markdown(report.outcome)}** "
+            f"(torch {_escape.markdown(report.environment.get('torch', '?'))})."
         ),
         nbformat.v4.new_code_cell(setup.strip()),
         nbformat.v4.new_code_cell(check.strip()),

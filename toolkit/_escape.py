@@ -1,0 +1,39 @@
+"""One escaper per output kind: the terminal, Markdown and HTML, for any text read from a record, a file or a user.
+
+A character no output may show as itself is one rule (`unsafe`): a control character (a NUL, an ESC colour code, a
+newline inside a name), a format character (a right-to-left override that reverses what follows, a zero-width
+joiner) or a lone surrogate (which cannot even be encoded to print).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+import unicodedata
+
+
+def unsafe(c: str) -> bool:
+    """`c` may not be shown as itself: Unicode category Cc (controls), Cf (format: bidi overrides), Cs (surrogates)."""
+    return unicodedata.category(c) in ("Cc", "Cf", "Cs")
+
+
+def terminal(text: str) -> str:
+    """`text` for a terminal line: every unsafe character escaped (`\\x1b`, `\\u202e`, `\\ud800`), the rest as is."""
+    return "".join(c if not unsafe(c) else c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
+
+
+def markdown(text: str) -> str:
+    """`text` as inert Markdown, on one line: no unsafe character, HTML escaped (no `<script>`, no `<img onerror>`,
+    no `<javascript:…>` autolink), and the characters that make a link, an image, code or a table cell backslashed
+    (no `[…](javascript:…)` or `data:` target; a pipe stays in its cell). Emphasis characters are left: they change
+    no target and labels hold them (`for_loop`, `compile(AC(x))`)."""
+    one_line = " ".join("".join(" " if unsafe(c) else c for c in str(text)).split())
+    return re.sub(r"([\\`\[\]|])", r"\\\1", _html.escape(one_line, quote=True))
+
+
+def html(text: str) -> str:
+    """`text` as HTML text or an attribute value: escaped, quotes included, unsafe characters as on a terminal."""
+    return _html.escape(terminal(str(text)), quote=True)
+
+
+__all__ = ["html", "markdown", "terminal", "unsafe"]
