@@ -202,3 +202,108 @@ def test_a_record_that_carries_markup_reaches_matrix_md_inert(tmp_path):
     assert "alert(1)" in md  # shown, as text
     assert "<script" not in md and "a|b" not in md
     assert not re.search(r"(?<!\\)\]\(javascript:", md)  # a link needs an unescaped "](": none
+
+
+# -- the record reader: one door for results.jsonl, resume and --merge (toolkit/analysis/store.py) ------------------
+
+
+@pytest.fixture(scope="module")
+def a_record(tmp_path_factory):
+    """One real record, as a sweep writes it (one eager cell, measured)."""
+    import toolkit as tk
+    from toolkit.analysis.cells import Cell
+
+    out = tmp_path_factory.mktemp("rec") / "out"
+    tk.sweep(
+        [Cell("dense", "none")],
+        out=out,
+        progress=False,
+        runner=lambda s: tk.run(s.replace(check_numerics=False, measure_memory=False, steady_steps=0)),
+    )
+    return (out / store.RESULTS).read_text().splitlines()[0]
+
+
+def _leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(obj, list) and obj:
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path
+
+
+_JUNK = st.sampled_from(["text", -1, 10**300, None, [], {}, True, 1.5, [[[[[]]]]], "\u202e", {"nested": {"x": [1]}}])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), junk=_JUNK)
+def test_the_record_reader_keeps_what_is_a_record_and_names_what_is_not(a_record, tmp_path_factory, data, junk):
+    """A results.jsonl with a real record, then the same record with one leaf replaced by junk: reading never
+    raises; the real record is kept; the other is skipped with its line number and why, or, where the junk fits the
+    schema, read as a Report whose counts are counts and whose page renders."""
+    import json
+
+    rec = json.loads(a_record)
+    paths = list(_leaves(rec["report"]))
+    path = data.draw(st.sampled_from(paths))
+    bad = json.loads(a_record)
+    node = bad["report"]
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = junk
+    bad["key"] = "another key"
+    f = tmp_path_factory.mktemp("read") / store.RESULTS
+    f.write_text(a_record + "\n" + json.dumps(bad) + "\n")
+    records, skipped = store.read_results(f)
+    assert rec["key"] in records
+    if "another key" in records:
+        report = records["another key"]["_report"]
+        assert report.saved.total_bytes >= 0 and isinstance(report.saved.total_bytes, int)
+        str(report)  # renders
+    else:
+        assert [s.line for s in skipped] == [2] and skipped[0].why
+
+
+def test_records_that_are_not_records_are_skipped_and_the_page_is_still_written(a_record, tmp_path):
+    """The audit's records: outcome error with a null error, a string where bytes belong, a 200,000-deep list, a
+    negative and a 300-digit byte count, and a truncated .xz passed to --merge: each line is skipped and named, the
+    sweep's page is written from the rest."""
+    import json
+    import lzma
+
+    import toolkit as tk
+    from toolkit.analysis.cells import Cell
+
+    def variant(change, key):
+        rec = json.loads(a_record)
+        change(rec["report"])
+        rec["key"] = key
+        return json.dumps(rec)
+
+    lines = [
+        a_record,
+        variant(lambda r: r.update(outcome="error", error=None), "k1"),
+        variant(lambda r: r["saved"].update(total_bytes="12 KiB"), "k2"),
+        variant(lambda r: r["saved"].update(total_bytes=-5), "k3"),
+        variant(lambda r: r["saved"].update(total_bytes=10**300), "k4"),
+        '{"key": "k5", "cell": ' + "[" * 200_000 + "]" * 200_000 + ', "report": {}}',
+    ]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / store.RESULTS).write_text("\n".join(lines) + "\n")
+    records, skipped = store.read_results(out / store.RESULTS)
+    assert list(records) == [json.loads(a_record)["key"]]
+    assert [s.line for s in skipped] == [2, 3, 4, 5, 6], skipped
+    assert "needs the error" in skipped[0].why and "Report.saved.total_bytes" in skipped[1].why
+    # A truncated archive: the records before the cut stand, the cut is named.
+    whole = lzma.compress(("\n".join([a_record] * 3) + "\n").encode())
+    xz = tmp_path / "other.jsonl.xz"
+    xz.write_bytes(whole[: len(whole) // 2])
+    got, cut = store.read_results(xz)
+    assert cut and "archive ends" in cut[-1].why
+    # The sweep over the folder runs nothing (its one cell is recorded) and writes its page.
+    calls = []
+    tk.sweep([Cell("dense", "none")], out=out, progress=False, runner=lambda s: calls.append(s))
+    assert calls == [] and (out / "matrix.md").exists() and (out / "matrix.html").exists()

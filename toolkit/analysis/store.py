@@ -55,6 +55,8 @@ def _record(raw: bytes) -> dict:
         rec = json.loads(text)
     except ValueError:
         raise ValueError("not JSON (a torn or foreign line)") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep to be a record") from None
     if not isinstance(rec, dict) or not {"key", "cell", "report"} <= set(rec):
         raise ValueError("not a record (an object with key, cell and report)")
     if not isinstance(rec["key"], str) or not rec["key"].strip():
@@ -77,7 +79,9 @@ def _record(raw: bytes) -> dict:
             raise ValueError(f"timeouts {e.problem.rstrip('.')}") from None
     try:
         rec["_cell"], rec["_report"] = Cell(**cell), Report.from_dict(report)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except ConfigError as e:
+        raise ValueError(f"its report does not hold what a measurement writes ({str(e)[:160]})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise ValueError(f"its cell or report cannot be read ({type(e).__name__}: {str(e)[:80]})") from None
     return rec
 
@@ -101,7 +105,11 @@ def _lines(p: pathlib.Path) -> Iterable[tuple[int, bytes | None]]:
     with lzma.open(p, "rb") if p.suffix == ".xz" else open(p, "rb") as f:
         n = 0
         while True:
-            raw = f.readline(LINE_CAP + 1)
+            try:
+                raw = f.readline(LINE_CAP + 1)
+            except (lzma.LZMAError, EOFError) as e:  # a truncated or corrupt archive: what was read stands
+                yield n + 1, f"the archive ends here, unreadable ({type(e).__name__}: {e}): the rest is not read"
+                return
             if not raw:
                 return
             n += 1
@@ -124,6 +132,9 @@ def read_results(path: str | os.PathLike) -> tuple[dict[str, dict], list[Skipped
     for n, raw in _lines(p):
         if raw is None:
             skipped.append(Skipped(n, f"longer than {LINE_CAP >> 20} MiB: not a record"))
+            continue
+        if isinstance(raw, str):  # what the archive said where it stopped
+            skipped.append(Skipped(n, raw))
             continue
         if not raw.strip():
             continue

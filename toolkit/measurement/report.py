@@ -572,6 +572,13 @@ class Report:
         for key in ("saved", "environment"):
             if not isinstance(data[key], dict):
                 raise ConfigError("Report", key, f"is {data[key]!r}, not an object.", "pass a Report record.")
+        if data["outcome"] != "ok" and not isinstance(data.get("error"), dict):
+            raise ConfigError(
+                "Report",
+                "error",
+                f"is {data.get('error')!r}, but outcome {data['outcome']!r} needs the error it ended on.",
+                "pass a Report record as Report.to_json() writes it.",
+            )
         data = dict(data)
         scen = data.get("scenario")
         if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
@@ -625,34 +632,66 @@ def _hints(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]:
     return typing.get_type_hints(cls), dataclasses.fields(cls)
 
 
-def _build(cls: type, data: Any) -> Any:
+def _build(cls: type, data: Any, where: str = "") -> Any:
     if data is None:
         return None
+    where = where or cls.__name__
+    if not isinstance(data, dict):
+        raise _not_schema(where, data, "an object")
     hints, fields = _hints(cls)
     kwargs = {}
     for f in fields:
         if f.name not in data:
             continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
     return cls(**kwargs)
 
 
-def _convert(tp: Any, value: Any) -> Any:
+_MAX_COUNT = 1 << 63
+"""Every integer a Report holds is a count, a size in bytes, a rank or a line: from 0 to what an int64 holds."""
+
+
+def _not_schema(where: str, value: Any, what: str) -> ConfigError:
+    owner, _, field_ = where.partition(".")
+    shown = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else f"a {len(str(value))}-digit number"
+    return ConfigError(owner, field_, f"{shown[:80]} is not {what}.", "pass a record as Report.to_json() writes it.")
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    """`value` read as type `tp`, or a ConfigError naming the field (`Saved.total_bytes`): the one check of a
+    Report's schema, so that a record read from a file is what a measurement would have written (a string where bytes
+    belong, a negative or 300-digit count, a list where a table belongs are refused, not shown as if measured)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if value is None:
-        return float("nan") if tp is float else None
+        if tp is float:
+            return float("nan")  # NaN is written as null (JSON has no NaN)
+        if (origin is typing.Union or origin is types.UnionType) and type(None) in args or tp is Any:
+            return None
+        raise _not_schema(where, value, "a value (this field is never null in a record)")
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value)
+        return _build(tp, value, where)
     if origin is typing.Union or origin is types.UnionType:
         for a in args:
             if a is type(None):
                 continue
-            return _convert(a, value)
+            return _convert(a, value, where)
     if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _not_schema(where, value, "a list")
         inner = args[0] if args else Any
-        return tuple(_convert(inner, v) for v in value)
+        return tuple(_convert(inner, v, f"{where}[]") for v in value)
     if origin is dict:
-        return {k: _convert(args[1], v) for k, v in value.items()} if args else dict(value)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise _not_schema(where, value, "an object")
+        return {k: _convert(args[1], v, f"{where}[]") for k, v in value.items()} if args else dict(value)
+    if tp is bool and not isinstance(value, bool):
+        raise _not_schema(where, value, "true or false")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_COUNT):
+        raise _not_schema(where, value, f"a count from 0 to {_MAX_COUNT - 1}")
+    if tp is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise _not_schema(where, value, "a number")
+    if tp is str and not isinstance(value, str):
+        raise _not_schema(where, value, "text")
     return value
 
 
