@@ -316,32 +316,15 @@ class Explorer:
         v = {k: w.value for k, w in self.controls.items()}
         if of_block(v["stack"]) == "user":
             # Your model as your build() returns it (its sizes are its own), the toolkit's AC and compile on its blocks.
-            mode = v["ac_mode"]
-            options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
-            comp = CompileConfig(
-                scope=v["scope"],
-                backend=v["backend"],
-                fullgraph=v["fullgraph"],
-                order=None if v["order"] == AUTO_ORDER else v["order"],
-                method=v["method"],
-            )
             cfg = foreign("user").config_for(v["stack"])
-            return Scenario(stack="user", model=cfg, ac=ACConfig(mode=mode, **options), compile=comp)
+            return Scenario(stack="user", model=cfg, ac=_ac_from(v), compile=_compile_from(v))
         if v["stack"] != "toolkit":
             # Another stack's own model at the Explorer's size, with its own AC and compile (`Stack.sized`).
             name = of_block(v["stack"])
             st = foreign(name)
             cfg = st.sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
-            mode = v["ac_mode"]
-            options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
             comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"], method=v["method"])
-            return Scenario(
-                stack=name,
-                **{st.config_field: cfg},
-                ac=ACConfig(mode=mode, **options),
-                compile=comp,
-                fsdp=v["fsdp"],
-            )
+            return Scenario(stack=name, **{st.config_field: cfg}, ac=_ac_from(v), compile=comp, fsdp=v["fsdp"])
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
         model = ModelConfig(
             n_layers=v["n_layers"],
@@ -362,20 +345,9 @@ class Explorer:
                 recipe_backend=v["backend"],
                 fsdp=v["fsdp"],
             )
-        mode = v["ac_mode"]
-        # Only the options the chosen mode reads (its config says which): ACConfig refuses the others.
-        options = {name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()}
-        ac = (
-            ACConfig.remat_selective()
-            if mode == "remat" and v["remat_policy"] == "selective"
-            else ACConfig(mode=mode, **options)
-        )
-        comp = CompileConfig(
-            scope=v["scope"],
-            backend=v["backend"],
-            fullgraph=v["fullgraph"],
-            order=None if v["order"] == AUTO_ORDER else v["order"],
-            method=v["method"],
+        ac = ACConfig.remat_selective() if v["ac_mode"] == "remat" and v["remat_policy"] == "selective" else _ac_from(v)
+        comp = _compile_from(
+            v,
             capture_scalar_outputs=v["capture_scalar_outputs"],
             capture_dynamic_output_shape_ops=v["capture_dynamic_output_shape_ops"],
         )
@@ -578,6 +550,24 @@ def export_repro(
 
     bundle = export(report, path, scenario=scenario, overwrite=overwrite)
     return bundle.script, bundle.notebook
+
+
+def _ac_from(v: dict[str, Any]) -> ACConfig:
+    """The AC controls as an ACConfig: the mode, and only the options that mode reads (its config says which)."""
+    mode = v["ac_mode"]
+    return ACConfig(mode=mode, **{name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()})
+
+
+def _compile_from(v: dict[str, Any], **more: Any) -> CompileConfig:
+    """The compile controls as a CompileConfig ("as the scope implies" is no order)."""
+    return CompileConfig(
+        scope=v["scope"],
+        backend=v["backend"],
+        fullgraph=v["fullgraph"],
+        order=None if v["order"] == AUTO_ORDER else v["order"],
+        method=v["method"],
+        **more,
+    )
 
 
 def _option(ac: ACConfig, mode: type[ACConfig], name: str) -> Any:
