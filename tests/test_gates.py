@@ -307,3 +307,61 @@ def test_records_that_are_not_records_are_skipped_and_the_page_is_still_written(
     calls = []
     tk.sweep([Cell("dense", "none")], out=out, progress=False, runner=lambda s: calls.append(s))
     assert calls == [] and (out / "matrix.md").exists() and (out / "matrix.html").exists()
+
+
+# -- the terminal: what is replayed, and how wide ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, replays", [(0, True), (4, True), (99, False), (True, False), ("0", False)])
+def test_a_stamp_replays_only_what_the_toolkit_can_revalidate(tmp_path, capsys, code, replays):
+    """A hand-edited `.matrix-stamp.json` whose inputs still match: an exit code `matrix` cannot end with is not
+    replayed (the sweep runs as usual), and the text it replays has its escape sequences and bidi overrides shown,
+    not run."""
+    import json
+
+    from toolkit import _stamp
+
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["matrix", "--out", str(out)]
+    printed = {"stdout": [["ok \x1b[2J\u202eevil", False]], "stderr": ["\x1b]0;title\x07 x"], "code": code}
+    (out / _stamp.STAMP).write_text(json.dumps({"inputs": _stamp.inputs(argv, out, ()), "printed": printed}))
+    got = _stamp.replay(argv, ())
+    said = capsys.readouterr()
+    if not replays:
+        assert got is None and said.out == ""
+        return
+    assert got == code and "\x1b" not in said.out + said.err and "\u202e" not in said.out
+    assert "\\x1b[2J" in said.out and "\\u202e" in said.out
+
+
+def test_a_fifo_in_place_of_the_stamp_does_not_block(tmp_path):
+    """`matrix` reads the stamp as a regular file only: a FIFO there means "no stamp", read without opening it."""
+    from toolkit import _stamp
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / _stamp.STAMP)
+    assert _stamp.replay(["matrix", "--out", str(out)], ()) is None  # returns: it did not open the FIFO
+
+
+@pytest.mark.parametrize("columns", ["1000000000", "0", "-5", "junk"])
+def test_a_table_width_is_what_a_terminal_can_hold(columns):
+    """COLUMNS set to anything: `cases` lays its table out at most 1000 and at least 20 columns wide."""
+    done = subprocess.run(
+        [sys.executable, "-m", "toolkit", "cases"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": columns},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert max(len(line) for line in done.stdout.splitlines()) <= 1000
+
+
+@pytest.mark.parametrize("arg", [{"cpu": "nonsense"}, {"needs": "tpu"}, {"notebook": "yes"}, {"text": "a\u202eb"}])
+def test_a_catalogue_filter_that_no_case_can_match_is_refused(arg):
+    from toolkit.analysis import catalogue
+
+    with pytest.raises(ConfigError, match=f"catalogue.filter.{next(iter(arg))}"):
+        catalogue.filter(**arg)

@@ -36,4 +36,12 @@ def html(text: str) -> str:
     return _html.escape(terminal(str(text)), quote=True)
 
 
-__all__ = ["html", "markdown", "terminal", "unsafe"]
+def terminal_width(default: int) -> int:
+    """The terminal's width in columns (`default` when it is not a terminal), between 20 and 1000: COLUMNS is the
+    user's to set, to anything, and a table is laid out to what a terminal can hold, not to what it says."""
+    import shutil
+
+    return min(max(shutil.get_terminal_size((default, 24)).columns, 20), 1000)
+
+
+__all__ = ["html", "markdown", "terminal", "terminal_width", "unsafe"]

@@ -20,6 +20,11 @@ import sys
 from typing import Any, Iterable
 
 STAMP = ".matrix-stamp.json"
+STAMP_CAP = 4 << 20
+"""A stamp holds the arguments, a few hundred file states and the summary's lines: tens of KiB."""
+REPLAYABLE_CODES = (0, 1, 3, 4)
+"""The exit codes a finished `matrix` run ends with (ok, failed cells, silent failures under --strict, nothing
+measured): the only ones a stamp replays."""
 OUTPUTS = ("results.jsonl", "matrix.json", "matrix.md", "matrix.html")
 VERSION = 1
 
@@ -143,19 +148,27 @@ def replay(argv: list[str], packages: Iterable[str]) -> int | None:
     on are unchanged; None otherwise (run the sweep)."""
     if "--merge" in argv or "--dry-run" in argv:
         return None
+    from . import _escape, _files
+
     out = out_of(argv)
     try:
-        stamp = json.loads((pathlib.Path(out) / STAMP).read_text())
+        # Read only as the regular file the toolkit wrote (a FIFO there would block; a huge file is not read): a
+        # ConfigError is a ValueError, so anything else there just means "sweep as usual".
+        stamp = json.loads(_files.read_capped(pathlib.Path(out) / STAMP, "stamp", "", STAMP_CAP))
         if stamp.get("inputs") != inputs(argv, out, packages):
             return None
         printed = stamp["printed"]
-        stdout = render(printed["stdout"])
-        stderr, code = list(printed["stderr"]), int(printed["code"])
-    except (OSError, ValueError, KeyError, TypeError):
+        lines = [(str(text), bool(cuts)) for text, cuts in printed["stdout"]]
+        stderr, code = [str(line) for line in printed["stderr"]], printed["code"]
+        # What is replayed is re-validated: an exit code the matrix command can end with, text made safe for a
+        # terminal (a hand-edited stamp's escape sequences are shown, not run).
+        if isinstance(code, bool) or code not in REPLAYABLE_CODES:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     for line in stderr:
-        print(line, file=sys.stderr)
-    print(stdout)
+        print(_escape.terminal(line), file=sys.stderr)
+    print(render([(_escape.terminal(text), cuts) for text, cuts in lines]))
     print(
         f"up to date: nothing to run, nothing written; {os.path.join(out, 'matrix.json')}, matrix.md, matrix.html "
         f"and {os.path.join(out, 'results.jsonl')} are as this command left them"
@@ -163,15 +176,11 @@ def replay(argv: list[str], packages: Iterable[str]) -> int | None:
     return code
 
 
-def _terminal_width() -> int:
-    import shutil
-
-    return shutil.get_terminal_size((120, 24)).columns
-
-
 def render(lines, width: int | None = None) -> str:
     """`(text, cuts)` lines joined, those marked cut to `width` (default the terminal's)."""
-    width = width or _terminal_width()
+    from ._escape import terminal_width
+
+    width = width or terminal_width(120)
     return "\n".join(_cut(text, width) if cuts else text for text, cuts in lines)
 
 

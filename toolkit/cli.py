@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -180,6 +179,7 @@ def _run_command(args) -> int:
 
 def _cases_command(args) -> int:
     from . import bugs
+    from ._escape import terminal_width
     from .analysis import catalogue
 
     if not args.check:
@@ -187,7 +187,7 @@ def _cases_command(args) -> int:
         if args.markdown:
             print(catalogue.markdown(sel, with_findings=args.findings))
         else:
-            print(catalogue.text(sel, width=shutil.get_terminal_size((100, 24)).columns, with_findings=args.findings))
+            print(catalogue.text(sel, width=terminal_width(100), with_findings=args.findings))
         return 0
     ids = args.check
     if ids == ["all"]:

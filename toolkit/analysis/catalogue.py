@@ -237,7 +237,18 @@ def filter(
     *, cpu: str | None = None, text: str | None = None, notebook: bool | None = None, needs: str | None = None
 ) -> list[Case]:
     """Cases by CPU reproducibility (one of `CPU_STATUSES`), a search text, having a notebook, or what a repro needs
-    ("cpu", "gpu", "multi-rank")."""
+    ("cpu", "gpu", "multi-rank"). A value none of them can have is refused, naming the argument (it matched no case,
+    silently)."""
+    from .._config import check_bool, check_choice, check_text
+
+    if cpu is not None:
+        check_choice("catalogue.filter", "cpu", cpu, CPU_STATUSES)
+    if needs is not None:
+        check_choice("catalogue.filter", "needs", needs, ("cpu", *NEEDS.values()))
+    if text is not None:
+        check_text("catalogue.filter", "text", text)
+    if notebook is not None:
+        check_bool("catalogue.filter", "notebook", notebook)
     out = []
     for c in cases():
         if cpu is not None and c.cpu != cpu:
