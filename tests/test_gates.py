@@ -365,3 +365,61 @@ def test_a_catalogue_filter_that_no_case_can_match_is_refused(arg):
 
     with pytest.raises(ConfigError, match=f"catalogue.filter.{next(iter(arg))}"):
         catalogue.filter(**arg)
+
+
+# -- arguments: one check each, before any work ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda tk: tk.CompileConfig(dynamic=0), "CompileConfig.dynamic"),
+        (lambda tk: tk.run(tk.Scenario(), threads=10**6), "run.threads"),
+        (lambda tk: tk.prepare("model"), "prepare.model"),
+        (lambda tk: tk.prepare(tk.build_model(tk.ModelConfig(n_layers=1)), ac="full"), "prepare.ac"),
+        (
+            lambda tk: tk.prepare(
+                tk.build_model(tk.ModelConfig(n_layers=1)), compile=tk.CompileConfig(scope="blocks", order="ac_outside")
+            ),
+            "CompileConfig.order",
+        ),
+    ],
+)
+def test_an_argument_that_would_fail_inside_torch_or_do_nothing_is_refused_naming_it(call, field):
+    """The audit's arguments: `dynamic=0` (0 == False, but not a bool: it failed inside torch), `threads=10**6` (a
+    SIGSEGV), `prepare()` given a string or a mode name, `order` with no AC (ignored, silently)."""
+    import toolkit as tk
+
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        call(tk)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.sampled_from(["a", "b", "name", "ac"]), min_size=2, max_size=6))
+def test_a_json_key_given_twice_is_refused_naming_it(keys):
+    """Every JSON the toolkit reads (`_files.loads`: --config, records, findings): a key given twice is refused, not
+    decided by which came last."""
+    import json
+
+    text = "{" + ", ".join(f"{json.dumps(k)}: {i}" for i, k in enumerate(keys)) + "}"
+    if len(set(keys)) == len(keys):
+        assert _files.loads(text, "x", "y") == {k: i for i, k in enumerate(keys)}
+    else:
+        with pytest.raises(ConfigError, match="twice"):
+            _files.loads(text, "x", "y")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cases", "--cpu", "gpu_only", "--cpu", "reproduced"],
+        ["matrix", "--quick", "--out", "a", "--out=b", "--dry-run"],
+        ["run", "--preset", "x", "--preset", "y"],
+    ],
+)
+def test_an_option_given_twice_is_refused_naming_it(argv, capsys):
+    from toolkit.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is given 2 times" in err and "Traceback" not in err

@@ -124,6 +124,8 @@ MAX_STEADY_STEPS = 1000
 """The most timing steps a measurement takes after its measured one (a median needs a few, not a billion)."""
 MAX_RANKS = 64
 """The most ranks one machine runs under torchrun (each a process with torch imported: gloo on one host)."""
+MAX_THREADS = 1024
+"""The most intra-op threads a measurement asks torch for (more than any machine has cores; 10**6 crashed torch)."""
 MAX_SECONDS = 7 * 24 * 3600
 """The longest time limit anything takes (a week): a longer one is no limit, and 1e300 overflows a deadline."""
 

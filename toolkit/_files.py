@@ -159,10 +159,33 @@ def read_capped(path: str | os.PathLike, owner: str, field: str, cap: int = CONF
         ) from None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice."""
+
+    def __init__(self, key: str):
+        super().__init__(f"the key {key!r} is given twice")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook` for everything the toolkit reads: a key given twice is refused
+    (`DuplicateKey`) instead of the last value winning without a word."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def loads(text: str, owner: str, field: str, *, name: str = "the text") -> Any:
     """JSON, or a ConfigError on `owner.field`: not JSON, nested too deep, an integer past Python's digit limit."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
+        raise ConfigError(
+            owner, field, f"{name} gives the key {e.key!r} twice (JSON would keep the last, silently).", "keep one."
+        ) from None
     except RecursionError:
         raise ConfigError(owner, field, f"{name} is JSON nested too deep to read.", "write a flat object.") from None
     except json.JSONDecodeError as e:

@@ -134,6 +134,23 @@ class _UsageError(Exception):
         super().__init__(problem + (f" Fix: {fix}" if fix else ""))
 
 
+def _once(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A single-valued option given twice is refused, naming it (argparse keeps the last one, silently): the one
+    check every command's options pass after parsing."""
+    many = (argparse._AppendAction, argparse._CountAction, argparse._ExtendAction, argparse._HelpAction)
+    tokens = argv[: argv.index("--")] if "--" in argv else argv
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, many):
+            continue
+        opts = action.option_strings
+        given = [t for t in tokens for o in opts if t == o or (o[:2] == "--" and t.startswith(o + "="))]
+        if len(given) > 1:
+            raise _UsageError(
+                f"{action.option_strings[-1]} is given {len(given)} times ({', '.join(given)}); only one can hold.",
+                "give it once.",
+            )
+
+
 def _run_command(args) -> int:
     from dataclasses import asdict
 
@@ -334,6 +351,7 @@ def _matrix_command(argv: list[str]) -> int:
 
     parser = _matrix_parser()
     args = parser.parse_args(argv)
+    _once(parser, argv)
     for given in argv:
         readers = parser.executor_options.get(given.split("=", 1)[0])
         if readers is not None and args.executor not in readers:
@@ -676,6 +694,8 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    _once(commands.choices[args.command], argv[1:])
     if args.command == "run":
         if args.timeout_s is not None and not args.isolate and args.nproc == 1:
             # The same rule as tk.run(timeout_s=..., isolate=False), said in the CLI's own words.

@@ -52,7 +52,9 @@ def _record(raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
     try:
-        rec = json.loads(text)
+        rec = json.loads(text, object_pairs_hook=_files.unique_keys)
+    except _files.DuplicateKey as e:
+        raise ValueError(f"not a record: {e}") from None
     except ValueError:
         raise ValueError("not JSON (a torn or foreign line)") from None
     except RecursionError:

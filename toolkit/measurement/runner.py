@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._config import ConfigError, check_bool, check_instance, check_int, check_seconds
+from .._config import MAX_THREADS, ConfigError, check_bool, check_instance, check_int, check_seconds
 from .local import measure, run_here
 from .report import Report
 from .scenario import Scenario
@@ -34,7 +34,7 @@ def run(
     check_bool("run", "isolate", isolate)
     check_seconds("run", "timeout_s", timeout_s)
     if threads is not None:
-        check_int("run", "threads", threads, 1)
+        check_int("run", "threads", threads, 1, MAX_THREADS, "intra-op threads")
     if timeout_s is not None and not isolate:
         raise ConfigError(
             "run",

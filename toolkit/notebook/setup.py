@@ -42,6 +42,9 @@ def setup_notebook(
     torch.manual_seed(seed)
     torch.set_printoptions(precision=4, sci_mode=False)
     if threads is not None:
+        from .._config import MAX_THREADS, check_int
+
+        check_int("setup_notebook", "threads", threads, 1, MAX_THREADS, "intra-op threads")
         torch.set_num_threads(threads)
     for category in (DeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module=r"torch(\..*)?")

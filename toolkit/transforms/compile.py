@@ -98,7 +98,7 @@ class CompileConfig:
                 f"{self.backend!r} is neither a backend name nor callable.",
                 f"pass one of {', '.join(BACKENDS)}.",
             )
-        if self.dynamic not in (None, True, False):
+        if not (self.dynamic is None or isinstance(self.dynamic, bool)):  # 0 == False, but 0 is not a bool
             raise ConfigError(own, "dynamic", f"{self.dynamic!r} is not None/True/False.", "pass None, True or False.")
         for name in (
             "fullgraph",
@@ -222,6 +222,13 @@ def check_ac_compile(ac, cfg: CompileConfig) -> None:
     """The AC settings that need compile: refuse a pairing that cannot work, before anything is built or run."""
     if ac is None:
         return
+    if ac.mode == "none" and cfg.enabled and cfg.order is not None:
+        raise ConfigError(
+            "CompileConfig",
+            "order",
+            f"{cfg.order!r} places compile around or inside AC, and AC is 'none': it would be ignored.",
+            "drop order (order=None), or pass an AC mode.",
+        )
     check_memory_budget(ac, cfg.enabled)
     if ac.mode == "remat" and cfg.enabled:
         # The scopes that compile a whole block or more (`layers.N`, `layers`, the model), not a part of one.

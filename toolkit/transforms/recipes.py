@@ -34,6 +34,10 @@ def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileCon
 
     Both configs are checked against each other before the model is touched.
     """
+    check_instance("prepare", "model", model, nn.Module, "pass the model to transform (an nn.Module).")
+    for name, value, kind in (("ac", ac, ACConfig), ("compile", compile, CompileConfig)):
+        if value is not None:
+            check_instance("prepare", name, value, kind, f"pass tk.{kind.__name__}(...) or None.")
     ac = ac or ACConfig()
     compile = compile or CompileConfig()
     check_ac_compile(ac, compile)
