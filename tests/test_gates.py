@@ -423,3 +423,14 @@ def test_an_option_given_twice_is_refused_naming_it(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "is given 2 times" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("export", ["bugs", "sweep"])
+def test_an_empty_folder_name_is_refused_wherever_a_folder_is_taken(export, tmp_path, monkeypatch):
+    """`bugs.export(case, "")` wrote into the working directory while `sweep(out="")` refused: one check now."""
+    import toolkit as tk
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="names no folder"):
+        tk.bugs.export("C27", "") if export == "bugs" else tk.sweep([], out="", progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -23,6 +23,19 @@ CONFIG_CAP = 1 << 20
 """A scenario or config file: 1 MiB (a scenario is a few KiB)."""
 
 
+def check_folder(owner: str, field: str, value: Any, example: str) -> pathlib.Path:
+    """A folder a user names for the toolkit to write into: a non-empty path (`""` would write into the working
+    directory), as a Path; a ConfigError naming the field otherwise. `example`: a folder to suggest."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise ConfigError(
+            owner,
+            field,
+            f"{value!r} names no folder (an empty path would write into the working directory).",
+            f"pass a folder, e.g. {example}.",
+        )
+    return pathlib.Path(value)
+
+
 class WriteFailed(OSError):
     """A file could not be written; the previous one, if any, is as it was."""
 

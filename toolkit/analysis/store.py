@@ -238,13 +238,7 @@ def merge_results(
 
 def check_out(out: Any) -> None:
     """An output folder is a non-empty path: `""` would write into the working directory (`wrote /matrix.json`)."""
-    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
-        raise ConfigError(
-            "sweep",
-            "out",
-            f"{out!r} names no folder (an empty path would write into the working directory).",
-            "pass a folder, e.g. out='matrix-out' (--out matrix-out).",
-        )
+    _files.check_folder("sweep", "out", out, "out='matrix-out' (--out matrix-out)")
 
 
 class FolderBusy(RuntimeError):

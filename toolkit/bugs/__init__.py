@@ -234,7 +234,7 @@ def export(case_id: str, directory: str | pathlib.Path, *, overwrite: bool = Fal
 
     check_bool("bugs.export", "overwrite", overwrite)
     src = pathlib.Path(inspect.getfile(script(case_id)))
-    out = pathlib.Path(directory)
+    out = _files.check_folder("bugs.export", "directory", directory, "'repros'")
     if out.exists() and not out.is_dir():
         raise ConfigError(
             "bugs.export", "directory", f"{str(out)!r} is a file, not a folder.", "pass a folder (created if missing)."
