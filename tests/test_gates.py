@@ -434,3 +434,38 @@ def test_an_empty_folder_name_is_refused_wherever_a_folder_is_taken(export, tmp_
     with pytest.raises(ConfigError, match="names no folder"):
         tk.bugs.export("C27", "") if export == "bugs" else tk.sweep([], out="", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_jupyterlab_ends_with_the_lab_command_even_after_kill_minus_nine(tmp_path):
+    """`python -m toolkit lab` killed with SIGKILL: the JupyterLab it started is gone within seconds (it was left
+    serving, an orphan)."""
+    import signal
+    import time
+
+    import psutil
+
+    lab = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "lab",
+            "--no-browser",
+            "--ServerApp.port=0",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.root_dir={tmp_path}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
+    )
+    deadline = time.monotonic() + 120
+    children: list = []
+    while time.monotonic() < deadline and not children:
+        children = psutil.Process(lab.pid).children(recursive=True)
+        time.sleep(0.2)
+    assert children, "JupyterLab did not start"
+    lab.send_signal(signal.SIGKILL)
+    lab.wait()
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert alive == [], [p.cmdline() for p in alive]

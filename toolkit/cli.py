@@ -513,9 +513,16 @@ def _lab_command(extra: list[str]) -> int:
         cmd = [sys.executable, "-m", "jupyterlab", f"--LabApp.app_settings_dir={settings}"]
         if not any(not a.startswith("-") for a in extra) and here.is_dir():
             cmd.append(str(here))
+        from .measurement.channel import ends_with_this_process
+
+        # JupyterLab ends with this command, however it ends (a kill -9 left it serving, an orphan): the mechanism
+        # the toolkit's own children use, given to a program it does not control.
+        proc = subprocess.Popen(cmd + extra, env=dict(os.environ), preexec_fn=ends_with_this_process())
         try:
-            return subprocess.call(cmd + extra, env=dict(os.environ))
+            return proc.wait()
         except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
             return 130
 
 

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, Callable
 
 PARENT_ENV = "TOOLKIT_PARENT_PID"
 """The pid a child must stay the child of (it exits when that process is gone)."""
@@ -69,6 +69,22 @@ def die_with_parent(parent: int | None = None) -> None:
         threading.Thread(target=watch, daemon=True, name="toolkit-lifeline").start()
     if os.getppid() != parent:
         os._exit(1)
+
+
+def ends_with_this_process(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn` for a program this process starts and does not control (JupyterLab): it gets `sig` when this
+    process dies, `kill -9` included (PR_SET_PDEATHSIG, set in the child before it runs the program), and does not
+    start at all when this process is already gone. SIGTERM by default, so that a server shuts down what it started
+    (its kernels). On other systems: nothing (the program outlives a killed parent there)."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def watch_parent(parent: int) -> None:
