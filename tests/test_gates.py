@@ -469,3 +469,45 @@ def test_jupyterlab_ends_with_the_lab_command_even_after_kill_minus_nine(tmp_pat
     lab.wait()
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], [p.cmdline() for p in alive]
+
+
+def test_submitit_without_slurm_runs_no_more_cells_at_once_than_the_machine_has_cores(monkeypatch):
+    """Where there is no Slurm, submitit runs each task as a local process, all submitted at once: a load of 52 on 2
+    cores. The executor now hands it at most cores / cpus_per_cell tasks at a time. A stand-in for submitit's
+    local executor counts the tasks running together (the real one is exercised by tests/test_sweeps.py)."""
+    import itertools
+
+    from toolkit.analysis import executors
+    from toolkit.analysis.cells import Cell
+
+    running, most, seen = set(), [0], itertools.count()
+
+    class Task:
+        def __init__(self, cells):
+            self.cells, self.job_id, self.polls = cells, next(seen), 0
+            running.add(self)
+            most[0] = max(most[0], len(running))
+
+        def done(self):
+            self.polls += 1
+            if self.polls > 2:
+                running.discard(self)
+                return True
+            return False
+
+        def result(self):
+            return []
+
+    class Local:
+        cluster = "local"
+
+        def submit(self, fn, cells, threads, me):
+            return Task(cells)
+
+    monkeypatch.setattr(executors.SubmititExecutor, "_executor", lambda self, folder: Local())
+    monkeypatch.setattr(executors, "_reports", lambda chunk, result, where: iter([(j, None) for j in chunk]))
+    monkeypatch.setattr(executors.time, "sleep", lambda s: None)
+    monkeypatch.setattr(executors.os, "cpu_count", lambda: 2)
+    jobs = [executors.Job(f"k{i}", Cell("dense", "none"), None) for i in range(9)]
+    out = list(executors.SubmititExecutor(cluster="local", cells_per_job=1, cpus_per_cell=1).run(jobs, None))
+    assert len(out) == 9 and most[0] == 2

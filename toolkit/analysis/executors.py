@@ -263,11 +263,22 @@ class SubmititExecutor(Executor):
         ex = self._executor(folder)
         me = (socket.gethostname(), os.getpid())
         chunks = _chunks(jobs, self.cells_per_job)
-        with ex.batch():  # one Slurm array for the whole sweep
-            submitted = [ex.submit(run_chunk, _payload(c), self.cpus_per_cell, me) for c in chunks]
-        pending = dict(zip(submitted, chunks))
+        pending: dict[Any, list[Job]] = {}
+        if getattr(ex, "cluster", "slurm") == "slurm":
+            with ex.batch():  # one Slurm array for the whole sweep; Slurm schedules it
+                submitted = [ex.submit(run_chunk, _payload(c), self.cpus_per_cell, me) for c in chunks]
+            pending = dict(zip(submitted, chunks))
+            waiting: list[list[Job]] = []
+        else:
+            # No Slurm: submitit runs each task as a local process, all at once (a load of 52 on 2 cores). This
+            # machine's cores decide how many run together, as for the local executor.
+            waiting = list(chunks)
+        at_once = max(1, (os.cpu_count() or 1) // self.cpus_per_cell)
         try:
-            while pending:
+            while pending or waiting:
+                while waiting and len(pending) < at_once:
+                    chunk = waiting.pop(0)
+                    pending[ex.submit(run_chunk, _payload(chunk), self.cpus_per_cell, me)] = chunk
                 finished = [j for j in pending if j.done()]
                 if not finished:
                     time.sleep(0.2)
