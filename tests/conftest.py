@@ -31,6 +31,7 @@ QUICK = (
     "tests/test_packaging.py",
     "tests/test_notebooks.py",
     "notebooks/bugs/C02_graph_break_in_checkpoint.ipynb",
+    "tests/test_gates.py",  # the property-based search of every gate
 )
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -511,3 +511,26 @@ def test_submitit_without_slurm_runs_no_more_cells_at_once_than_the_machine_has_
     jobs = [executors.Job(f"k{i}", Cell("dense", "none"), None) for i in range(9)]
     out = list(executors.SubmititExecutor(cluster="local", cells_per_job=1, cpus_per_cell=1).run(jobs, None))
     assert len(out) == 9 and most[0] == 2
+
+
+def test_no_json_is_read_outside_the_readers():
+    """Every JSON the toolkit reads from a file, a record or a user goes through `_files.loads` (duplicate keys,
+    depth, digits: one door) or, for results.jsonl, the record reader built on the same hook (analysis/store.py).
+    The fork server's messages between its own processes are the one other place."""
+    allowed = {"toolkit/_files.py", "toolkit/analysis/store.py", "toolkit/measurement/forkserver.py"}
+    offenders = {}
+    for path in sorted((ROOT / "toolkit").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in allowed or rel.startswith("toolkit/bugs/standalone/"):
+            continue
+        lines = [
+            n.lineno
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("loads", "load")
+            and getattr(n.func.value, "id", None) == "json"
+        ]
+        if lines:
+            offenders[rel] = lines
+    assert offenders == {}, offenders

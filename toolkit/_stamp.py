@@ -154,7 +154,7 @@ def replay(argv: list[str], packages: Iterable[str]) -> int | None:
     try:
         # Read only as the regular file the toolkit wrote (a FIFO there would block; a huge file is not read): a
         # ConfigError is a ValueError, so anything else there just means "sweep as usual".
-        stamp = json.loads(_files.read_capped(pathlib.Path(out) / STAMP, "stamp", "", STAMP_CAP))
+        stamp = _files.loads(_files.read_capped(pathlib.Path(out) / STAMP, "stamp", "", STAMP_CAP), "stamp", "")
         if stamp.get("inputs") != inputs(argv, out, packages):
             return None
         printed = stamp["printed"]

@@ -506,7 +506,9 @@ def _lab_command(extra: list[str]) -> int:
     here = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
     # JupyterLab reads overrides.json from its app settings folder: start from the environment's own overrides.
     own = pathlib.Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
-    overrides = json.loads(own.read_text()) if own.is_file() else {}
+    overrides = (
+        _files.loads(_files.read_capped(own, "lab", "overrides.json"), "lab", "overrides.json") if own.is_file() else {}
+    )
     overrides.setdefault("@jupyterlab/docmanager-extension:plugin", {})["autosave"] = False
     with tempfile.TemporaryDirectory(prefix="toolkit-lab-") as settings:
         _files.write_text(pathlib.Path(settings) / "overrides.json", json.dumps(overrides, indent=1))

@@ -194,7 +194,9 @@ def _ac_mode_shows(modes, report) -> bool:
 @functools.lru_cache(maxsize=1)
 def cases() -> tuple[Case, ...]:
     """Every catalogued case, in id order."""
-    data = json.loads(_PATH.read_text())
+    from .. import _files
+
+    data = _files.loads(_PATH.read_text(), "catalogue.json", "", name="the catalogue")
     out = []
     for c in data["cases"]:
         for alt in (c.get("signature") or {}).get("any_of") or ():
@@ -324,8 +326,8 @@ def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
     lines = _files.read_bytes_capped(path, "TOOLKIT_FINDINGS", "", 64 << 20).splitlines()
     for n, raw in enumerate(lines, 1):
         try:
-            f = json.loads(raw.decode("utf-8"))
-        except json.JSONDecodeError:
+            f = _files.loads(raw.decode("utf-8"), "TOOLKIT_FINDINGS", "", name=f"line {n}")
+        except ConfigError:
             if n == len(lines):
                 continue  # the last line, torn by an interrupted append
             f = None

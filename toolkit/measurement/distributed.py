@@ -52,7 +52,7 @@ class DistributedReport:
 
     @classmethod
     def from_json(cls, text: str) -> "DistributedReport":
-        data = json.loads(text)
+        data = _files.loads(text, "DistributedReport", "", name="the report")
         return cls(tuple(Report.from_dict(r) for r in data["ranks"]), data.get("stderr_tail", ""))
 
     def __str__(self) -> str:

@@ -193,7 +193,9 @@ class Estimate:
 
     @classmethod
     def from_json(cls, text: str) -> "Estimate":
-        data = json.loads(text)
+        from .. import _files
+
+        data = _files.loads(text, "Estimate", "", name="the estimate")
         data["notes"] = tuple(data.get("notes", ()))
         data["saved_tensors"] = tuple(
             EstimatedTensor(**{**t, "shape": tuple(t["shape"])}) for t in data.get("saved_tensors", ())

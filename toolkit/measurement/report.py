@@ -587,7 +587,9 @@ class Report:
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
-        return cls.from_dict(json.loads(text))
+        from .. import _files
+
+        return cls.from_dict(_files.loads(text, "Report", "", name="the report"))
 
     def __str__(self) -> str:
         return format_report(self)

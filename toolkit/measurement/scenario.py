@@ -253,7 +253,9 @@ class Scenario:
 
     @classmethod
     def from_json(cls, text: str) -> "Scenario":
-        return cls.from_dict(json.loads(text))
+        from .. import _files
+
+        return cls.from_dict(_files.loads(text, "Scenario", "", name="the scenario"))
 
 
 def _json_type(value: Any) -> str:

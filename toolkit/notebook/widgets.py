@@ -9,13 +9,12 @@ Everything is drivable headless: set the controls' `.value`, call `run()`, read 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
 import ipywidgets as W
 
-from .. import compat
+from .. import _files, compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
@@ -601,7 +600,7 @@ def _figure_output(fig) -> dict:
         "output_type": "display_data",
         "metadata": {},
         "data": {
-            "application/vnd.plotly.v1+json": json.loads(pio.to_json(fig, validate=False)),
+            "application/vnd.plotly.v1+json": _files.loads(pio.to_json(fig, validate=False), "figure", ""),
             "text/plain": f"<plotly figure: {title}>",
         },
     }
