@@ -404,7 +404,7 @@ def test_cases_cli(capsys):
     assert "no standalone repro for C19" in capsys.readouterr().err
 
 
-def _scripts() -> list[str]:
+def _repro_cases() -> list[str]:
     """Every case `cases --check all` runs: a signature and a standalone repro."""
     return [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
 
@@ -422,7 +422,7 @@ def test_every_standalone_repro_is_checked_on_every_release_once():
     spec.loader.exec_module(nb_conftest)
     notebooks = sorted((NOTEBOOKS / "bugs").glob("*.ipynb"))
     runs = {path.name: set(nb_conftest.repro_cases(path)) for path in notebooks}
-    everything = set(_scripts())
+    everything = set(_repro_cases())
     ran_by_notebooks = set().union(*runs.values())
     assert len(everything) >= 30 and ran_by_notebooks <= everything
     per_release = {
@@ -446,7 +446,7 @@ _RUN_FINDINGS = os.environ.get("TOOLKIT_FINDINGS")
 
 
 @pytest.mark.per_release
-@pytest.mark.parametrize("case_id", _scripts())
+@pytest.mark.parametrize("case_id", _repro_cases())
 def test_a_standalone_repro_gives_this_releases_verdict(case_id, monkeypatch):
     """What `cases --check` says of a case, against the catalogue's verdict for the running release (C42: the
     FutureWarning exists from torch 2.14 on; C59: the exit-time SIGSEGV of 2.15); deselected where a bug notebook of

@@ -11,6 +11,7 @@ PKG = ROOT / "toolkit"
 
 # Each layer may import the ones before it in this list (README's Layout), never one after it.
 LAYERS = [
+    "_escape",
     "_config",
     "_files",
     "_extras",

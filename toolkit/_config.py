@@ -97,11 +97,13 @@ def check_text(owner: str, field: str, value: Any, limit: int = 200) -> None:
         raise ConfigError(owner, field, f"{_short(value)} is not a string.", f"pass {field} as text.")
     bad = next((c for c in value if unsafe(c)), None)  # controls, bidi overrides, lone surrogates: one rule
     if bad is not None:
+        import unicodedata
+
+        kind = {"Cc": "control", "Cf": "format (invisible or reordering)", "Cs": "lone surrogate"}
         raise ConfigError(
             owner,
             field,
-            f"holds the character {terminal(bad)!r} (a control, format or surrogate character), which a terminal line "
-            "cannot show as itself.",
+            f"holds the {kind[unicodedata.category(bad)]} character {bad!r}, which a terminal line cannot show.",
             "drop it.",
         )
     if len(value) > limit:

@@ -17,9 +17,16 @@ def unsafe(c: str) -> bool:
     return unicodedata.category(c) in ("Cc", "Cf", "Cs")
 
 
-def terminal(text: str) -> str:
-    """`text` for a terminal line: every unsafe character escaped (`\\x1b`, `\\u202e`, `\\ud800`), the rest as is."""
-    return "".join(c if not unsafe(c) else c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
+def terminal(text: str, *, lines: bool = False) -> str:
+    """`text` for a terminal line: every unsafe character escaped (`\\x1b`, `\\u202e`, `\\ud800`), the rest as is;
+    `lines=True` keeps line breaks (text the toolkit printed over several lines)."""
+    keep = "\n" if lines else ""
+    return "".join(c if not unsafe(c) or c in keep else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    """`\\x1b`, `\\u202e`, `\\ud800`: how a character no output shows as itself is written out."""
+    return c.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 def markdown(text: str) -> str:
@@ -28,7 +35,7 @@ def markdown(text: str) -> str:
     (no `[…](javascript:…)` or `data:` target; a pipe stays in its cell). Emphasis characters are left: they change
     no target and labels hold them (`for_loop`, `compile(AC(x))`)."""
     one_line = " ".join("".join(" " if unsafe(c) else c for c in str(text)).split())
-    return re.sub(r"([\\`\[\]|])", r"\\\1", _html.escape(one_line, quote=True))
+    return re.sub(r"([\\`\[\]|])", r"\\\1", _html.escape(one_line, quote=False))
 
 
 def html(text: str) -> str:

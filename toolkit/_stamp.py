@@ -167,8 +167,8 @@ def replay(argv: list[str], packages: Iterable[str]) -> int | None:
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     for line in stderr:
-        print(_escape.terminal(line), file=sys.stderr)
-    print(render([(_escape.terminal(text), cuts) for text, cuts in lines]))
+        print(_escape.terminal(line, lines=True), file=sys.stderr)
+    print(render([(_escape.terminal(text, lines=True), cuts) for text, cuts in lines]))
     print(
         f"up to date: nothing to run, nothing written; {os.path.join(out, 'matrix.json')}, matrix.md, matrix.html "
         f"and {os.path.join(out, 'results.jsonl')} are as this command left them"

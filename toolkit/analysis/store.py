@@ -271,6 +271,10 @@ class Folder:
                 f"{str(p)!r} is a symlink to {os.readlink(p)!r}, which does not exist.",
                 "create the folder it points to, or pass another folder.",
             )
+        if self.results.exists() and not self.results.is_file():  # a FIFO or /dev/zero would block or never end
+            raise ConfigError(
+                "sweep", "out", f"{str(self.results)!r} is not a regular file.", "move it away, or pass another folder."
+            )
         for name in (LOCK, RESULTS, *OUTPUTS):  # the folder's own files: never read or written through a symlink
             if (p / name).is_symlink():
                 raise ConfigError(
@@ -280,10 +284,6 @@ class Folder:
                     "write its own files through one.",
                     "remove the link (what it points to is left as it is), or pass another folder.",
                 )
-        if self.results.exists() and not self.results.is_file():  # a FIFO or /dev/zero would block or never end
-            raise ConfigError(
-                "sweep", "out", f"{str(self.results)!r} is not a regular file.", "move it away, or pass another folder."
-            )
         try:
             p.mkdir(parents=True, exist_ok=True)
             lock = _files.open_own(p / LOCK, "r+")  # a symlink planted as the lock is refused, its target untouched

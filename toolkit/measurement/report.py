@@ -798,7 +798,8 @@ def format_report(r: Report) -> str:
     if n.loss is not None:
         if n.compared:
             lines.append(
-                f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| {n.loss_diff:.1e}, "
+                f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| "
+                f"{'-' if n.loss_diff is None else format(n.loss_diff, '.1e')}, "
                 f"max |dgrad| {n.grad_diff_text} -> {'match' if n.grads_match else 'MISMATCH'}"
             )
         else:
