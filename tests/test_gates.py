@@ -534,3 +534,24 @@ def test_no_json_is_read_outside_the_readers():
         if lines:
             offenders[rel] = lines
     assert offenders == {}, offenders
+
+
+def test_every_renderer_escapes_through_the_one_escaper_of_its_kind():
+    """HTML, Markdown and terminal text is escaped by `toolkit/_escape.py` alone: no `html.escape` elsewhere (three
+    renderers each called it on their own, one of them missing what a terminal cannot show)."""
+    offenders = {}
+    for path in sorted((ROOT / "toolkit").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("toolkit/_escape.py",) or rel.startswith("toolkit/bugs/standalone/"):
+            continue
+        lines = [
+            n.lineno
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "escape"
+            and getattr(n.func.value, "id", None) in ("html", "_h", "_html")
+        ]
+        if lines:
+            offenders[rel] = lines
+    assert offenders == {}, offenders

@@ -426,25 +426,23 @@ class MatrixViews:
         same target).
         `notebooks`: the notebooks folder as a link from the page (`write` passes it relative to the page's folder;
         the default is the folder's file:// address, None where the package was installed without them)."""
-        import html as _h
-
         if notebooks is None:
             notebooks = notebooks_href(None)
 
         plot = self.heatmap().to_html(include_plotlyjs=True, full_html=False, div_id="matrix-heatmap")
         counts, also = self.counts(), self.secondary_counts()
         legend = "".join(
-            f'<div><span class="chip" style="background:{COLORS[k]}">{_h.escape(SYMBOLS[k])}</span>'
+            f'<div><span class="chip" style="background:{COLORS[k]}">{_escape.html(SYMBOLS[k])}</span>'
             f'<span class="count">{counts.get(k, 0)}</span>'
             + (f'<span class="also">+{also[k]} behind another finding</span>' if also.get(k) else "")
-            + f" {k}: {_h.escape(EXPLAIN[k])}</div>"
+            + f" {k}: {_escape.html(EXPLAIN[k])}</div>"
             for k in SEVERITY
         )
         legend += (
             "<p>Each cell is counted once, under its most severe finding; a cell's other findings (graph breaks "
             "behind a recompile, say) are the <i>+N</i>.</p>"
         )
-        parts = [f"<p>{_h.escape(BARE_LINE)}</p>"]
+        parts = [f"<p>{_escape.html(BARE_LINE)}</p>"]
         entries = self.by_case()
         shown = {e["case"].id for e in entries}
         known = {c.id for c in catalogue.cases()}  # read once for the page: every row's text is linked
@@ -453,7 +451,7 @@ class MatrixViews:
             return f"#case-{i}" if i in shown else _case_href(i, notebooks) if i in known else None
 
         def text(t: str) -> str:  # escaped, every case id in it a link
-            return _linked_ids(_h.escape(t), target)
+            return _linked_ids(_escape.html(t), target)
 
         if entries:
             parts.append(
@@ -466,10 +464,10 @@ class MatrixViews:
                 # A case with neither an upstream thread nor a notebook links to its own row (a permalink).
                 link = _a(c.id, _case_href(c.id, notebooks) or f"#case-{c.id}")
                 by, others, verified = _case_counts(e)
-                cells = "<br>".join(_h.escape(r.cell.label) for r in e["rows"])
+                cells = "<br>".join(_escape.html(r.cell.label) for r in e["rows"])
                 href = _notebook_href(c, notebooks)
-                nb = _a(pathlib.Path(c.notebook).stem, href) if href else _h.escape(c.notebook or "-")
-                upstream = ", ".join(_a(u, link) for u, link in zip(c.upstream, c.links)) or _h.escape(
+                nb = _a(pathlib.Path(c.notebook).stem, href) if href else _escape.html(c.notebook or "-")
+                upstream = ", ".join(_a(u, link) for u, link in zip(c.upstream, c.links)) or _escape.html(
                     ", ".join(c.upstream) or "-"
                 )
                 parts.append(
@@ -486,8 +484,8 @@ class MatrixViews:
                 "<th>inductor</th><th>what differs</th></tr>"
             )
             parts += [
-                f"<tr><td>{_h.escape(a.cell.label.rsplit(' | ', 1)[0])}</td><td>{a.classification.label}</td>"
-                f"<td>{i.classification.label}</td><td>{_h.escape('; '.join(what))}</td></tr>"
+                f"<tr><td>{_escape.html(a.cell.label.rsplit(' | ', 1)[0])}</td><td>{a.classification.label}</td>"
+                f"<td>{i.classification.label}</td><td>{_escape.html('; '.join(what))}</td></tr>"
                 for a, i, what in diffs
             ]
             parts.append("</table>")
@@ -498,7 +496,7 @@ class MatrixViews:
         for label, rows in self.central_list():
             parts.append(
                 f'<h3 id="{label}"><span class="chip" style="background:{COLORS[label]}">'
-                f"{_h.escape(SYMBOLS[label])}</span>{label} ({len(rows)}): {_h.escape(EXPLAIN[label])}</h3>"
+                f"{_escape.html(SYMBOLS[label])}</span>{label} ({len(rows)}): {_escape.html(EXPLAIN[label])}</h3>"
                 "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "<th>known case</th><th>bare</th></tr>"
             )
             groups: dict[str, list[dict[str, Any]]] = {}
@@ -514,17 +512,17 @@ class MatrixViews:
                     cases = ", ".join(text(i) for i in c["cases"])
                     parts.append(
                         '<tr class="cell">'
-                        + "".join(f"<td>{_h.escape(c[k])}</td>" for k in cols)
+                        + "".join(f"<td>{_escape.html(c[k])}</td>" for k in cols)
                         + f"<td>{cases}</td><td>{c['bare']}</td></tr>"
                     )
             parts.append("</table>")
-        env = _h.escape(", ".join(f"{k} {v}" for k, v in self.environment.items()))
+        env = _escape.html(", ".join(f"{k} {v}" for k, v in self.environment.items()))
         changes = self.torch_changes()
         if changes:
             others = sorted({t for _, there in changes for t in there})
-            head = "".join(f"<th>torch {_h.escape(t)}</th>" for t in others)
+            head = "".join(f"<th>torch {_escape.html(t)}</th>" for t in others)
             body = "".join(
-                f"<tr><td>{_h.escape(r.cell.label)}</td><td>{r.classification.label}</td>"
+                f"<tr><td>{_escape.html(r.cell.label)}</td><td>{r.classification.label}</td>"
                 + "".join(f"<td>{there[t].label if t in there else 'same'}</td>" for t in others)
                 + f"<td>{text('; '.join(dict.fromkeys(c.cause for c in there.values())))}</td>"
                 + "</tr>"
@@ -533,7 +531,7 @@ class MatrixViews:
             parts.insert(
                 0,
                 f"<h2>Changed between torch releases ({len(changes)})</h2><table><tr><th>cell</th>"
-                f"<th>torch {_h.escape(str(self.environment.get('torch', '?')))}</th>{head}<th>why it differs</th></tr>"
+                f"<th>torch {_escape.html(self.environment.get('torch', '?'))}</th>{head}<th>why it differs</th></tr>"
                 f"{body}</table>",
             )
         return (

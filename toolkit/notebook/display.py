@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .. import _escape
 from ..measurement.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
 
 KIND_COLORS = {
@@ -155,17 +156,15 @@ def breaks_text(report: Report) -> str:
 
 def breaks_html(report: Report) -> str:
     """`breaks_text` as HTML: its first line, and a where / reason table only when there is a break or recompile."""
-    import html
-
     c = report.compile
-    head = html.escape(breaks_text(report).splitlines()[0])
+    head = _escape.html(breaks_text(report).splitlines()[0])
     if not c.breaks and not c.recompiles:
         return f"<b>{head}</b>"  # an empty table would only be a header
     rows = "".join(
-        f"<tr><td>{html.escape(b.place)}</td><td>{html.escape(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks
+        f"<tr><td>{_escape.html(b.place)}</td><td>{_escape.html(b.reason.splitlines()[0])}</td></tr>" for b in c.breaks
     )
     rec = "".join(
-        f"<tr><td>recompile</td><td>{html.escape(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
+        f"<tr><td>recompile</td><td>{_escape.html(short_paths(' '.join(r.splitlines()[0].split()))[:200])}</td></tr>"
         for r in c.recompiles
     )
     return f"<b>{head}</b><table><tr><th>where</th><th>reason</th></tr>{rows}{rec}</table>"

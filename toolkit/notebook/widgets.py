@@ -14,7 +14,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from .. import _files, compat
+from .. import _escape, _files, compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
@@ -613,6 +613,4 @@ def _pre(text: str) -> str:
 
 
 def _esc(text: str) -> str:
-    import html
-
-    return html.escape(text)
+    return _escape.html(text)
