@@ -90,19 +90,40 @@ def _writes(tree: ast.AST) -> list[int]:
     return found
 
 
-def test_no_file_is_written_outside_the_writer():
-    """Every file the toolkit writes goes through `toolkit._files` (atomic, or `open_own` for the files it appends
-    to): no `open(path, "w"/"a"/...)`, `write_text` or `write_bytes` elsewhere in the package. The standalone repros
-    are torch-only scripts, pasted into upstream issues, and write their own scratch files."""
+def _outside(door: set[str], find) -> dict[str, list[int]]:
+    """The lines of the package, outside the files of `door`, where `find(tree)` finds a bypass. The standalone
+    repros are torch-only scripts, pasted into upstream issues: not the toolkit's doors."""
     offenders = {}
     for path in sorted((ROOT / "toolkit").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "toolkit/_files.py" or rel.startswith("toolkit/bugs/standalone/"):
+        if rel in door or rel.startswith("toolkit/bugs/standalone/"):
             continue
-        lines = _writes(ast.parse(path.read_text()))
+        lines = find(ast.parse(path.read_text()))
         if lines:
             offenders[rel] = lines
-    assert offenders == {}, offenders
+    return offenders
+
+
+def _calls_of(modules: set[str], names: set[str]):
+    """A finder of `module.name(...)` calls, for `_outside`."""
+
+    def find(tree: ast.AST) -> list[int]:
+        return [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in names
+            and getattr(n.func.value, "id", None) in modules
+        ]
+
+    return find
+
+
+def test_no_file_is_written_outside_the_writer():
+    """Every file the toolkit writes goes through `toolkit._files` (atomic, or `open_own` for the files it appends
+    to): no `open(path, "w"/"a"/...)`, `write_text` or `write_bytes` elsewhere in the package."""
+    assert _outside({"toolkit/_files.py"}, _writes) == {}
 
 
 def test_a_symlinked_lock_is_refused_from_the_command_line_and_its_target_kept(tmp_path):
@@ -518,40 +539,10 @@ def test_no_json_is_read_outside_the_readers():
     depth, digits: one door) or, for results.jsonl, the record reader built on the same hook (analysis/store.py).
     The fork server's messages between its own processes are the one other place."""
     allowed = {"toolkit/_files.py", "toolkit/analysis/store.py", "toolkit/measurement/forkserver.py"}
-    offenders = {}
-    for path in sorted((ROOT / "toolkit").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel in allowed or rel.startswith("toolkit/bugs/standalone/"):
-            continue
-        lines = [
-            n.lineno
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr in ("loads", "load")
-            and getattr(n.func.value, "id", None) == "json"
-        ]
-        if lines:
-            offenders[rel] = lines
-    assert offenders == {}, offenders
+    assert _outside(allowed, _calls_of({"json"}, {"loads", "load"})) == {}
 
 
 def test_every_renderer_escapes_through_the_one_escaper_of_its_kind():
     """HTML, Markdown and terminal text is escaped by `toolkit/_escape.py` alone: no `html.escape` elsewhere (three
     renderers each called it on their own, one of them missing what a terminal cannot show)."""
-    offenders = {}
-    for path in sorted((ROOT / "toolkit").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel in ("toolkit/_escape.py",) or rel.startswith("toolkit/bugs/standalone/"):
-            continue
-        lines = [
-            n.lineno
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "escape"
-            and getattr(n.func.value, "id", None) in ("html", "_h", "_html")
-        ]
-        if lines:
-            offenders[rel] = lines
-    assert offenders == {}, offenders
+    assert _outside({"toolkit/_escape.py"}, _calls_of({"html", "_h", "_html"}, {"escape"})) == {}
