@@ -50,7 +50,6 @@ def _shows(text: str, patterns) -> bool:
     """Does `text` contain one of `patterns`? A pattern starting with "re:" is a regular expression, for a bug whose
     wording changes between torch releases (C14: "Expected inputs of BF16 type" in 2.13, "Expected mat_a to be
     BFloat16 …" in 2.14): match what the bug is, not how one release phrases it."""
-
     return any(re.search(p[3:], text) if p.startswith("re:") else p in text for p in patterns)
 
 

@@ -264,15 +264,13 @@ class SubmititExecutor(Executor):
         me = (socket.gethostname(), os.getpid())
         chunks = _chunks(jobs, self.cells_per_job)
         pending: dict[Any, list[Job]] = {}
+        waiting = list(chunks)
         if getattr(ex, "cluster", "slurm") == "slurm":
             with ex.batch():  # one Slurm array for the whole sweep; Slurm schedules it
-                submitted = [ex.submit(run_chunk, _payload(c), self.cpus_per_cell, me) for c in chunks]
-            pending = dict(zip(submitted, chunks))
-            waiting: list[list[Job]] = []
-        else:
-            # No Slurm: submitit runs each task as a local process, all at once (a load of 52 on 2 cores). This
-            # machine's cores decide how many run together, as for the local executor.
-            waiting = list(chunks)
+                pending = {ex.submit(run_chunk, _payload(c), self.cpus_per_cell, me): c for c in waiting}
+            waiting = []
+        # Without Slurm, submitit runs each task as a local process, all at once (a load of 52 on 2 cores): this
+        # machine's cores decide how many run together, as for the local executor.
         at_once = max(1, (os.cpu_count() or 1) // self.cpus_per_cell)
         try:
             while pending or waiting:

@@ -295,7 +295,7 @@ class MatrixViews:
                 z[yi][xi] = cl.severity + 0.5
                 text[yi][xi] = SYMBOLS[cl.label] + (f"<br>{' '.join(cl.cases)}" if cl.cases else "")
                 hover[yi][xi] = (
-                    f"{_html(r.cell.label)}<br><b>{cl.label}</b>: {_html(cl.explanation)}"
+                    f"{_escape.html(r.cell.label)}<br><b>{cl.label}</b>: {_escape.html(cl.explanation)}"
                     f"<br>saved {fmt_bytes(rep.saved.total_bytes)}, peak {fmt_measured_bytes(rep.memory.peak_bytes)}, "
                     f"{rep.compile.graphs} graphs, {rep.compile.graph_breaks} breaks"
                     + (f"<br>known case: {', '.join(cl.cases)}" if cl.cases else "")
@@ -617,10 +617,6 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _html(text: str) -> str:
-    return _escape.html(text)
-
-
 def notebooks_href(out: str | os.PathLike | None) -> str | None:
     """The notebooks folder as a link from files written into `out`: relative (it survives moving the repository),
     or its file:// address when `out` is None; None when the toolkit was installed without its notebooks."""
@@ -644,7 +640,7 @@ def _case_href(case_id: str, notebooks: str | None) -> str | None:
 
 
 def _a(text: str, href: str | None) -> str:
-    return f'<a href="{_html(href)}">{_html(text)}</a>' if href else _html(text)
+    return f'<a href="{_escape.html(href)}">{_escape.html(text)}</a>' if href else _escape.html(text)
 
 
 def _linked_ids(escaped: str, href) -> str:

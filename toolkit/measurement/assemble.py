@@ -107,7 +107,6 @@ def assemble(
                 transforms,
                 under_checkpoint=p.under_checkpoint,
                 unresolved=p.checkpoint_unresolved,
-                selective=p.selective,
             )
             recompute = Recompute(
                 ops=sum(p.recompute_by_op.values()),
@@ -135,8 +134,7 @@ def assemble(
                 fell_back_to_eager=bool(requested and (without or eager_checkpoints or graphs == 0)),
                 regions_without_graphs=tuple(without),
                 eager_checkpoints=tuple(eager_checkpoints),
-                # What the step showed, for the regions the transforms named none (a model the toolkit did not build).
-                orders={**p.orders, **orders} if requested else orders,
+                orders=orders,
             )
             names = list(p.blind_spots) + list(steps.census.blind if steps.census is not None else ())
             # A feature this torch lacks is named by its `compat` entry; what a probe failed to read in this step
@@ -173,8 +171,9 @@ def assemble(
         comp = dataclasses.replace(comp, memory_budget=steps.memory_budget)
     if steps is not None and steps.aot_autograd is not None:
         comp = dataclasses.replace(comp, aot_autograd=steps.aot_autograd)
-    if steps is not None and steps.probes is None and err is not None:
-        # A failed step: what the probes saw before it failed (for regions no transform named, as for a whole step).
+    if steps is not None:
+        # What the step showed, up to where it ended (a failed step included), for the regions the transforms named
+        # none (a model the toolkit did not build); configured orders stand where both exist.
         if requested:
             comp = dataclasses.replace(comp, orders={**steps.observed_orders, **comp.orders})
         transforms = dataclasses.replace(transforms, selective=steps.observed_selective)

@@ -58,7 +58,7 @@ def die_with_parent(parent: int | None = None) -> None:
         return
     if sys.platform.startswith("linux"):
         # The signal is sent when the parent *thread* that forked us exits: callers spawn from long-lived threads.
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        _death_signal(signal.SIGKILL)
     else:
 
         def watch() -> None:
@@ -80,11 +80,16 @@ def ends_with_this_process(sig: int = signal.SIGTERM) -> Callable[[], None]:
 
     def preexec() -> None:
         if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+            _death_signal(sig)
         if os.getppid() != parent:
             os._exit(1)
 
     return preexec
+
+
+def _death_signal(sig: int) -> None:
+    """Linux: this process gets `sig` when its parent dies (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
 
 
 def watch_parent(parent: int) -> None:

@@ -86,8 +86,9 @@ class StepResult:
     """Whether the graphs step 1 compiled went through AOTAutograd (None: it compiled none), read when it fails too."""
     observed_orders: dict[str, str] = field(default_factory=dict)
     observed_selective: tuple[str, ...] = ()
-    """How compile and AC met, and the checkpoints with a selective policy, as far as step 1 ran: kept when it fails
-    (the probes' record is not collected then), so that an error is matched on what the step showed too."""
+    """How compile and AC met (`StepState.orders`), and the checkpoints with a selective policy
+    (`StepState.selective`), as far as step 1 ran: read whether it ends or fails (the probes' record is not
+    collected then), so that an error is matched on what the step showed too."""
     memory: Memory | None = None
     timings: dict[str, float] = field(default_factory=dict)
     checkpoints: Any = None
@@ -161,7 +162,7 @@ def measured_step(
         finally:
             out.aot_autograd = compat.through_aot_autograd(counted)
             if probes is not None:
-                out.observed_orders = dict(probes.state.orders)
+                out.observed_orders = dict(sorted(probes.state.orders.items()))
                 out.observed_selective = tuple(sorted(probes.state.selective))
         out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
     out.compiled_total = compat.graphs_compiled(before)[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -79,10 +79,6 @@ class ProbeRecord:
     eager_checkpoints: tuple[str, ...] = ()
     """Checkpointed modules (else the compiled region around them) whose checkpoint Dynamo gave up and ran eagerly
     inside a compiled region (`StepState.eager_checkpoints`)."""
-    selective: tuple[str, ...] = ()
-    """Checkpoints that ran with a selective policy (`StepState.selective`)."""
-    orders: dict[str, str] = field(default_factory=dict)
-    """Compiled region → "compile(AC(x))" / "AC(compile(x))", as the step showed it (`StepState.orders`)."""
     draws_compiled: bool | None = False
     """A compiled graph of the step drew random numbers, which eager code draws otherwise (None: unknown, a graph
     whose forward could not be read)."""
@@ -289,8 +285,6 @@ class Probes:
             under_checkpoint=tuple(sorted(self.state.under_checkpoint)),
             checkpoint_unresolved=tuple(sorted(self.state.checkpoint_unresolved)),
             eager_checkpoints=tuple(sorted(self.state.eager_checkpoints)),
-            orders=dict(sorted(self.state.orders.items())),
-            selective=tuple(sorted(self.state.selective)),
         )
 
 
