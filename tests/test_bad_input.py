@@ -23,7 +23,8 @@ from torch import nn
 
 import toolkit as tk
 from toolkit import cli
-from toolkit._config import InputWarning, printable
+from toolkit._config import InputWarning
+from toolkit._escape import terminal
 from toolkit.analysis import sweeps
 from toolkit.analysis.cells import Cell
 from toolkit.analysis.executors import LocalExecutor
@@ -283,7 +284,7 @@ def test_nothing_a_report_holds_becomes_code_in_a_bundle(tmp_path):
     data = {"NAME", "OBSERVED", "SCENARIO"}
     assigns = [n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id in data]
     values = {n.targets[0].id: ast.literal_eval(n.value) for n in assigns}  # literals, nothing that runs
-    shown = printable(INJECT)
+    shown = terminal(INJECT)
     assert values["NAME"] == shown and values["OBSERVED"]["torch"] == report.environment["torch"]
     assert json.loads(values["SCENARIO"])["name"] == shown
     assert not any("INJECTED" in ast.unparse(n) for n in tree.body if n not in assigns)

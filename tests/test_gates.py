@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from toolkit import _files
@@ -185,6 +185,22 @@ def test_terminal_and_html_text_hold_no_unsafe_character(text):
     (out.encode("utf-8"))  # a lone surrogate would raise here: printed output must encode
 
 
+@settings(max_examples=300, deadline=None)
+@given(text=_NASTY | st.sampled_from(["..", ".", "../../etc/passwd", "-rf", ".hidden", "CON", "a/b\\c", "_" * 90]))
+def test_a_file_name_made_from_any_text_stays_in_its_folder(tmp_path_factory, text):
+    """`_escape.file_name` (a bundle named after a scenario): the name is one plain entry of the folder (no separator,
+    not `.` or `..`, not hidden, not an option), short, and creating it makes exactly that entry."""
+    import re
+
+    from toolkit import _escape
+
+    name = _escape.file_name(text, "repro")
+    assert re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,58}[a-z0-9]|[a-z0-9]", name), name
+    folder = tmp_path_factory.mktemp("names")
+    (folder / name).write_text("x")
+    assert [p.name for p in folder.iterdir()] == [name]
+
+
 @settings(max_examples=200, deadline=None)
 @given(text=_NASTY)
 def test_a_name_is_refused_when_a_terminal_could_not_show_it(text):
@@ -255,7 +271,42 @@ def _leaves(obj, path=()):
         yield path
 
 
-_JUNK = st.sampled_from(["text", -1, 10**300, None, [], {}, True, 1.5, [[[[[]]]]], "\u202e", {"nested": {"x": [1]}}])
+def _off_enum(obj, where="Report"):
+    """Every field of a record whose type is a closed set (`Literal[...]`) but whose value is not one of it: walked
+    from the type hints here, not through the reader's own conversion."""
+    import dataclasses
+    import typing
+
+    if dataclasses.is_dataclass(obj):
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            value, tp = getattr(obj, f.name), hints[f.name]
+            if typing.get_origin(tp) is typing.Literal and value not in typing.get_args(tp):
+                yield f"{where}.{f.name}={value!r}"
+            yield from _off_enum(value, f"{where}.{f.name}")
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _off_enum(v, where)
+
+
+_JUNK = st.sampled_from(
+    [
+        "text",
+        "other",
+        "ok",
+        "module",
+        -1,
+        10**300,
+        None,
+        [],
+        {},
+        True,
+        1.5,
+        [[[[[]]]]],
+        "\u202e",
+        {"nested": {"x": [1]}},
+    ]
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -282,6 +333,7 @@ def test_the_record_reader_keeps_what_is_a_record_and_names_what_is_not(a_record
     if "another key" in records:
         report = records["another key"]["_report"]
         assert report.saved.total_bytes >= 0 and isinstance(report.saved.total_bytes, int)
+        assert not list(_off_enum(report)), list(_off_enum(report))
         str(report)  # renders
     else:
         assert [s.line for s in skipped] == [2] and skipped[0].why
@@ -444,6 +496,109 @@ def test_an_option_given_twice_is_refused_naming_it(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "is given 2 times" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["run", "--list", "--json"], "--json"),
+        (["run", "--list", "--nproc", "1"], "--nproc"),
+        (["run", "--preset", "moe_full_ac", "--nproc", "2", "--strict"], "--strict"),
+        (["run", "--preset", "moe_full_ac", "--nproc=2", "--isolate"], "--isolate"),
+        (["cases", "--check", "C2", "--markdown"], "--markdown"),
+        (["cases", "--check", "C2", "--cpu", "reproduced"], "--cpu"),
+        (["matrix", "--blocks", "Block", "--dry-run"], "--blocks"),
+        (["matrix", "--cold", "--executor", "ray", "--dry-run"], "--cold"),
+    ],
+)
+def test_an_option_that_would_do_nothing_is_refused_naming_why(argv, option, capsys):
+    """`run --list --json` printed the list and dropped --json; `cases --check C2 --markdown` ran C2's repro and
+    dropped the table's option: each now exits 2 before any work, naming the option."""
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") or "error:" in err.splitlines()[-1]
+    assert option in err and ("would do nothing" in err or "would ignore it" in err) and "Traceback" not in err
+
+
+def _exit_code(argv: list[str]) -> int:
+    """What `python -m toolkit ARGV` exits with (argparse's own refusals leave through SystemExit)."""
+    from toolkit.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+class _WouldRun(Exception):
+    """Raised in place of a measurement: the CLI got past every check with this scenario."""
+
+
+_JUNK_VALUES = ["0", "-1", "1e309", "nan", "x", "\u202ex", "\x1b[31m", "10000000000", "", "C999", "aot_eager", "2"]
+_OPTIONS = {
+    "run": ["--preset", "--config", "--list", "--json", "--isolate", "--timeout-s", "--strict", "--no-refs", "--nproc"],
+    "cases": ["--cpu", "--needs", "--text", "--findings", "--markdown", "--check"],
+    "matrix": [
+        "--quick", "--full", "--backend", "--stack", "--only", "--timeout-s", "--workers", "--executor", "--cold",
+        "--cluster", "--time-min", "--cpus-per-cell", "--keep-timeouts", "--no-bare", "--blocks", "--model",
+    ],
+}  # fmt: skip
+
+
+_GOOD = {
+    "--preset": "moe_full_ac", "--timeout-s": "5", "--nproc": "2", "--cpu": "reproduced", "--needs": "cpu",
+    "--text": "router", "--check": "C2", "--backend": "aot_eager", "--stack": "toolkit", "--only": "AC full",
+    "--workers": "1", "--executor": "local", "--cluster": "local", "--time-min": "5", "--cpus-per-cell": "1",
+}  # fmt: skip
+"""A value each option takes, so that the search also reaches command lines that pass every check."""
+
+
+@st.composite
+def _argv(draw):
+    command = draw(st.sampled_from(sorted(_OPTIONS)))
+    argv = [command]
+    if command == "run" and draw(st.booleans()):
+        argv += ["--preset", _GOOD["--preset"]]  # the one option `run` needs, so that more lines get through
+    for opt in draw(st.lists(st.sampled_from(_OPTIONS[command]), max_size=4)):
+        argv.append(opt)
+        value = draw(st.sampled_from(["none", "good", "junk"]))
+        if value == "good" and opt in _GOOD:
+            argv.append(_GOOD[opt])
+        elif value == "junk":
+            argv.append(draw(st.sampled_from(_JUNK_VALUES) | st.text(max_size=8)))
+    if command == "matrix":
+        argv.append("--dry-run")  # a matrix that passed its checks lists its cells and runs none
+    return argv
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=_argv())
+def test_any_command_line_is_run_or_refused_in_one_line_never_a_traceback(argv, monkeypatch, capsys, tmp_path):
+    """A search over command lines (each command's options, in any mix, with junk values): the CLI exits 0 or 2,
+    a refusal is one `error:` line naming an option, and nothing it prints holds a character a terminal would act on.
+    A `run` that gets through is stopped where it would measure, holding a checked Scenario."""
+    from toolkit import _escape, bugs, measurement
+
+    def would_run(scenario, *a, **k):
+        raise _WouldRun(scenario)
+
+    monkeypatch.setattr(measurement, "run", would_run)
+    monkeypatch.setattr(measurement, "run_distributed", would_run)
+    monkeypatch.setattr(bugs, "check", would_run)  # `cases --check C2` would run a repro
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = _exit_code(argv)
+    except _WouldRun as e:
+        assert type(e.args[0]).__name__ in ("Scenario", "str"), e.args
+        event(f"{argv[0]}: would run")
+        return
+    out, err = capsys.readouterr()
+    event(f"{argv[0]}: exit {code}")
+    assert code in (0, 2), (argv, code, err)
+    assert "Traceback" not in err
+    assert not any(_escape.unsafe(c) and c != "\n" for c in out + err), (argv, out[-300:], err[-300:])
+    if code == 2:
+        assert "error:" in err.strip().splitlines()[-1], (argv, err)
 
 
 @pytest.mark.parametrize("export", ["bugs", "sweep"])

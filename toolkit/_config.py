@@ -7,7 +7,7 @@ import functools
 import typing
 from typing import Any, Callable
 
-from ._escape import terminal, unsafe
+from ._escape import UNSAFE, unsafe
 
 
 class ConfigError(ValueError):
@@ -99,19 +99,14 @@ def check_text(owner: str, field: str, value: Any, limit: int = 200) -> None:
     if bad is not None:
         import unicodedata
 
-        kind = {"Cc": "control", "Cf": "format (invisible or reordering)", "Cs": "lone surrogate"}
         raise ConfigError(
             owner,
             field,
-            f"holds the {kind[unicodedata.category(bad)]} character {bad!r}, which a terminal line cannot show.",
+            f"holds the {UNSAFE[unicodedata.category(bad)]} character {bad!r}, which a terminal line cannot show.",
             "drop it.",
         )
     if len(value) > limit:
         raise ConfigError(owner, field, f"is {len(value)} characters long, over {limit}.", "pass a shorter name.")
-
-
-printable = terminal
-"""`text` with every unsafe character escaped (`_escape.terminal`): what any line shows of a name read from a file."""
 
 
 def _short(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""One escaper per output kind: the terminal, Markdown and HTML, for any text read from a record, a file or a user.
+"""One escaper per output kind (the terminal, Markdown, HTML, file names) for any text from a record, file or user.
 
 A character no output may show as itself is one rule (`unsafe`): a control character (a NUL, an ESC colour code, a
 newline inside a name), a format character (a right-to-left override that reverses what follows, a zero-width
@@ -11,10 +11,13 @@ import html as _html
 import re
 import unicodedata
 
+UNSAFE = {"Cc": "control", "Cf": "format (invisible or reordering)", "Cs": "lone surrogate"}
+"""The Unicode categories no output shows as themselves, each with the name a refusal gives it."""
+
 
 def unsafe(c: str) -> bool:
     """`c` may not be shown as itself: Unicode category Cc (controls), Cf (format: bidi overrides), Cs (surrogates)."""
-    return unicodedata.category(c) in ("Cc", "Cf", "Cs")
+    return unicodedata.category(c) in UNSAFE
 
 
 def terminal(text: str, *, lines: bool = False) -> str:
@@ -43,6 +46,15 @@ def html(text: str) -> str:
     return _html.escape(terminal(str(text)), quote=True)
 
 
+def file_name(text: str, default: str) -> str:
+    """`text` as one file name inside a folder the toolkit writes into: letters, digits, `.`, `_` and `-` only (runs
+    of anything else become one `_`), no leading or trailing `.`, `_` or `-` (so never `..`, a hidden file or an
+    option), lower case, at most 60 characters; `default` when nothing is left. A name can never climb out of its
+    folder, hide, or differ only by case from another on a case-insensitive disk."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("._-")[:60].strip("._-")
+    return safe.lower() or default
+
+
 def terminal_width(default: int) -> int:
     """The terminal's width in columns (`default` when it is not a terminal), between 20 and 1000: COLUMNS is the
     user's to set, to anything, and a table is laid out to what a terminal can hold, not to what it says."""
@@ -51,4 +63,4 @@ def terminal_width(default: int) -> int:
     return min(max(shutil.get_terminal_size((default, 24)).columns, 20), 1000)
 
 
-__all__ = ["html", "markdown", "terminal", "terminal_width", "unsafe"]
+__all__ = ["UNSAFE", "file_name", "html", "markdown", "terminal", "terminal_width", "unsafe"]

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .measurement import Scenario
@@ -134,21 +134,88 @@ class _UsageError(Exception):
         super().__init__(problem + (f" Fix: {fix}" if fix else ""))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its refusals escaped for the terminal: it echoes the arguments it could not take
+    (`unrecognized arguments: …`, `invalid choice: …`), and an argument may hold an escape sequence."""
+
+    def error(self, message: str):
+        from ._escape import terminal
+
+        super().error(terminal(message))
+
+
+def _given(action: argparse.Action, argv: list[str]) -> list[str]:
+    """The tokens of `argv` (before a `--`) that give `action`'s option: `--x`, `--x=V`, or its short form."""
+    tokens = argv[: argv.index("--")] if "--" in argv else argv
+    opts = action.option_strings
+    return [t for t in tokens for o in opts if t == o or (o[:2] == "--" and t.startswith(o + "="))]
+
+
 def _once(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """A single-valued option given twice is refused, naming it (argparse keeps the last one, silently): the one
     check every command's options pass after parsing."""
     many = (argparse._AppendAction, argparse._CountAction, argparse._ExtendAction, argparse._HelpAction)
-    tokens = argv[: argv.index("--")] if "--" in argv else argv
     for action in parser._actions:
         if not action.option_strings or isinstance(action, many):
             continue
-        opts = action.option_strings
-        given = [t for t in tokens for o in opts if t == o or (o[:2] == "--" and t.startswith(o + "="))]
+        given = _given(action, argv)
         if len(given) > 1:
             raise _UsageError(
                 f"{action.option_strings[-1]} is given {len(given)} times ({', '.join(given)}); only one can hold.",
                 "give it once.",
             )
+
+
+_Rule = tuple[Callable[[argparse.Namespace], bool], tuple[str, ...], str, str]
+
+_INERT: dict[str, tuple[_Rule, ...]] = {
+    "run": (
+        (
+            lambda a: a.list,
+            ("json", "isolate", "timeout_s", "strict", "no_refs", "nproc"),
+            "--list runs nothing",
+            "drop {opt}",
+        ),
+        (
+            lambda a: a.nproc > 1,
+            ("isolate", "strict", "no_refs"),
+            "--nproc runs each rank in a process of its own and prints the ranks' merged report, with no reference "
+            "runs and no classification",
+            "drop {opt}, or run on one rank",
+        ),
+    ),
+    "cases": (
+        (
+            lambda a: bool(a.check),
+            ("cpu", "needs", "text", "markdown", "findings"),
+            "--check runs the repros it names; the filters and the table's options shape the listing",
+            "drop {opt}, or list the cases without --check",
+        ),
+    ),
+    "matrix": (
+        (
+            lambda a: a.model is None,
+            ("blocks",),
+            "--blocks names the blocks of --model's model",
+            "pass --model FILE.py:FUNCTION too, or drop {opt}",
+        ),
+    ),
+}
+"""For each command, the options that a given configuration ignores: (when, options, why, fix). One given where it would
+do nothing is refused, naming why, instead of being dropped without a word."""
+
+
+def _inert(command: str, parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
+    """Refuse an option that does nothing in the configuration given (`_INERT`), naming it and why."""
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
+    for when, dests, why, fix in _INERT.get(command, ()):
+        if not when(args):
+            continue
+        for dest in dests:
+            given = _given(by_dest[dest], argv)
+            if given:
+                opt = given[0].split("=", 1)[0]
+                raise _UsageError(f"{opt} would do nothing here: {why}.", fix.format(opt=opt) + ".")
 
 
 def _run_command(args) -> int:
@@ -241,7 +308,7 @@ def _matrix_parser() -> argparse.ArgumentParser:
     def count(minimum: int):
         return arg_type(lambda v: check_int("matrix", "count", v, minimum), convert=int)
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m toolkit matrix",
         description=sweeps.__doc__.splitlines()[0],
         epilog=_MATRIX_EPILOG,
@@ -343,7 +410,8 @@ def _matrix_command(argv: list[str]) -> int:
         return code
     import re
 
-    from ._config import ConfigError, printable
+    from ._config import ConfigError
+    from ._escape import terminal
     from ._extras import available, reason
     from .analysis import store, sweeps
     from .analysis.cells import left_out as left_out_cells
@@ -352,6 +420,7 @@ def _matrix_command(argv: list[str]) -> int:
     parser = _matrix_parser()
     args = parser.parse_args(argv)
     _once(parser, argv)
+    _inert("matrix", parser, args, argv)
     for given in argv:
         readers = parser.executor_options.get(given.split("=", 1)[0])
         if readers is not None and args.executor not in readers:
@@ -362,8 +431,6 @@ def _matrix_command(argv: list[str]) -> int:
     if args.workers is None:  # local's option: the cluster executors run each cell as a job of its own
         args.workers = max(1, min(2, os.cpu_count() or 1)) if args.executor == "local" else 1
     backends = args.backend or ["aot_eager"]
-    if args.blocks is not None and args.model is None:
-        parser.error("--blocks names the blocks of --model's model. Fix: pass --model FILE.py:FUNCTION too.")
     if args.model is not None and args.stack:
         parser.error("--model sweeps your model alone. Fix: drop --stack, or sweep the stacks in another --out.")
     if args.model is not None:
@@ -439,7 +506,7 @@ def _matrix_command(argv: list[str]) -> int:
                 + ". Nothing was run."
             )
             for cell in pending:  # what would run, one per line, in the order it would run
-                print(f"  {printable(cell.label)}")
+                print(f"  {terminal(cell.label)}")
             return 0
         if args.merge:
             added, skipped = store.merge_into(args.out, args.merge)
@@ -573,7 +640,7 @@ def _parser() -> argparse.ArgumentParser:
     from .analysis.catalogue import CPU_STATUSES, cases
 
     ids = [c.id for c in cases()]
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m toolkit",
         epilog=_OVERVIEW.format(cases=f"{ids[0]}-{ids[-1]}"),
         description="See how activation checkpointing, torch.compile and MoE compose on a "
@@ -705,6 +772,7 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     _once(commands.choices[args.command], argv[1:])
+    _inert(args.command, commands.choices[args.command], args, argv[1:])
     if args.command == "run":
         if args.timeout_s is not None and not args.isolate and args.nproc == 1:
             # The same rule as tk.run(timeout_s=..., isolate=False), said in the CLI's own words.

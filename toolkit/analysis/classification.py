@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import check_instance, printable
+from .._config import check_instance
+from .._escape import terminal
 from ..measurement.report import Report, fmt_bytes, short_paths
 from ..transforms.ac import MODES
 from . import catalogue
@@ -181,7 +182,7 @@ def headline(report: Report, cl: Classification, title: str | None = None) -> st
     compile requested, but layers.0, layers.1 ran eagerly (0 graphs); known case C2` (`title` replaces the name)."""
     tag = " [silent failure]" if cl.label in SILENT else ""
     cases = f"; known case {', '.join(cl.cases)}" if cl.cases else ""
-    return f"{printable(title or report.scenario.name) or 'scenario'}: {cl.label}{tag} — {cl.explanation}{cases}"
+    return f"{terminal(title or report.scenario.name) or 'scenario'}: {cl.label}{tag} — {cl.explanation}{cases}"
 
 
 def describe(report: Report, cl: Classification, *, references: bool | None = None) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from .. import _escape, _files
-from .._config import ConfigError, check_bool, check_instance, check_seconds, printable
+from .._config import ConfigError, check_bool, check_instance, check_seconds
 from ..analysis.classification import classify
 from ..measurement.machine import environment
 from ..measurement.report import Report
@@ -51,10 +50,8 @@ class Bundle:
 
 def _stem(report: Report, case: str | None) -> str:
     """A file name for a bundle written into a folder: the case id, else the scenario's name made safe, else
-    "repro" (only letters, digits, `.`, `_` and `-`, so a name can never climb out of the folder)."""
-    text = case or report.scenario.name or ""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-")[:60]
-    return safe.lower() or "repro"
+    "repro", through the one file-name escaper."""
+    return _escape.file_name(case or report.scenario.name or "", "repro")
 
 
 def bundle_base(path: str | os.PathLike, report: Report, case: str | None = None) -> pathlib.Path:
@@ -133,7 +130,7 @@ def _check_targets(targets: dict[str, pathlib.Path], overwrite: bool) -> None:
 def _script(report: Report, scenario: Scenario, case: str | None, model_file: str | None = None) -> tuple[str, str]:
     """The script's setup and its checks. Every value from the report or the scenario is a `repr` literal.
     `model_file`: a user's model copied beside the script, which the scenario's `build` then names."""
-    name = printable(report.scenario.name) or case or "scenario"
+    name = _escape.terminal(report.scenario.name) or case or "scenario"
     checks = [f"assert report.outcome == {report.outcome!r}, report"]
     if report.error is not None:
         checks.append(f"assert report.error.type == {report.error.type!r}, report.error")
@@ -233,7 +230,7 @@ def export(
     _files.write_text(py, setup + check)  # each file whole or not at all
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    title = printable(report.scenario.name) or case or "scenario"
+    title = _escape.terminal(report.scenario.name) or case or "scenario"
     nb.cells = [
         nbformat.v4.new_markdown_cell(
             f"# Repro: {_escape.markdown(title)}\n\n"

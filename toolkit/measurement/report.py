@@ -15,7 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._config import ConfigError, check_object, printable
+from .._config import ConfigError, check_object
+from .._escape import terminal
 
 SCHEMA_VERSION = 2
 Outcome = Literal["ok", "error", "crashed", "timeout"]
@@ -39,7 +40,7 @@ class ScenarioRecord:
 
     name: str = ""
     """The label shown in reports and tables."""
-    measured: str = "scenario"
+    measured: Literal["scenario", "module"] = "scenario"
     """"scenario" (`tk.run`) or "module" (`tk.measure` on a user's module or callable)."""
     recipe: str | None = None
     ac_mode: str = "none"
@@ -91,7 +92,7 @@ class ScenarioRecord:
                 "pass the Scenario explicitly (e.g. repro.export(report, path, scenario=...)).",
             )
         # A name read from a file is shown, never run: its control characters escaped, as every line shows them.
-        return Scenario.from_dict({**self.config, "name": printable(self.config.get("name", ""))[:200]})
+        return Scenario.from_dict({**self.config, "name": terminal(self.config.get("name", ""))[:200]})
 
 
 @dataclass(frozen=True)
@@ -662,7 +663,8 @@ def _not_schema(where: str, value: Any, what: str) -> ConfigError:
 def _convert(tp: Any, value: Any, where: str) -> Any:
     """`value` read as type `tp`, or a ConfigError naming the field (`Saved.total_bytes`): the one check of a
     Report's schema, so that a record read from a file is what a measurement would have written (a string where bytes
-    belong, a negative or 300-digit count, a list where a table belongs are refused, not shown as if measured)."""
+    belong, a negative or 300-digit count, a list where a table belongs, a kind or outcome that is none of its type's
+    values are refused, not shown as if measured)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if value is None:
         if tp is float:
@@ -686,6 +688,10 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise _not_schema(where, value, "an object")
         return {k: _convert(args[1], v, f"{where}[]") for k, v in value.items()} if args else dict(value)
+    if origin is Literal:
+        if not any(value == a and type(value) is type(a) for a in args):  # 1 == True, but 1 is no such value
+            raise _not_schema(where, value, f"one of {', '.join(map(repr, args))}")
+        return value
     if tp is bool and not isinstance(value, bool):
         raise _not_schema(where, value, "true or false")
     if tp is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_COUNT):
@@ -726,7 +732,7 @@ def _top(d: dict[str, int], n: int = 6) -> str:
 def format_report(r: Report) -> str:
     """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
     lines = []
-    title = printable(r.scenario.name) or "scenario"  # a Report read from a file may carry anything
+    title = terminal(r.scenario.name) or "scenario"  # a Report read from a file may carry anything
     silent = r.silent_failures
     # The verdict leads: a step that ran to its end with wrong gradients is not "ok" on the first line.
     lines.append(
