@@ -689,6 +689,31 @@ def test_submitit_without_slurm_runs_no_more_cells_at_once_than_the_machine_has_
     assert len(out) == 9 and most[0] == 2
 
 
+def _reads(tree: ast.AST) -> list[int]:
+    """Lines that read a file by path: `Path.read_text/read_bytes`, a builtin, `lzma` or `gzip` `open(...)` for
+    reading."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in ("read_text", "read_bytes"):
+            found.append(node.lineno)
+        elif isinstance(f, ast.Name) and f.id == "open":
+            found.append(node.lineno)
+        elif isinstance(f, ast.Attribute) and f.attr == "open" and getattr(f.value, "id", None) in ("lzma", "gzip"):
+            found.append(node.lineno)
+    return found
+
+
+def test_no_file_is_read_outside_the_reader():
+    """Every file the toolkit reads goes through `toolkit._files` (a regular file, capped, strictly decoded; a page's
+    head without blocking on a FIFO) or, for results.jsonl and its archives, the record reader that streams it line by
+    line (analysis/store.py). A Scenario file, a rank's report, the catalogue and a user's model file were each read
+    with a bare `read_text()`."""
+    assert _outside({"toolkit/_files.py", "toolkit/analysis/store.py"}, _reads) == {}
+
+
 def test_no_json_is_read_outside_the_readers():
     """Every JSON the toolkit reads from a file, a record or a user goes through `_files.loads` (duplicate keys,
     depth, digits: one door) or, for results.jsonl, the record reader built on the same hook (analysis/store.py).

@@ -22,6 +22,9 @@ from ._config import ConfigError
 CONFIG_CAP = 1 << 20
 """A scenario or config file: 1 MiB (a scenario is a few KiB)."""
 
+RECORD_CAP = 64 << 20
+"""A record (a Report, one line of a results file) read whole: real ones are tens of KiB."""
+
 
 def check_folder(owner: str, field: str, value: Any, example: str) -> pathlib.Path:
     """A folder a user names for the toolkit to write into: a non-empty path (`""` would write into the working
@@ -156,6 +159,17 @@ def read_bytes_capped(
     if len(raw) > cap:
         raise ConfigError(owner, field, f"{name} is over the {cap}-byte cap.", "pass a smaller file.")
     return raw
+
+
+def read_head(path: str | os.PathLike, n: int) -> bytes | None:
+    """The first `n` bytes of a file the toolkit wrote before (a page's stamp), or None where there is no such
+    regular file: never through a symlink, never blocking on a FIFO planted in its place."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(n) if stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 def read_capped(path: str | os.PathLike, owner: str, field: str, cap: int = CONFIG_CAP, *, name: str = "") -> str:

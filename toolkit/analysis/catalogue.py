@@ -195,7 +195,12 @@ def cases() -> tuple[Case, ...]:
     """Every catalogued case, in id order."""
     from .. import _files
 
-    data = _files.loads(_PATH.read_text(), "catalogue.json", "", name="the catalogue")
+    data = _files.loads(
+        _files.read_capped(_PATH, "catalogue.json", "", 16 << 20, name="the catalogue"),
+        "catalogue.json",
+        "",
+        name="the catalogue",
+    )
     out = []
     for c in data["cases"]:
         for alt in (c.get("signature") or {}).get("any_of") or ():

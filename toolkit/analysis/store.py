@@ -88,8 +88,8 @@ def _record(raw: bytes) -> dict:
     return rec
 
 
-LINE_CAP = 64 << 20
-"""The longest line read as a record (a record is tens of KiB): a longer one is skipped, never held whole."""
+LINE_CAP = _files.RECORD_CAP
+"""The longest line read as a record: a longer one is skipped, never held whole."""
 
 
 def _lines(p: pathlib.Path) -> Iterable[tuple[int, bytes | None]]:

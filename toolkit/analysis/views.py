@@ -574,7 +574,7 @@ def _stamp(data: str, md: str) -> str:
     except metadata.PackageNotFoundError:
         plotly = "?"
     h = hashlib.sha256()
-    for part in (data, md, pathlib.Path(__file__).read_text(), plotly):
+    for part in (data, md, _files.read_capped(__file__, "views", "source", name="views.py"), plotly):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -584,11 +584,10 @@ def _stamp_of(page: pathlib.Path) -> str | None:
     """The stamp in an existing page's head (its first few hundred bytes), or None."""
     import re
 
-    try:
-        with open(page, "rb") as f:
-            head = f.read(512).decode("utf-8", "replace")
-    except OSError:
+    raw = _files.read_head(page, 512)
+    if raw is None:
         return None
+    head = raw.decode("utf-8", "replace")
     found = re.search(f'<meta name="{_STAMP}" content="([0-9a-f]+)">', head)
     return found.group(1) if found else None
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .. import _files
 from ..analysis import catalogue
 from ..analysis.catalogue import torch_release
 from ..analysis.classification import classify
@@ -177,7 +178,7 @@ def _index() -> dict[str, str]:
     out: dict[str, str] = {}
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
         path = pathlib.Path(pkg.__path__[0]) / f"{info.name}.py"
-        for node in ast.parse(path.read_text()).body:
+        for node in ast.parse(_files.read_capped(path, "bugs", "script", name=path.name)).body:
             if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id in ("CASE", "CASES") for t in node.targets
             ):
@@ -229,7 +230,6 @@ def export(case_id: str, directory: str | pathlib.Path, *, overwrite: bool = Fal
     """Copy a case's standalone repro script into `directory`; it runs with `python FILE` and imports only torch.
     A script already there (perhaps edited since) is not replaced unless `overwrite=True`, as `repro.export`
     refuses; both refusals come before anything is written."""
-    from .. import _files
     from .._config import ConfigError, check_bool
 
     check_bool("bugs.export", "overwrite", overwrite)
@@ -253,5 +253,5 @@ def export(case_id: str, directory: str | pathlib.Path, *, overwrite: bool = Fal
         raise ConfigError(
             "bugs.export", "directory", f"cannot make {str(out)!r} ({e.strerror or e}).", "pass another folder."
         ) from None
-    _files.write_text(target, src.read_text())
+    _files.write_text(target, _files.read_capped(src, "bugs.export", "case", name=src.name))
     return target

@@ -161,5 +161,6 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
         for rank in range(nproc):
             path = pathlib.Path(tmp, f"rank{rank}.json")
             if path.exists():
-                reports.append(Report.from_json(path.read_text()))
+                text = _files.read_capped(path, "Report", "", _files.RECORD_CAP, name=path.name)
+                reports.append(Report.from_json(text))
         return DistributedReport(tuple(reports), tail)

@@ -12,17 +12,19 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from .. import _files, compat
 
 
 @functools.lru_cache(maxsize=1)
 def _cpu_model() -> str:
+    from .._config import ConfigError
+
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
+        text = _files.read_capped("/proc/cpuinfo", "environment", "cpu", 16 << 20, name="/proc/cpuinfo")
+        for line in text.splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except ConfigError:  # not Linux
         pass
     return platform.processor() or platform.machine()
 

@@ -19,7 +19,7 @@ def main(spec: str, out: str) -> int:
     channel.watch_parent(int(os.environ[channel.PARENT_ENV]))  # torchrun, which the launcher below runs
     dist.init_process_group("gloo")
     try:
-        report = run_here(Scenario.from_json(pathlib.Path(spec).read_text()))
+        report = run_here(Scenario.from_json(_files.read_capped(spec, "Scenario", "", name="the scenario file")))
         path = pathlib.Path(out, f"rank{dist.get_rank()}.json")
         _files.write_text(path, report.to_json())  # whole or not at all: the launcher reads only finished reports
     finally:

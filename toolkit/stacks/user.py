@@ -259,11 +259,15 @@ class UserStack:
 
     def source_digest(self, cfg: UserModelConfig) -> str:
         """A digest of the file `build` lives in: part of a matrix cell's key, so an edited model measures again."""
+        from .. import _files
+        from .._config import ConfigError
+
         path = cfg.source()
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path is not None else "unknown"
-        except OSError:
+            raw = _files.read_bytes_capped(path, "build", "file", _files.RECORD_CAP) if path is not None else None
+        except ConfigError:
             return "unreadable"
+        return hashlib.sha256(raw).hexdigest()[:16] if raw is not None else "unknown"
 
     def check(self, scenario: Any) -> None:
         own = "Scenario"
