@@ -601,6 +601,72 @@ def test_any_command_line_is_run_or_refused_in_one_line_never_a_traceback(argv, 
         assert "error:" in err.strip().splitlines()[-1], (argv, err)
 
 
+_ARG_JUNK = [True, -1, 0, 10**12, 1.5, float("nan"), "x", None, [], {}, b"x", "\u202e", ("x",), print]
+
+
+def _public_calls(tmp):
+    """Each public function and argument the search tries: (call with that argument, the values of `_ARG_JUNK` that
+    are valid there). Everything else must be a ConfigError naming the argument, raised before any work."""
+    import torch
+
+    import toolkit as tk
+
+    tiny, x, sc = torch.nn.Linear(4, 4), torch.randn(2, 4), tk.preset("moe_eager")
+    model = tk.build_model()
+    return {
+        ("measure", "loss_fn"): (lambda v: tk.measure(tiny, x, loss_fn=v), [None, print]),
+        ("measure", "reference"): (lambda v: tk.measure(tiny, x, reference=v), [None]),
+        ("measure", "cold"): (lambda v: tk.measure(tiny, x, cold=v), [True]),
+        ("measure", "steady_steps"): (lambda v: tk.measure(tiny, x, steady_steps=v), [0]),
+        ("measure", "forward_kwargs"): (lambda v: tk.measure(tiny, x, forward_kwargs=v), [None, {}]),
+        ("measure", "name"): (lambda v: tk.measure(tiny, x, name=v), ["x"]),
+        ("run", "on_stage"): (lambda v: tk.run(sc, on_stage=v), [None, print]),
+        ("run", "threads"): (lambda v: tk.run(sc, threads=v), [None]),
+        ("run", "isolate"): (lambda v: tk.run(sc, isolate=v), [True]),
+        ("run", "timeout_s"): (lambda v: tk.run(sc, timeout_s=v), [None]),
+        ("run_distributed", "nproc"): (lambda v: tk.run_distributed(sc, nproc=v), []),
+        ("sweep", "runner"): (lambda v: tk.sweep([], out=tmp, runner=v), [None, print]),
+        ("sweep", "backends"): (lambda v: tk.sweep([], out=tmp, backends=v), []),
+        ("sweep", "stack"): (lambda v: tk.sweep([], out=tmp, stack=v), []),
+        ("sweep", "quick"): (lambda v: tk.sweep([], out=tmp, quick=v), [True]),
+        ("sweep", "workers"): (lambda v: tk.sweep([], out=tmp, workers=v), []),
+        ("make_batch", "cfg"): (lambda v: tk.make_batch(v), [None]),
+        ("make_batch", "seed"): (lambda v: tk.make_batch(seed=v), [None, 0, 10**12]),
+        ("build_model", "cfg"): (lambda v: tk.build_model(v), [None]),
+        ("preset", "name"): (lambda v: tk.preset(v), []),
+        ("recipe", "name"): (lambda v: tk.apply_recipe(model, v), []),
+        ("setup_notebook", "seed"): (lambda v: tk.setup_notebook(seed=v), [0, 10**12]),
+        ("setup_notebook", "autoreload"): (lambda v: tk.setup_notebook(autoreload=v), [True, None]),
+        ("setup_notebook", "needs"): (lambda v: tk.setup_notebook(needs=v), [[]]),
+        ("setup_notebook", "threads"): (lambda v: tk.setup_notebook(threads=v), [None]),
+        ("reset", "dynamo"): (lambda v: tk.reset(model, dynamo=v), [True]),
+        ("estimate", "cuda_rounding"): (lambda v: tk.estimate(sc, cuda_rounding=v), [True]),
+        ("classify", "report"): (lambda v: tk.classify(v), []),
+    }
+
+
+@pytest.fixture(scope="module")
+def public_calls(tmp_path_factory):
+    return _public_calls(tmp_path_factory.mktemp("calls") / "out")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), junk=st.sampled_from(_ARG_JUNK))
+def test_every_public_function_refuses_a_wrong_argument_naming_it(public_calls, data, junk):
+    """A search over the public functions' arguments with values of every kind (a bool where a count belongs, a
+    huge or negative count, NaN, bytes, a bidi override, a container, a function): each is taken, when it is one
+    of the argument's valid values, or refused with a ConfigError on that argument. `make_batch(cfg={})` used to
+    be the default config, `setup_notebook(seed=True)` seeded with 1, `run(on_stage=0)` measured a step that ended
+    on `'int' object is not callable`, `sweep([], backends='x')` was ignored: each is refused now."""
+    from hypothesis import assume
+
+    (owner, field), (call, valid) = data.draw(st.sampled_from(sorted(public_calls.items(), key=lambda kv: kv[0])))
+    assume(not any(type(v) is type(junk) and v == junk for v in valid))
+    with pytest.raises(ConfigError) as e:
+        call(junk)
+    assert e.value.field == field, (owner, field, junk, str(e.value))
+
+
 @pytest.mark.parametrize("export", ["bugs", "sweep"])
 def test_an_empty_folder_name_is_refused_wherever_a_folder_is_taken(export, tmp_path, monkeypatch):
     """`bugs.export(case, "")` wrote into the working directory while `sweep(out="")` refused: one check now."""

@@ -33,7 +33,8 @@ def warn_input(owner: str, field: str, problem: str, fix: str) -> None:
 
 def check_choice(owner: str, field: str, value: Any, choices: typing.Iterable[Any]) -> None:
     choices = tuple(choices)
-    if value not in choices:
+    # `True in (1, 2)` holds, and `[] in (…)` would hash nothing: a bool passes only where a bool is a choice.
+    if (isinstance(value, bool) and not any(isinstance(c, bool) for c in choices)) or value not in choices:
         raise ConfigError(
             owner,
             field,

@@ -114,16 +114,30 @@ def sweep(
     `executor`: "local" (`workers` at a time; `warm` forks each cell from a pre-imported server), "submitit"
     or "ray" (options: see `toolkit.analysis.executors`), or an Executor. `stack`: the toolkit's model ("toolkit"),
     torchtitan's or transformers' own models and transforms ("torchtitan", "transformers": `stack_cells`), a tuple
-    of them, or "all"; ignored when `cells` is given. `bare`: then rerun every cell classified as an error or a
-    silent failure with none of the probes (`Cell.bare`), so the list says whether the failure happens without the
-    instrument. `model`: sweep your own model instead (`matrix --model`): a `build()` defined at the top of a .py
-    file, or `"FILE.py:FUNCTION"`, returning `(model, inputs)` or `(model, inputs, loss_fn)`; `blocks` the class of
-    its repeated blocks (default: found as FSDP's auto-wrap would). Writes
-    matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
+    of them, or "all" (refused beside `cells` or `model`, which give the cells). `bare`: then rerun every cell
+    classified as an error or a silent failure with none of the probes (`Cell.bare`), so the list says whether the
+    failure happens without the instrument. `model`: sweep your own model instead (`matrix --model`): a `build()`
+    defined at the top of a .py file, or `"FILE.py:FUNCTION"`, returning `(model, inputs)` or
+    `(model, inputs, loss_fn)`; `blocks` the class of its repeated blocks (default: found as FSDP's auto-wrap would).
+    Writes matrix.json/.md/.html to `out` (each checked to be writable before the first cell)."""
     check_seconds("sweep", "timeout_s", timeout_s)
     for name, flag in (("retry_timeouts", retry_timeouts), ("bare", bare), ("progress", progress), ("quick", quick)):
         check_bool("sweep", name, flag)
     check_bool("sweep", "warm", warm)
+    if runner is not None and not callable(runner):
+        raise ConfigError("sweep", "runner", f"{runner!r} is not callable.", "pass a function Scenario -> Report.")
+    ignored = [("stack", stack, "toolkit")] if cells is not None or model is not None else []
+    if cells is not None:
+        ignored += [("quick", quick, True), ("backends", backends, ("aot_eager",))]
+    for name, value, default in ignored:
+        if (tuple(value) if isinstance(value, list) else value) != default:
+            given = "model=" if model is not None else "cells="
+            raise ConfigError(
+                "sweep",
+                name,
+                f"{name}={value!r} would do nothing: {given} gives the cells.",
+                f"drop {name}, or drop {given} to sweep the {name} you name.",
+            )
     if model is not None:
         from ..stacks.user import UserModelConfig, preflight, spec_of
 

@@ -259,6 +259,15 @@ def measure(
         check_bool(own, opt, value)
     check_text(own, "name", name)
     check_int(own, "steady_steps", steady_steps, 0, MAX_STEADY_STEPS, "timing steps after the measured one")
+    if forward_kwargs is not None and (
+        not isinstance(forward_kwargs, dict) or not all(isinstance(k, str) for k in forward_kwargs)
+    ):
+        raise ConfigError(
+            own,
+            "forward_kwargs",
+            f"{type(forward_kwargs).__name__} is not a dict of keyword inputs.",
+            "pass e.g. forward_kwargs={'attention_mask': mask}, or None.",
+        )
     asked = _asked_modules(module_or_fn, checkpointed)
     call_kwargs = {**(forward_kwargs or {}), **kwargs}
     model = module_or_fn if isinstance(module_or_fn, nn.Module) else nn.Module()

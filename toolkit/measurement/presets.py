@@ -45,6 +45,6 @@ PRESETS: dict[str, Scenario] = {
 
 def preset(name: str) -> Scenario:
     """The preset scenario called `name`."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ConfigError("preset", "name", f"{name!r} is not a preset.", f"use one of {', '.join(PRESETS)}.")
     return PRESETS[name]

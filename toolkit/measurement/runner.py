@@ -33,6 +33,8 @@ def run(
     check_instance("run", "scenario", scenario, Scenario, "pass a tk.Scenario(...) (or a preset: tk.preset(name)).")
     check_bool("run", "isolate", isolate)
     check_seconds("run", "timeout_s", timeout_s)
+    if on_stage is not None and not callable(on_stage):
+        raise ConfigError("run", "on_stage", f"{on_stage!r} is not callable.", "pass a function of the stage's name.")
     if threads is not None:
         check_int("run", "threads", threads, 1, MAX_THREADS, "intra-op threads")
     if timeout_s is not None and not isolate:

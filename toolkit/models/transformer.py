@@ -10,13 +10,13 @@ before each bare op that reads a region's output. RoPE and the loss are main's `
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._config import ConfigError
+from .._config import ConfigError, check_instance, check_int
 from . import regions
 from .config import ModelConfig
 from .local_compile import local_compile
@@ -322,10 +322,18 @@ def check_tokens(cfg: ModelConfig, tokens: torch.Tensor, owner: str) -> None:
         )
 
 
+def _config_of(owner: str, cfg: Any) -> ModelConfig:
+    """`cfg`, or the default ModelConfig for None; anything else (a dict, 0, a Scenario) is refused, naming it."""
+    if cfg is None:
+        return ModelConfig()
+    check_instance(owner, "cfg", cfg, ModelConfig, "pass a ModelConfig (tk.ModelConfig(...)) or None.")
+    return cfg
+
+
 def build_model(cfg: ModelConfig | None = None) -> Transformer:
     """A deterministic model for `cfg` (same seed → bit-identical weights); the global RNG is left untouched. A
     model whose parameters cannot fit in the device's memory is refused first, naming the field."""
-    cfg = cfg or ModelConfig()
+    cfg = _config_of("build_model", cfg)
     check_fits(cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -348,7 +356,9 @@ def build_model(cfg: ModelConfig | None = None) -> Transformer:
 
 def make_batch(cfg: ModelConfig | None = None, *, seed: int | None = None) -> Batch:
     """A deterministic random batch for `cfg` (seeded by `cfg.seed + 1` unless `seed` is given)."""
-    cfg = cfg or ModelConfig()
+    cfg = _config_of("make_batch", cfg)
+    if seed is not None:
+        check_int("make_batch", "seed", seed, 0, (1 << 63) - 1, "a generator seed")
     _check_batch_fits(cfg)
     g = torch.Generator().manual_seed(cfg.seed + 1 if seed is None else seed)
     ids = torch.randint(0, cfg.vocab_size, (cfg.batch, cfg.seq_len + 1), generator=g)

@@ -32,8 +32,19 @@ def setup_notebook(
     Returns nothing, so the cell has no output to compare.
     """
     global _done
-    from ..stacks import missing
+    from .._config import check_bool, check_choice, check_int, check_strings
+    from ..stacks import extras, missing
 
+    own = "setup_notebook"
+    check_int(own, "seed", seed, 0, (1 << 64) - 1, "torch.manual_seed's range")
+    if autoreload is not None:
+        check_bool(own, "autoreload", autoreload)
+    for name in check_strings(own, "needs", needs, "('torch_remat',)"):
+        check_choice(own, "needs", name, sorted(extras()))
+    if threads is not None:
+        from .._config import MAX_THREADS
+
+        check_int(own, "threads", threads, 1, MAX_THREADS, "intra-op threads")
     why = missing(tuple(needs))
     if why:
         raise MissingExtra(f"this notebook {why}")
@@ -42,9 +53,6 @@ def setup_notebook(
     torch.manual_seed(seed)
     torch.set_printoptions(precision=4, sci_mode=False)
     if threads is not None:
-        from .._config import MAX_THREADS, check_int
-
-        check_int("setup_notebook", "threads", threads, 1, MAX_THREADS, "intra-op threads")
         torch.set_num_threads(threads)
     for category in (DeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module=r"torch(\..*)?")

@@ -352,7 +352,7 @@ RECIPES: dict[str, Recipe] = {
 
 def apply_recipe(model: nn.Module, name: str, *, backend: str = "aot_eager") -> nn.Module:
     """Apply the recipe called `name` (see `RECIPES`)."""
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ConfigError("recipe", "name", f"{name!r} is not a recipe.", f"use one of {', '.join(RECIPES)}.")
     why = RECIPES[name].missing()
     if why:
