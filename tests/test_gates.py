@@ -408,6 +408,38 @@ def test_a_stamp_replays_only_what_the_toolkit_can_revalidate(tmp_path, capsys, 
     assert "\\x1b[2J" in said.out and "\\u202e" in said.out
 
 
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False) | _NASTY,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "code", "stdout"]), inner),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    stdout=st.lists(st.tuples(_NASTY, st.booleans()).map(list), max_size=3) | _ANY_JSON,
+    stderr=st.lists(_NASTY, max_size=3) | _ANY_JSON,
+    code=st.sampled_from([0, 1, 2, 3, 4, 5, 130, -1, True, False, "0", None, 1.0]) | _ANY_JSON,
+)
+def test_a_forged_stamp_replays_nothing_a_terminal_would_act_on(tmp_path_factory, capsys, stdout, stderr, code):
+    """A search over hand-edited stamps whose inputs still match: `replay` never raises; it answers with an exit
+    code `matrix` can end with, or not at all; nothing it prints holds a character a terminal would act on."""
+    import json
+
+    from toolkit import _escape, _stamp
+
+    out = tmp_path_factory.mktemp("stamp") / "out"
+    out.mkdir()
+    argv = ["matrix", "--out", str(out)]
+    printed = {"stdout": stdout, "stderr": stderr, "code": code}
+    (out / _stamp.STAMP).write_text(json.dumps({"inputs": _stamp.inputs(argv, out, ()), "printed": printed}))
+    got = _stamp.replay(argv, ())
+    said = capsys.readouterr()
+    assert got is None or (type(got) is int and got in _stamp.REPLAYABLE_CODES)
+    assert (got is None) == (said.out + said.err == "")
+    assert not any(_escape.unsafe(c) and c != "\n" for c in said.out + said.err)
+
+
 def test_a_fifo_in_place_of_the_stamp_does_not_block(tmp_path):
     """`matrix` reads the stamp as a regular file only: a FIFO there means "no stamp", read without opening it."""
     from toolkit import _stamp

@@ -162,7 +162,7 @@ def replay(argv: list[str], packages: Iterable[str]) -> int | None:
         stderr, code = [str(line) for line in printed["stderr"]], printed["code"]
         # What is replayed is re-validated: an exit code the matrix command can end with, text made safe for a
         # terminal (a hand-edited stamp's escape sequences are shown, not run).
-        if isinstance(code, bool) or code not in REPLAYABLE_CODES:
+        if type(code) is not int or code not in REPLAYABLE_CODES:  # not True, not 1.0: an int it can exit with
             return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
