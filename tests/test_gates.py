@@ -440,6 +440,69 @@ def test_a_forged_stamp_replays_nothing_a_terminal_would_act_on(tmp_path_factory
     assert not any(_escape.unsafe(c) and c != "\n" for c in said.out + said.err)
 
 
+_FINDING = st.fixed_dictionaries(
+    {
+        "case": st.sampled_from(["C2", "C65", "C9999", "c2", "C2<script>", "", "C2\u202e"]) | _NASTY,
+        "torch": st.sampled_from(["2.14.1", "2.13.0+cpu", "2.14", "2.14.1+<b>", "x"]) | _NASTY,
+        "reproduced": st.sampled_from([True, False, 1, "yes", None]),
+    }
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_FINDING.map(lambda f: __import__("json").dumps(f)) | _ANY_JSON.map(str), max_size=4))
+def test_a_findings_file_is_read_whole_or_refused_naming_its_line(tmp_path_factory, monkeypatch, lines):
+    """A search over findings files (`TOOLKIT_FINDINGS`, which `cases --findings` shows in its tables): each file is
+    read as findings of the checked form (a case id, a release, a verdict), or refused with a ConfigError naming it;
+    the Markdown table made from what was read is inert."""
+    import re
+
+    from toolkit.analysis import catalogue
+
+    f = tmp_path_factory.mktemp("findings") / "findings.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("TOOLKIT_FINDINGS", str(f))
+    try:
+        got = catalogue.findings()
+    except ConfigError as e:
+        assert e.owner == "TOOLKIT_FINDINGS" and "line" in e.problem
+        return
+    for case, releases in got.items():
+        assert re.fullmatch(r"C\d{1,4}", case)
+        assert all(
+            re.fullmatch(r"\d+\.\d+\.\d+", r) and v in ("reproduced", "not reproduced") for r, v in releases.items()
+        )
+    md = catalogue.markdown(catalogue.cases()[:3], with_findings=True)
+    assert "<script" not in md and "\u202e" not in md
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), junk=_JUNK)
+def test_a_scenario_file_is_a_checked_scenario_or_refused_naming_its_field(data, junk):
+    """A search over `--config` files: a real scenario with one leaf replaced by junk is read as a Scenario that
+    writes itself back the same, or refused with a ConfigError naming a field of Scenario or of its parts. Never
+    another exception, and never a Scenario holding what its own check would refuse."""
+    import json
+
+    import toolkit as tk
+
+    good = tk.preset("moe_full_ac").replace(compile=tk.CompileConfig(scope="blocks")).to_dict()
+    path = data.draw(st.sampled_from(list(_leaves(good))))
+    bad = json.loads(json.dumps(good))
+    node = bad
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = junk
+    try:
+        sc = tk.Scenario.from_json(json.dumps(bad))
+    except ConfigError as e:
+        assert e.owner and "Traceback" not in str(e)
+        return
+    again = tk.Scenario.from_json(sc.to_json())
+    assert again == sc
+    sc.replace(name=sc.name)  # every check passes again on the Scenario read
+
+
 def test_a_fifo_in_place_of_the_stamp_does_not_block(tmp_path):
     """`matrix` reads the stamp as a regular file only: a FIFO there means "no stamp", read without opening it."""
     from toolkit import _stamp
