@@ -134,6 +134,14 @@ class _UsageError(Exception):
         super().__init__(problem + (f" Fix: {fix}" if fix else ""))
 
 
+def _say_error(problem: object) -> None:
+    """The one way the CLI says a refusal: `error: …` on stderr, escaped for the terminal (a refusal may quote what
+    the user typed, and that may hold an escape sequence or a bidi override)."""
+    from ._escape import terminal
+
+    print(f"error: {terminal(str(problem))}", file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its refusals escaped for the terminal: it echoes the arguments it could not take
     (`unrecognized arguments: …`, `invalid choice: …`), and an argument may hold an escape sequence."""
@@ -232,7 +240,7 @@ def _run_command(args) -> int:
     try:
         scenario = _load_scenario(args)
     except (_UsageError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say_error(e)
         return EXIT_USAGE
     if args.nproc > 1:
         from .measurement import run_distributed
@@ -278,10 +286,9 @@ def _cases_command(args) -> int:
         ids = [c.id for c in catalogue.cases() if c.signature and bugs.has_script(c.id)]
     unknown = [cid for cid in ids if not bugs.has_script(cid)]
     if unknown:
-        print(
-            f"error: no standalone repro for {', '.join(unknown)} (cases with a standalone script: see "
-            "toolkit/bugs/standalone/, or `python -m toolkit cases --check all`)",
-            file=sys.stderr,
+        _say_error(
+            f"no standalone repro for {', '.join(unknown)} (cases with a standalone script: see "
+            "toolkit/bugs/standalone/, or `python -m toolkit cases --check all`)"
         )
         return 2
     status = 0
@@ -532,10 +539,10 @@ def _matrix_command(argv: list[str]) -> int:
             **options,
         )
     except (ConfigError, _UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say_error(e)
         return EXIT_USAGE
     except store.FolderBusy as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say_error(e)
         return EXIT_FAILED
     stdout = sweeps.summary_lines(result)
     print(_stamp.render(stdout))
@@ -751,10 +758,10 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ConfigError, _UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say_error(e)
         return EXIT_USAGE
     except _files.WriteFailed as e:
-        print(f"error: {e.strerror}", file=sys.stderr)
+        _say_error(e.strerror)
         return EXIT_FAILED
 
 

@@ -276,6 +276,13 @@ class ModelConfig:
     def _check_device(self) -> None:
         import torch
 
+        if not isinstance(self.device, str):  # torch.device(0) is cuda:0; a huge int overflows inside torch
+            raise ConfigError(
+                "ModelConfig",
+                "device",
+                f"a {type(self.device).__name__} is not a device name.",
+                "pass 'cpu', 'cuda' or 'meta'.",
+            )
         try:
             dev = torch.device(self.device)
         except (RuntimeError, TypeError) as e:
