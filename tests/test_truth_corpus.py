@@ -80,9 +80,8 @@ def test_every_script_with_a_report_signature_is_in_the_corpus_or_says_why_not()
 
 NOT_YET = {
     # A step that configured them shows them (the matrix's cells); as a user's model: C7 needs its no-AC reference
-    # run; C8's compiled region is a function, whose entry inside the checkpoint the probes do not see (no module
-    # hook); C9 needs a dispatch mode of the user's own during backward; torch_remat's regions are not observed.
-    "C7", "C8", "C9", "C45", "C46", "C64",
+    # run; C9 needs a dispatch mode of the user's own during backward; torch_remat's regions are not observed.
+    "C7", "C9", "C45", "C46", "C64",
     # FSDP2 across experts (a process group), a recipe's layout, a BF16 grouped-mm kernel.
     "C53", "C54", "C57", "C14",
     # Memory-budget knapsack on a weight-heavy graph: the matrix shows it against its no-AC reference run.

@@ -96,6 +96,10 @@ def assemble(
             message=msg[:4000],
             stage=stage.name,
         )
+    if steps is not None and (steps.aot_autograd or steps.compiled_in_step):
+        # The step ran compiled code: compile was asked for, whoever asked (a function compiled inside a user's
+        # module, which no look at the model finds, C8's expert).
+        requested = True
     saved, recompute, comp, memory = Saved(), Recompute(), CompileInfo(requested=requested, orders=orders), Memory()
     blind: list[str] = []
     if steps is not None:

@@ -130,6 +130,29 @@ def variant_full_ac() -> dict:
     }
 
 
+class _TwoRegions(torch.nn.Module):
+    """A user's MoE-style code: one compiled expert function, checkpointed around each of two token groups (48, then
+    40 tokens), with the padding fast path that makes the static and the dynamic graph save different tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1_DH = torch.nn.Parameter(torch.randn(D, H) * 0.1)
+        self.w2_HD = torch.nn.Parameter(torch.randn(H, D) * 0.1)
+        self.w3_DH = torch.nn.Parameter(torch.randn(D, H) * 0.1)
+        self.expert = torch.compile(expert_padded, backend="aot_eager")
+
+    def forward(self, x1_TD, x2_TD):
+        ws = (self.w1_DH, self.w2_HD, self.w3_DH)
+        return sum(checkpoint(self.expert, x_TD, *ws, use_reentrant=False).sum() for x_TD in (x1_TD, x2_TD))
+
+
+def user_models() -> dict:
+    """C8 as a user's training code holds it (`variant_full_ac`'s form: full AC, aot_eager): a compiled function
+    called inside two checkpoints with different token counts, and its inputs."""
+    torch.manual_seed(0)
+    return {"C8": {"model": _TwoRegions(), "inputs": (torch.randn(T1, D), torch.randn(T2, D))}}
+
+
 if __name__ == "__main__":
     print(torch.__version__)
     print("bug", json.dumps(bug()))

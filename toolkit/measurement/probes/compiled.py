@@ -183,6 +183,10 @@ class CompiledGraphs:
             return
         meta = saved_state.metadata
         region = state.region()
+        if state.frames or state.reentrant:
+            # A compiled graph's forward ran inside a checkpoint's forward: AC(compile(x)), also where no module hook
+            # saw it enter (a compiled function called by the checkpointed code, C8's expert).
+            state.orders.setdefault(region, "AC(compile(x))")
         self.region_compiled_runs[region] += 1
         self.graphs_run.add(id(meta))
         saved = [t for sl in compat.saved_slices(meta) for t in fw_outs[sl]]
