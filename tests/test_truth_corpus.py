@@ -86,8 +86,6 @@ NOT_YET = {
     "C53", "C54", "C57", "C14",
     # Memory-budget knapsack on a weight-heavy graph: the matrix shows it against its no-AC reference run.
     "C55",
-    # transformers' offload=True on a torch build with no accelerator (reproduces on 2.13.0's CPU wheel only).
-    "C71",
 }  # fmt: skip
 
 

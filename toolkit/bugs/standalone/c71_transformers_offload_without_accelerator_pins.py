@@ -27,8 +27,7 @@ CASE = "C71"
 NEEDS = "cpu"
 
 
-def _step(offload: bool) -> dict:
-    torch._dynamo.reset()
+def _model(offload: bool) -> torch.nn.Module:
     config = AutoConfig.for_model(
         "qwen3",
         hidden_size=64,
@@ -43,7 +42,16 @@ def _step(offload: bool) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).train()
     model.activation_checkpointing_enable(offload=offload)
-    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _step(offload: bool) -> dict:
+    torch._dynamo.reset()
+    model, ids = _model(offload), _ids()
     try:
         model(input_ids=ids, labels=ids).loss.backward()
     except RuntimeError as e:
@@ -61,6 +69,12 @@ def bug() -> dict:
 def fix() -> dict:
     """The same checkpointing without offload: the step runs (nothing was to be copied off a device)."""
     return {"without_offload": _step(offload=False)}
+
+
+def user_models() -> dict:
+    """C71 as a user's training code holds it: a small Qwen3 with transformers' own offloaded checkpointing, and
+    its inputs (the error needs a torch built without any accelerator)."""
+    return {"C71": {"model": _model(offload=True), "inputs": (), "kwargs": {"input_ids": _ids(), "labels": _ids()}}}
 
 
 if __name__ == "__main__":
