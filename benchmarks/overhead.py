@@ -20,7 +20,7 @@ import torch
 
 import toolkit as tk
 from toolkit.compat import TorchDispatchMode
-from toolkit.measurement.probes import Probes, _older_objects_frozen
+from toolkit.instrument.probes import Probes, _older_objects_frozen
 
 
 def ratio(fn, base, iters: int) -> tuple[float, float]:

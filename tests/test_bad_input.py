@@ -30,7 +30,7 @@ from toolkit.analysis.cells import Cell
 from toolkit.analysis.executors import LocalExecutor
 from toolkit.analysis.store import merge_into, read_results
 from toolkit.analysis.sweeps import sweep
-from toolkit.measurement.isolate import crashed_report, timeout_report
+from toolkit.execution.isolate import crashed_report, timeout_report
 
 ROOT = pathlib.Path(tk.__file__).parents[1]
 ENV = {
@@ -711,7 +711,7 @@ def test_ctrl_c_inside_an_import_the_command_makes_stops_at_once(tmp_path):
 
 
 def test_the_warm_pools_reader_does_not_raise_when_the_server_is_slow_to_exit():
-    from toolkit.measurement.forkserver import WarmPool
+    from toolkit.execution.forkserver import WarmPool
 
     class Closed:
         def recv(self, n):
@@ -870,7 +870,7 @@ def test_kill_minus_nine_of_the_command_leaves_no_process_and_no_folder(tmp_path
     while time.time() < deadline and _marked(mark):
         time.sleep(0.25)
     assert _marked(mark) == [], f"left running after kill -9 at {kill_after_s} s (had {len(seen)}): {_marked(mark)}"
-    from toolkit.measurement import distributed
+    from toolkit.execution import distributed
 
     distributed.remove_orphaned_folders(tmp_path)  # what the next run_distributed does first
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("toolkit-ranks-")] == []

@@ -142,7 +142,8 @@ def test_the_eager_backend_cases_match_a_step_without_aot_autograd_and_a_nan_is_
     """C62 and C64 show where the step's graphs skipped AOTAutograd (the `eager` backend, whoever chose it: the
     matrix's eager column, or a user's own `backend="eager"`), read off the step, not the configuration; C64's NaN
     gradients are not C11's routing difference."""
-    from toolkit.measurement.report import CompileInfo, ErrorInfo, Numerics, ScenarioRecord
+    from toolkit.instrument.records import Numerics
+    from toolkit.measurement.report import CompileInfo, ErrorInfo, ScenarioRecord
 
     def rec(backend, ac="remat"):
         return ScenarioRecord(name="x", ac_mode=ac, compile_scope="moe", backend=backend)

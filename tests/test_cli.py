@@ -239,7 +239,7 @@ def test_matrix_stamps_only_a_folder_with_nothing_left_to_run(tmp_path):
     from toolkit import _stamp
     from toolkit.analysis.cells import Cell
     from toolkit.analysis.sweeps import settled, sweep
-    from toolkit.measurement.isolate import timeout_report
+    from toolkit.execution.isolate import timeout_report
 
     def timed_out(scenario):
         return timeout_report(scenario, 5, b"", 5.0)

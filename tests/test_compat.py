@@ -16,7 +16,7 @@ import torch
 
 import toolkit as tk
 from toolkit import compat
-from toolkit.measurement.probes.checkpoint_hooks import CheckpointCall
+from toolkit.instrument.probes.checkpoint_hooks import CheckpointCall
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

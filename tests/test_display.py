@@ -5,7 +5,7 @@ import torch
 
 import toolkit as tk
 from toolkit import display
-from toolkit.measurement.report import fmt_bytes
+from toolkit.instrument.records import fmt_bytes
 
 QUICK = dict(check_numerics=False, steady_steps=0)
 

@@ -672,13 +672,13 @@ def test_any_command_line_is_run_or_refused_in_one_line_never_a_traceback(argv, 
     """A search over command lines (each command's options, in any mix, with junk values): the CLI exits 0 or 2,
     a refusal is one `error:` line naming an option, and nothing it prints holds a character a terminal would act on.
     A `run` that gets through is stopped where it would measure, holding a checked Scenario."""
-    from toolkit import _escape, bugs, measurement
+    from toolkit import _escape, bugs, execution
 
     def would_run(scenario, *a, **k):
         raise _WouldRun(scenario)
 
-    monkeypatch.setattr(measurement, "run", would_run)
-    monkeypatch.setattr(measurement, "run_distributed", would_run)
+    monkeypatch.setattr(execution, "run", would_run)
+    monkeypatch.setattr(execution, "run_distributed", would_run)
     monkeypatch.setattr(bugs, "check", would_run)  # `cases --check C2` would run a repro
     monkeypatch.chdir(tmp_path)
     try:
@@ -879,7 +879,7 @@ def test_no_json_is_read_outside_the_readers():
     """Every JSON the toolkit reads from a file, a record or a user goes through `_files.loads` (duplicate keys,
     depth, digits: one door) or, for results.jsonl, the record reader built on the same hook (analysis/store.py).
     The fork server's messages between its own processes are the one other place."""
-    allowed = {"toolkit/_files.py", "toolkit/analysis/store.py", "toolkit/measurement/forkserver.py"}
+    allowed = {"toolkit/_files.py", "toolkit/analysis/store.py", "toolkit/execution/forkserver.py"}
     assert _outside(allowed, _calls_of({"json"}, {"loads", "load"})) == {}
 
 

@@ -20,8 +20,11 @@ LAYERS = [
     "compat",
     "models",
     "transforms",
+    "instrument",
     "stacks",
     "measurement",
+    "estimation",
+    "execution",
     "analysis",
     "bugs",
     "notebook",
@@ -117,6 +120,22 @@ def test_imports_go_one_way_down_the_layers():
                 continue
             if LAYERS.index(there) > LAYERS.index(here):
                 wrong.append(f"{module} imports {other}")
+    assert wrong == []
+
+
+def test_the_instrument_imports_only_compat_and_naming():
+    """The instrument (probes, the step, its records) can be lifted out whole: it knows torch's private APIs through
+    `compat` and module names through `transforms.naming`, and nothing of the Report, the Scenario, the transforms
+    or the stacks (the torch settings a step needs are the caller's to pass)."""
+    graph = _graph()
+    allowed = ("toolkit.compat", "toolkit.transforms.naming", "toolkit.instrument")
+    wrong = sorted(
+        f"{module} imports {other}"
+        for module, imported in graph.items()
+        if module.startswith("toolkit.instrument")
+        for other in imported
+        if not other.startswith(allowed)
+    )
     assert wrong == []
 
 

@@ -363,7 +363,7 @@ def test_cli_run_preset_and_config(tmp_path):
 
 def test_peak_is_the_same_without_probes(moe_cfg):
     """The memory step runs without probes; its peak equals a bare profiler replay of the same step."""
-    from toolkit.measurement.memory import cpu_step as _cpu_memory_step
+    from toolkit.instrument.memory import cpu_step as _cpu_memory_step
 
     ac = ACConfig(mode="selective_op")
     report = tk.run(Scenario(model=moe_cfg, ac=ac, check_numerics=False, steady_steps=0))
@@ -474,7 +474,7 @@ def test_run_refuses_a_time_limit_that_is_no_number_of_seconds(bad):
 def test_what_a_probe_fails_to_read_is_a_blind_spot_not_a_silent_zero(monkeypatch):
     """A compiled graph whose partition or saved tensors the probes cannot read, and FSDP2 state that cannot be
     read, come back as sentences in `blind_spots` (they used to be dropped with `pass` / `continue`)."""
-    from toolkit.measurement.probes import compiled
+    from toolkit.instrument.probes import compiled
 
     def broken(*args, **kwargs):
         raise KeyError("fw_metadata")
@@ -500,7 +500,7 @@ def test_unreadable_fsdp_state_is_named(monkeypatch):
     model = nn.Sequential(Broken())
     tensors, unreadable = tk.compat.fsdp_unsharded_parameters(model)
     assert tensors == [] and unreadable == ["0 (AttributeError)"]
-    from toolkit.measurement.probes.census import parameter_storages
+    from toolkit.instrument.probes.census import parameter_storages
 
     blind = []
     parameter_storages(model, blind)

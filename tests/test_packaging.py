@@ -138,7 +138,9 @@ def test_wheel_carries_the_catalogue_and_the_standalone_repros(tmp_path):
         "toolkit/bugs/standalone/CONTRACT.md",
         "toolkit/bugs/__init__.py",
         "toolkit/bugs/repro.py",
-        "toolkit/measurement/probes/census.py",
+        "toolkit/instrument/probes/census.py",
+        "toolkit/execution/worker.py",
+        "toolkit/estimation/estimates.py",
         "toolkit/compat/features.py",
         "toolkit/compat/patches.py",
     } <= names

@@ -163,7 +163,7 @@ def test_a_nan_gradient_reads_as_not_finite_and_survives_a_json_round_trip():
     import math
 
     from toolkit.analysis.classification import classify
-    from toolkit.measurement.numerics import compare
+    from toolkit.instrument.numerics import compare
     from toolkit.measurement.report import Report
 
     ref = {"w": torch.ones(3)}

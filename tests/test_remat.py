@@ -440,7 +440,7 @@ def test_the_central_list_compares_the_0_3_0_and_main_recipes():
     from toolkit.analysis.cells import Cell
     from toolkit.analysis.classification import classify
     from toolkit.analysis.matrix import MatrixResult, Row
-    from toolkit.measurement.report import fmt_bytes
+    from toolkit.instrument.records import fmt_bytes
 
     rows = []
     for recipe in ("torchtitan_0_3_0", "torchtitan_main"):

@@ -27,8 +27,8 @@ from toolkit.analysis.cells import Cell, full_cells
 from toolkit.analysis.progress import Progress
 from toolkit.analysis.store import load_results, merge_results
 from toolkit.analysis.sweeps import sweep
-from toolkit.measurement.forkserver import WarmPool
-from toolkit.measurement.isolate import crashed_report, timeout_report
+from toolkit.execution.forkserver import WarmPool
+from toolkit.execution.isolate import crashed_report, timeout_report
 
 ROOT = pathlib.Path(tk.__file__).parents[1]
 DENSE = Cell("dense")
@@ -582,10 +582,10 @@ def test_central_list_command_on_a_subset_of_the_full_sweep(tmp_path):
 
 def test_the_isolation_channel_has_one_format_and_one_environment():
     """What a child sends (`stage` lines, then one `report` line) and the environment it gets (its parent, its
-    threads) come from `measurement.channel` for both isolations: a fresh Python and the warm pool's children."""
+    threads) come from `execution.channel` for both isolations: a fresh Python and the warm pool's children."""
     import io
 
-    from toolkit.measurement import channel
+    from toolkit.execution import channel
 
     buf = io.StringIO()
     channel.send_stage(buf, "build")
@@ -605,5 +605,5 @@ def test_the_isolation_channel_has_one_format_and_one_environment():
     }
     assert channel.child_env({"TOOLKIT_THREADS": "8"}, None) == {channel.PARENT_ENV: str(os.getpid())}
     for module in ("isolate", "forkserver", "worker"):
-        src = (ROOT / "toolkit" / "measurement" / f"{module}.py").read_text()
+        src = (ROOT / "toolkit" / "execution" / f"{module}.py").read_text()
         assert "TOOLKIT_PARENT_PID" not in src and "OMP_NUM_THREADS" not in src and '"report "' not in src, module

@@ -26,7 +26,7 @@ def _torchtitans_own_changes_put_back():
     """These tests apply torchtitan's own transforms directly, outside `tk.run`, and those change the process on
     purpose (its `apply_compile` turns `capture_scalar_outputs` on, its AC turns Dynamo's LRU off): put back here,
     so the next test in this worker starts clean. What the toolkit itself leaves is asserted inside the tests."""
-    from toolkit.measurement.step import restoring_process_state
+    from toolkit.instrument.step import restoring_process_state
 
     with restoring_process_state(reset_dynamo=False):
         yield

@@ -1,9 +1,10 @@
 """toolkit: see how activation checkpointing, torch.compile and Mixture-of-Experts compose on a real PyTorch model.
 
 Layers, each importing only the ones before it: `compat` (every private torch API) → `models` (torch only) →
-`transforms` (naming, AC and SAC policies, compile, recipes, settings) → `measurement` (scenario, probes, step,
-report, estimates) → `analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and
-`notebook` (display, widgets, setup) → `cli`.
+`transforms` (naming, AC and SAC policies, compile, recipes, settings) → `instrument` (probes, step, records) →
+`stacks` → `measurement` (scenario, report) → `estimation` → `execution` (run, measure, isolate, ranks) →
+`analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and `notebook` (display,
+widgets, setup) → `cli`.
 
 Importing the package does nothing but define it: no torch, no signal handler, no setting. The public API
 (`toolkit._api.__all__`) is imported on first use of any of its names (torch and the toolkit: seconds); the command

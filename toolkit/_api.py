@@ -6,21 +6,9 @@ from . import bugs, compat
 from ._config import ConfigError
 from .analysis import catalogue, classify, matrix, sweep
 from .bugs import repro
-from .measurement import (
-    LAYER_SHAPES,
-    PRESETS,
-    DistributedReport,
-    Estimate,
-    Report,
-    Scenario,
-    estimate,
-    measure,
-    preset,
-    presets,
-    report,
-    run,
-    run_distributed,
-)
+from .estimation import LAYER_SHAPES, Estimate, estimate
+from .execution import DistributedReport, measure, run, run_distributed
+from .measurement import PRESETS, Report, Scenario, preset, presets, report
 from .models import Batch, ModelConfig, build_model, loss_fn, make_batch
 from .notebook.setup import setup_notebook
 from .stacks.torchtitan import TorchtitanConfig

@@ -48,7 +48,7 @@ def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[
 def demo_rows(backend: str = "aot_eager", n_layers: int = 2) -> list[dict]:
     """One row per setup, each measured by `run` like any scenario: outcome, loss, the largest gradient difference
     from the same model eager without AC, graphs, breaks, what was checkpointed and compiled (Report fields)."""
-    from .measurement import run
+    from .execution import run
 
     rows = []
     for label, scenario in demo_scenarios(backend, n_layers):
@@ -231,7 +231,8 @@ def _run_command(args) -> int:
 
     from ._config import ConfigError
     from .analysis.classification import SILENT, classify, describe, headline, reference_scenarios
-    from .measurement import PRESETS, run
+    from .execution import run
+    from .measurement import PRESETS
 
     if args.list:
         for name, sc in PRESETS.items():
@@ -243,7 +244,7 @@ def _run_command(args) -> int:
         _say_error(e)
         return EXIT_USAGE
     if args.nproc > 1:
-        from .measurement import run_distributed
+        from .execution import run_distributed
 
         merged = run_distributed(scenario, nproc=args.nproc, timeout_s=args.timeout_s or 900)
         print(merged.to_json() if args.json else str(merged))
@@ -589,7 +590,7 @@ def _lab_command(extra: list[str]) -> int:
         cmd = [sys.executable, "-m", "jupyterlab", f"--LabApp.app_settings_dir={settings}"]
         if not any(not a.startswith("-") for a in extra) and here.is_dir():
             cmd.append(str(here))
-        from .measurement.channel import ends_with_this_process
+        from .execution.channel import ends_with_this_process
 
         # JupyterLab ends with this command, however it ends (a kill -9 left it serving, an orphan): the mechanism
         # the toolkit's own children use, given to a program it does not control.
@@ -793,7 +794,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "env":
         from . import compat
         from ._extras import available
-        from .measurement import environment
+        from .execution import environment
         from .stacks import extras, reason
 
         print("\n".join(f"{k}: {v}" for k, v in environment().items()))

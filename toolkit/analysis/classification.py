@@ -11,7 +11,8 @@ from typing import Any
 
 from .._config import check_instance
 from .._escape import terminal
-from ..measurement.report import Report, fmt_bytes, short_paths
+from ..instrument.records import fmt_bytes, short_paths
+from ..measurement.report import Report
 from ..transforms.ac import MODES
 from . import catalogue
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
 from .._config import ConfigError, check_int
-from ..measurement import Report, Scenario, run
-from ..measurement.isolate import crashed_report, kill_live
+from ..execution import run
+from ..execution.isolate import crashed_report, kill_live
+from ..measurement import Report, Scenario
 from .cells import Cell
 
 EXECUTORS = ("local", "submitit", "ray")
@@ -60,7 +61,7 @@ class Executor:
 @dataclass(frozen=True, kw_only=True)
 class LocalExecutor(Executor):
     """`workers` cells at a time on this machine. `warm=True`: a fork server imports torch once and forks a fresh
-    child per cell (`toolkit.measurement.forkserver`); `warm=False`: a fresh Python per cell."""
+    child per cell (`toolkit.execution.forkserver`); `warm=False`: a fresh Python per cell."""
 
     name: ClassVar[str] = "local"
     workers: int = 1
@@ -79,7 +80,7 @@ class LocalExecutor(Executor):
         return f"local ({self.workers} workers, {'warm pool' if self._warm_ok() else 'a fresh Python per cell'})"
 
     def _warm_ok(self) -> bool:
-        from ..measurement.forkserver import WarmPool
+        from ..execution.forkserver import WarmPool
 
         return self.warm and WarmPool.available() is None
 
@@ -91,7 +92,7 @@ class LocalExecutor(Executor):
         else:
             one = lambda job: run(job.scenario(), isolate=True, timeout_s=job.timeout_s, threads=threads)  # noqa: E731
             if self._warm_ok() and jobs:
-                from ..measurement.forkserver import WarmPool
+                from ..execution.forkserver import WarmPool
 
                 pool = WarmPool()
                 try:
@@ -130,7 +131,7 @@ def run_chunk(
         _watch(sweep[1])
     pool = None
     if len(cells) > 1:
-        from ..measurement.forkserver import WarmPool
+        from ..execution.forkserver import WarmPool
 
         if WarmPool.available() is None:
             pool = WarmPool()  # several cells in one task: import torch once for all of them

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..measurement import Report, fmt_bytes
-from ..measurement.report import fmt_measured_bytes
+from ..instrument.records import fmt_bytes, fmt_measured_bytes
+from ..measurement import Report
 from . import catalogue
 from .cells import Cell
 from .classification import SEVERITY, Classification, classify

@@ -20,8 +20,8 @@ import torch
 
 from .._config import ConfigError, check_bool, check_int, check_seconds
 from .._stamp import render
+from ..execution import environment as run_environment
 from ..measurement import Report
-from ..measurement import environment as run_environment
 from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import get
 from ..transforms.compile import BACKENDS

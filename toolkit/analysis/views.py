@@ -12,7 +12,7 @@ import pathlib
 from typing import Any
 
 from .. import _escape, _files
-from ..measurement.report import fmt_bytes, fmt_measured_bytes
+from ..instrument.records import fmt_bytes, fmt_measured_bytes
 from ..transforms.ac import MODES
 from . import catalogue
 from .classification import EXPLAIN, SEVERITY

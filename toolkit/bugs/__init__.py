@@ -31,7 +31,8 @@ from .. import _files
 from ..analysis import catalogue
 from ..analysis.catalogue import torch_release
 from ..analysis.classification import classify
-from ..measurement.report import Report, short_paths
+from ..instrument.records import short_paths
+from ..measurement.report import Report
 
 
 @dataclass(frozen=True)

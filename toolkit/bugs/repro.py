@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .. import _escape, _files
 from .._config import ConfigError, check_bool, check_instance, check_seconds
 from ..analysis.classification import classify
-from ..measurement.machine import environment
+from ..execution.machine import environment
 from ..measurement.report import Report
 from ..measurement.scenario import Scenario
 

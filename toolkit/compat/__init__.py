@@ -3,7 +3,7 @@
 `features` detects each private API (with the releases checked; a missing one is a Report's named blind spot),
 `torch_api` reads and calls them, `patches` holds every patch the toolkit makes to torch (or torch_remat) internals,
 each undone when its `with` ends. Nothing else in the toolkit reaches into `torch._*`; the probes' instrumentation
-is built on these in `toolkit.measurement.probes`. The names below are the whole interface (`compat.X`).
+is built on these in `toolkit.instrument.probes`. The names below are the whole interface (`compat.X`).
 """
 
 from .features import (  # noqa: F401 - re-exported

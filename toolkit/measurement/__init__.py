@@ -1,32 +1,9 @@
-"""Measurement: a Scenario or any module → one instrumented training step → a Report; estimates.
+"""What a measurement is and holds: the Scenario to run, its presets, and the Report a step gives (with the reading of
+a checkpoint error). Running it is `toolkit.execution`'s; the probes are `toolkit.instrument`'s."""
 
-Measurement: a Scenario or any module → one instrumented training step → a Report (saved, recompute, compile, memory,
-numerics), plus full-size estimates on fake tensors.
-"""
-
-from .distributed import DistributedReport, run_distributed
-from .estimates import LAYER_SHAPES, Estimate, estimate
-from .machine import environment
+from ..instrument.records import SavedTensor, fmt_bytes
 from .presets import PRESETS, preset
-from .report import Report, SavedTensor, ScenarioRecord, fmt_bytes
-from .runner import measure, run
+from .report import Report, ScenarioRecord
 from .scenario import Scenario, check_structure
 
-__all__ = [
-    "DistributedReport",
-    "run_distributed",
-    "environment",
-    "LAYER_SHAPES",
-    "Estimate",
-    "estimate",
-    "PRESETS",
-    "preset",
-    "Report",
-    "ScenarioRecord",
-    "SavedTensor",
-    "fmt_bytes",
-    "measure",
-    "run",
-    "Scenario",
-    "check_structure",
-]
+__all__ = ["PRESETS", "preset", "Report", "ScenarioRecord", "SavedTensor", "fmt_bytes", "Scenario", "check_structure"]

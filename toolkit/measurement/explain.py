@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from .probes.checkpoints import COMPILED_OP, CheckpointView, FrameRecord, Packed
-from .probes.tracker import ROUTING_OPS
+from ..instrument.probes.checkpoints import COMPILED_OP, CheckpointView, FrameRecord, Packed
+from ..instrument.probes.tracker import ROUTING_OPS
 from .report import CheckpointDivergence, DivergedTensor, RoutingChange
 
 

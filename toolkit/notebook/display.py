@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .. import _escape
-from ..measurement.report import KINDS, Report, fmt_bytes, fmt_measured_bytes, short_paths
+from ..instrument.records import KINDS, fmt_bytes, fmt_measured_bytes, short_paths
+from ..measurement.report import Report
 
 KIND_COLORS = {
     "autograd": "#4c78a8",

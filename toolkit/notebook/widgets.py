@@ -17,8 +17,10 @@ import ipywidgets as W
 from .. import _escape, _files, compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
-from ..measurement import LAYER_SHAPES, Estimate, Report, Scenario, check_structure, run
-from ..measurement import estimate as estimate_step
+from ..estimation import LAYER_SHAPES, Estimate
+from ..estimation import estimate as estimate_step
+from ..execution import run
+from ..measurement import Report, Scenario, check_structure
 from ..models import ModelConfig
 from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import foreign, of_block

@@ -9,7 +9,7 @@ is swapped for SDPA (FlexAttention has no CPU backward); with CUDA, flex stays.
 
 What torchtitan changes for the rest of the process when applied — Dynamo's LRU switch off (`FullAC` /
 `SelectiveAC.apply`), `capture_scalar_outputs` and `skip_fwd_side_effects_in_bwd_under_checkpoint` on
-(`apply_compile`) — is undone after each toolkit run (`measurement.step.restoring_process_state`); importing it also
+(`apply_compile`) — is undone after each toolkit run (`instrument.step.restoring_process_state`); importing it also
 rebinds `FakeTensorMode.__init__` (pytorch#178887), which nothing can undo.
 """
 

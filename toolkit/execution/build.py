@@ -5,9 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 from .._config import ConfigError
+from ..instrument.step import Stage
+from ..measurement.scenario import Scenario
 from ..stacks import Built
-from .scenario import Scenario
-from .step import Stage
 
 
 def check_ranks_for_ep(ep: int) -> None:

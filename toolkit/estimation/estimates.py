@@ -44,20 +44,20 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .. import compat
 from .._config import ConfigError, check_bool, check_instance
 from ..compat import TorchDispatchMode, tree_leaves
+from ..instrument.capture import capture_warnings
+from ..instrument.probes.base import StepState
+from ..instrument.probes.checkpoint_hooks import sac_bypasses_hooks_of
+from ..instrument.probes.compiled import CompiledGraphs
+from ..instrument.probes.modules import Modules
+from ..instrument.records import fmt_bytes
+from ..instrument.step import restoring_process_state
+from ..measurement.scenario import Scenario
 from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..transforms import ACConfig, apply_ac, apply_compile
 from ..transforms.compile import resolve_scope
 from ..transforms.naming import module_names
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import torch_settings
-from .capture import capture_warnings
-from .probes.base import StepState
-from .probes.checkpoint_hooks import sac_bypasses_hooks_of
-from .probes.compiled import CompiledGraphs
-from .probes.modules import Modules
-from .report import fmt_bytes
-from .scenario import Scenario
-from .step import restoring_process_state
 
 CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every allocation up to a multiple of this many bytes."""

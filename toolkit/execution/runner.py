@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Callable
 
 from .._config import MAX_THREADS, ConfigError, check_bool, check_instance, check_int, check_seconds
+from ..measurement.report import Report
+from ..measurement.scenario import Scenario
 from .local import measure, run_here
-from .report import Report
-from .scenario import Scenario
 
 
 def run(

@@ -18,23 +18,23 @@ from torch import nn
 from .. import compat
 from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, check_strings, check_text
 from ..compat import tree_leaves
-from ..stacks.user import default_loss
-from ..transforms import ACConfig
-from ..transforms.fsdp import process_group
-from ..transforms.naming import canonical_name, has_compiled, model_packages, module_names, unwrap
-from ..transforms.settings import torch_settings
-from . import numerics as _numerics
-from .assemble import assemble
-from .build import build, check_ranks_for_ep, transform
-from .capture import capture_warnings
-from .report import (
+from ..instrument import numerics as _numerics
+from ..instrument.capture import capture_warnings
+from ..instrument.step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
+from ..measurement.report import (
     Numerics,
     Report,
     ScenarioRecord,
     Transforms,
 )
-from .scenario import Scenario
-from .step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
+from ..measurement.scenario import Scenario
+from ..stacks.user import default_loss
+from ..transforms import ACConfig
+from ..transforms.fsdp import process_group
+from ..transforms.naming import canonical_name, has_compiled, model_packages, module_names, unwrap
+from ..transforms.settings import remat_stand_ins, torch_settings
+from .assemble import assemble
+from .build import build, check_ranks_for_ep, transform
 
 
 class Refused(ConfigError):
@@ -160,8 +160,9 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 a.transforms = Transforms(checkpointed=done[0], compiled=done[1])
             a.timing["apply_s"] = time.perf_counter() - t
             a.steps = steps = StepResult()
+            called = scenario.stack_impl.called(model)  # torch.compile(model)'s wrapper: no probe hook inside it
             measured_step(
-                scenario.stack_impl.called(model),  # torch.compile(model)'s wrapper: no probe hook inside it
+                called,
                 lambda: built.call(model),
                 built.loss_of,
                 built.inputs,
@@ -173,6 +174,8 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 snapshot_path=scenario.memory_snapshot,
                 result=steps,
                 instrument=scenario.instrument,
+                settings=lambda: torch_settings(called),
+                remat_stand_ins=remat_stand_ins(called),
             )
             ref_note = "" if ref_loss is None else f"the same model {reference.what}: loss {ref_loss:.4f}"
 
@@ -317,6 +320,7 @@ def measure(
             measure_memory=measure_memory,
             steady_steps=steady_steps,
             result=steps,
+            settings=lambda: torch_settings(model),
         )
         if ref_result is not None:
             ref_note = f"the reference ({ref_result[2]}): loss {ref_result[0]:.4f}"

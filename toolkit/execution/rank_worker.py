@@ -13,8 +13,8 @@ from . import channel
 def main(spec: str, out: str) -> int:
     import torch.distributed as dist
 
+    from ..measurement.scenario import Scenario
     from .local import run_here
-    from .scenario import Scenario
 
     channel.watch_parent(int(os.environ[channel.PARENT_ENV]))  # torchrun, which the launcher below runs
     dist.init_process_group("gloo")

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from .. import compat
+from ..instrument.records import Numerics
 from ..transforms.naming import RECOMPUTES_FORWARD, canonical_name, is_compiled, is_wrapper, named_modules, unwrap
-from .report import Numerics
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:

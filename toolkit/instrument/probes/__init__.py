@@ -30,8 +30,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
+from ...instrument.records import GraphBreak
 from ...transforms.naming import has_checkpoint
-from ..report import GraphBreak
 from . import census as _census
 from . import checkpoint_hooks
 from .base import Held, StepState, dtype_name, is_real

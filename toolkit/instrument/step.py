@@ -10,19 +10,18 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
 
 from .. import compat
 from ..compat import tree_leaves
-from ..transforms.settings import remat_stand_ins, torch_settings
+from ..instrument.records import Memory
 from . import memory as _memory
 from .numerics import grads as _grads
 from .probes import ProbeRecord, Probes
 from .probes.census import Census
-from .report import Memory
 
 
 def older_node() -> torch.Tensor:
@@ -122,19 +121,23 @@ def measured_step(
     snapshot_path: str | None = None,
     result: StepResult | None = None,
     instrument: bool = True,
+    settings: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    remat_stand_ins: bool = False,
 ) -> StepResult:
     """Step 1 with probes, then a memory step and `steady_steps` bare steps. `result` is filled as the step goes,
     so a failure in a later stage keeps what the earlier ones measured. `instrument=False` runs step 1 with none of
     the probes (no dispatch mode, no saved-tensor hooks, no patches): only its loss, gradients, and the graphs and
-    breaks Dynamo's own counters saw — whether a failure happens without the instrument."""
+    breaks Dynamo's own counters saw — whether a failure happens without the instrument. `settings()` is entered
+    around each step (the torch settings the model's transforms need: the caller's, so the instrument knows no
+    transform); `remat_stand_ins` says torch_remat's placeholders were stood in for."""
     out = result if result is not None else StepResult()
-    out.remat_stand_ins = remat_stand_ins(model)
+    out.remat_stand_ins = remat_stand_ins
     older = older_node()  # before anything the step makes or measures (C59)
     before = compat.counters_snapshot()
     probes = Probes(model, inputs) if instrument else None
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    with torch_settings(model), no_tasks_left_on_error(older):
+    with settings(), no_tasks_left_on_error(older):
         counted = compat.counters_snapshot()
         budget = compat.activation_memory_budget()
         out.memory_budget = budget if budget < 1.0 else None
@@ -188,7 +191,7 @@ def measured_step(
 
     def bare_step(mark=lambda: None, times=None):
         model.zero_grad(set_to_none=True)
-        with torch_settings(model), no_tasks_left_on_error(older):
+        with settings(), no_tasks_left_on_error(older):
             t = time.perf_counter()
             res = forward()
             sync()

@@ -21,9 +21,10 @@ from typing import Any
 
 from .. import _files
 from .._config import MAX_RANKS, check_int, check_seconds
+from ..instrument.records import fmt_bytes, fmt_measured_bytes
+from ..measurement.report import Report
+from ..measurement.scenario import Scenario
 from . import channel
-from .report import Report, fmt_bytes, fmt_measured_bytes
-from .scenario import Scenario
 
 
 def _free_port() -> int:
@@ -120,7 +121,7 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
         cmd = [
             sys.executable,
             "-m",
-            "toolkit.measurement.rank_worker",
+            "toolkit.execution.rank_worker",
             "--launch",
             "--nproc_per_node",
             str(nproc),
@@ -131,7 +132,7 @@ def run_distributed(scenario: Scenario, *, nproc: int = 2, timeout_s: float = 90
             "--master_port",
             str(_free_port()),
             "-m",
-            "toolkit.measurement.rank_worker",
+            "toolkit.execution.rank_worker",
             str(spec),
             tmp,
         ]

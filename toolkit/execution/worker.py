@@ -20,8 +20,8 @@ from . import channel
 
 def measure(scenario_json: str, chan: IO[str]) -> None:
     """Run one Scenario (already in the isolated process) and write its stage lines and Report to `chan`."""
+    from ..measurement.scenario import Scenario
     from .local import run_here
-    from .scenario import Scenario
 
     # Fault injection for tests of the isolation itself: TOOLKIT_WORKER_FAULT=abort|segv|hang[@stage].
     fault, _, fault_stage = os.environ.get("TOOLKIT_WORKER_FAULT", "").partition("@")

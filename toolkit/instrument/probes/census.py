@@ -13,7 +13,7 @@ from torch import nn
 
 from ... import compat
 from ...compat import tree_leaves
-from ..report import SavedTensor
+from ...instrument.records import SavedTensor
 from .base import Held, Produced, is_real, storage_key
 from .compiled import CompiledSave
 

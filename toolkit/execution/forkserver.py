@@ -32,7 +32,7 @@ from . import channel
 
 # Imported before the first fork, so a child finds them loaded (what a compiled cell would import on its own).
 PREIMPORT = (
-    "toolkit.measurement.local",
+    "toolkit.execution.local",
     "torch._dynamo",
     "torch._dynamo.backends.debugging",
     "torch._functorch.aot_autograd",
@@ -249,7 +249,7 @@ class WarmPool:
                 # as the pool, whichever thread asked for it first.
                 try:
                     box["proc"] = subprocess.Popen(
-                        [sys.executable, "-m", "toolkit.measurement.forkserver", str(theirs.fileno())],
+                        [sys.executable, "-m", "toolkit.execution.forkserver", str(theirs.fileno())],
                         pass_fds=[theirs.fileno()],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,

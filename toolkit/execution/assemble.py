@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from .. import compat
-from .explain import explain, is_checkpoint_error
-from .machine import environment
-from .report import (
+from ..instrument.step import Stage, StepResult
+from ..measurement.explain import explain, is_checkpoint_error
+from ..measurement.report import (
     CompileInfo,
     Distributed,
     ErrorInfo,
@@ -23,7 +23,7 @@ from .report import (
     Timing,
     Transforms,
 )
-from .step import Stage, StepResult
+from .machine import environment
 
 
 def _saved(census) -> Saved:

@@ -19,10 +19,10 @@ import threading
 import time
 from typing import Callable
 
+from ..measurement.report import ErrorInfo, Report, ScenarioRecord, Timing
+from ..measurement.scenario import Scenario
 from . import channel
 from .machine import environment
-from .report import ErrorInfo, Report, ScenarioRecord, Timing
-from .scenario import Scenario
 
 _live: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
@@ -43,8 +43,8 @@ def run_isolated(
     on_stage: Callable[[str], None] | None = None,
     threads: int | None = None,
 ) -> Report:
-    """A fresh Python per call (torch imported each time); `toolkit.measurement.forkserver` is the warm variant."""
-    cmd = [sys.executable, "-m", "toolkit.measurement.worker"]
+    """A fresh Python per call (torch imported each time); `toolkit.execution.forkserver` is the warm variant."""
+    cmd = [sys.executable, "-m", "toolkit.execution.worker"]
     t0 = time.perf_counter()
     # Its own session, so a timeout kills the worker's own children too (Inductor's compile workers); it still
     # dies with this process (PR_SET_PDEATHSIG, set by the worker), so it is never left running on its own.
