@@ -54,6 +54,10 @@ def test_the_feature_table_names_what_each_api_lets_the_toolkit_see():
     assert sentence.startswith("tensors cached by selective checkpointing are counted as kind 'other'")
 
 
+_PRIVATE_ATTRS = ("_cdata",)
+"""Private attributes of torch objects (not reached through `torch.`): a storage's `_cdata` is `compat.storage_key`."""
+
+
 def test_no_module_but_compat_reaches_into_private_torch():
     """The toolkit's own code (not the torch-only standalone repros) touches `torch._*`, private checkpoint or AOT
     internals only through `toolkit.compat`."""
@@ -68,6 +72,8 @@ def test_no_module_but_compat_reaches_into_private_torch():
                 what = node.args[1]  # a patch's attribute name comes from a compat accessor, never a private literal
                 if isinstance(what, ast.Constant) and str(what.value).startswith("_") and what.value != "__init__":
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} patched(..., {what.value!r})")
+            if isinstance(node, ast.Attribute) and node.attr in _PRIVATE_ATTRS:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
             if isinstance(node, ast.Attribute):
                 name = node.attr
                 base = node.value

@@ -12,24 +12,10 @@ from typing import Any
 from .._config import check_instance
 from .._escape import terminal
 from ..instrument.records import fmt_bytes, short_paths
-from ..measurement.report import Report
+from ..measurement.report import SEVERITY, Report
 from ..transforms.ac import MODES
 from . import catalogue
 
-# Most severe first.
-SEVERITY = (
-    "grads_differ",
-    "crashed",
-    "timeout",
-    "error",
-    "fell_back_to_eager",
-    "module_left_unwrapped",
-    "sac_not_applied",
-    "ac_saves_nothing",
-    "recompiles",
-    "graph_breaks",
-    "works",
-)
 EXPLAIN = {
     "grads_differ": "gradients differ from the reference (or a recompute drew new random numbers): silently wrong "
     "training",

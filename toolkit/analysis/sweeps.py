@@ -26,7 +26,7 @@ from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import get
 from ..transforms.compile import BACKENDS
 from .cells import Cell, cell_key, full_cells, model_cells, quick_cells, stack_cells, valid
-from .classification import EXPLAIN, classify
+from .classification import EXPLAIN, SEVERITY, classify
 from .executors import Executor, Job, make
 from .matrix import MatrixResult, Row
 from .progress import Progress
@@ -259,16 +259,7 @@ def measured(result: MatrixResult) -> int:
 
 # The classifications a bare rerun checks: the failures of the stack or of the instrument. A crash or a timeout is
 # rerun by the next sweep anyway, and `works` needs no second opinion.
-BARE_RERUN = (
-    "error",
-    "grads_differ",
-    "fell_back_to_eager",
-    "module_left_unwrapped",
-    "sac_not_applied",
-    "ac_saves_nothing",
-    "recompiles",
-    "graph_breaks",
-)
+BARE_RERUN = tuple(label for label in SEVERITY if label not in ("crashed", "timeout", "works"))
 
 
 def _other_releases(records: dict[str, dict], cells: set[Cell], mine: set[str]) -> dict[str, MatrixResult]:

@@ -90,6 +90,7 @@ from .torch_api import (  # noqa: F401 - re-exported
     set_checkpoint_early_stop,
     set_lru_cache,
     skip_code,
+    storage_key,
     storage_nbytes_now,
     storage_weak_ref,
     through_aot_autograd,

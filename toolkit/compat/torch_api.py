@@ -622,6 +622,12 @@ def disable_current_modes() -> contextlib.AbstractContextManager:
     return _disable_current_modes()
 
 
+def storage_key(x: torch.Tensor | torch.UntypedStorage) -> int:
+    """The identity of the memory a tensor (or a storage) lives in: one key for every view of one storage, the key
+    a saved tensor, a held input and an allocation are matched by (torch's private `_cdata` pointer)."""
+    return (x.untyped_storage() if isinstance(x, torch.Tensor) else x)._cdata
+
+
 def storage_weak_ref(storage: Any) -> Any:
     """A weak reference to a storage that says when it is freed (`StorageWeakRef`)."""
     from torch.multiprocessing.reductions import StorageWeakRef

@@ -53,9 +53,10 @@ from ..instrument.records import fmt_bytes
 from ..instrument.step import restoring_process_state
 from ..measurement.scenario import Scenario
 from ..models import ModelConfig, build_model, loss_fn, make_batch
+from ..models.moe import experts_attr
 from ..transforms import ACConfig, apply_ac, apply_compile
 from ..transforms.compile import resolve_scope
-from ..transforms.naming import module_names
+from ..transforms.naming import module_names, within
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import torch_settings
 
@@ -265,11 +266,7 @@ def check(scenario: Scenario) -> list[str]:
                 "bincount has a data-dependent output shape.",
                 "use token_count='scatter' (torchtitan) or 'histc'.",
             )
-        if (
-            m.experts_impl == "grouped_mm"
-            and m.layout == "torchtitan_2025"
-            and not compat.grouped_mm_traces_in(m.dtype)
-        ):
+        if m.experts_untraceable:
             raise ConfigError(
                 own,
                 "model.dtype",
@@ -309,12 +306,9 @@ def check(scenario: Scenario) -> list[str]:
 def _compiles_experts(scenario: Scenario) -> bool:
     """The scenario's compile scope traces a block's routed experts (read off a meta model: no memory)."""
     model = build_model(scenario.model.replace(device="meta"))
-    experts = [
-        f"layers.{i}.moe.{'experts' if scenario.model.layout == 'torchtitan_2025' else 'routed_experts'}"
-        for i in scenario.model.moe_layer_ids
-    ]
+    experts = [f"layers.{i}.moe.{experts_attr(scenario.model.layout)}" for i in scenario.model.moe_layer_ids]
     targets = resolve_scope(model, scenario.compile.scope)
-    return any(t == "" or e == t or e.startswith(t + ".") for t in targets for e in experts)
+    return any(within(e, t) for t in targets for e in experts)
 
 
 @dataclass

@@ -101,8 +101,8 @@ def _output_bytes(out: Any) -> int:
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and not t.is_meta:
             st = t.untyped_storage()
-            if st._cdata not in seen:
-                seen.add(st._cdata)
+            if compat.storage_key(st) not in seen:
+                seen.add(compat.storage_key(st))
                 total += st.nbytes()
     return total
 

@@ -24,9 +24,24 @@ from ..instrument.records import (  # the instrument's records, which a Report h
     fmt_bytes,
     fmt_measured_bytes,
 )
+from ..transforms.naming import within
 
 SCHEMA_VERSION = 2
 Outcome = Literal["ok", "error", "crashed", "timeout"]
+SEVERITY = (
+    "grads_differ",
+    "crashed",
+    "timeout",
+    "error",
+    "fell_back_to_eager",
+    "module_left_unwrapped",
+    "sac_not_applied",
+    "ac_saves_nothing",
+    "recompiles",
+    "graph_breaks",
+    "works",
+)
+"""Every verdict a step can get, most severe first: the one order line 1, `classify` and the matrix read."""
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
 INPUT_WARNING = "InputWarning: "
 """How a captured `_config.InputWarning` starts in `Report.warnings` (`f"{category}: {message}"`)."""
@@ -197,14 +212,14 @@ class Transforms:
             return ()
         unplaced = self.unplaced
         return tuple(
-            m for m in self.checkpointed if m not in unplaced and not any(_within(r, m) or _within(m, r) for r in ran)
+            m for m in self.checkpointed if m not in unplaced and not any(within(r, m) or within(m, r) for r in ran)
         )
 
     @property
     def unplaced(self) -> tuple[str, ...]:
         """Modules AC was asked to checkpoint that sit inside an `unresolved` region: whether they ran under a
         checkpoint is not known (a blind spot, said as one)."""
-        return tuple(m for m in self.checkpointed if any(_within(m, u) for u in self.unresolved))
+        return tuple(m for m in self.checkpointed if any(within(m, u) for u in self.unresolved))
 
 
 def _names(names: tuple[str, ...], n: int = 6) -> str:
@@ -217,7 +232,7 @@ def _fell_back_text(c: CompileInfo) -> str:
     region whose graphs otherwise ran: `… these checkpointed layers ran eagerly, outside the graph: model.layers.0`."""
     parts = []
     # A checkpoint inside a region that had no graph at all is said by that region's name already.
-    inside = tuple(e for e in c.eager_checkpoints if not any(_within(e, r) for r in c.regions_without_graphs))
+    inside = tuple(e for e in c.eager_checkpoints if not any(within(e, r) for r in c.regions_without_graphs))
     if c.regions_without_graphs or not inside:
         parts.append(f"{_names(c.regions_without_graphs) or 'every region'} ran eagerly")
     if inside:
@@ -226,11 +241,6 @@ def _fell_back_text(c: CompileInfo) -> str:
             "checkpoint)"
         )
     return f"compile requested, but {'; '.join(parts)} ({c.graphs} graphs)"
-
-
-def _within(inner: str, outer: str) -> bool:
-    """`inner` is `outer` or a module inside it ("" is the whole model)."""
-    return outer == "" or inner == outer or inner.startswith(outer + ".")
 
 
 @dataclass(frozen=True)
@@ -456,7 +466,7 @@ class Report:
                     f"checkpoint around {'it' if len(unwrapped) == 1 else 'them'}",
                 )
             )
-        return tuple(out)
+        return tuple(sorted(out, key=lambda f: SEVERITY.index(f[0])))
 
     @property
     def verdict(self) -> str:

@@ -337,6 +337,19 @@ class ModelConfig:
         return bool(self.moe_layer_ids)
 
     @property
+    def experts_untraceable(self) -> bool:
+        """C14: the experts run `torch._grouped_mm` in a dtype its meta kernel refuses, so compile cannot trace them
+        (the 2025 layout keeps the model's dtype; float32 on torch 2.13 and 2.14). The one home of that condition."""
+        from .. import compat
+
+        return (
+            self.has_moe
+            and self.layout == "torchtitan_2025"
+            and self.experts_impl == "grouped_mm"
+            and not compat.grouped_mm_traces_in(self.dtype)
+        )
+
+    @property
     def draws_random(self) -> bool:
         """A training step draws random numbers (router noise, dropout): what a recompute must draw again the same,
         and what compiled code draws otherwise than eager."""

@@ -32,7 +32,7 @@ from .._config import (
     to_dict,
     warn_input,
 )
-from .naming import canonical_name, get_module, get_slot, has_checkpoint, named_modules, unwrap
+from .naming import canonical_name, get_module, get_slot, has_checkpoint, inside, named_modules, unwrap
 from .policies import custom_context, per_op_context, save_ops_context
 from .remat import REMAT_FULL, REMAT_SELECTIVE
 from .settings import Applied, applied, forget, record
@@ -913,7 +913,7 @@ def _undo(model: nn.Module, rec: Applied, undo: list[tuple[str, str]]) -> None:
 def ac_region_of(model: nn.Module, name: str) -> str | None:
     """The AC-wrapped module (canonical name) whose region contains `name` strictly, if any."""
     for w in applied(model).ac_wrapped:
-        if name.startswith(w + "."):
+        if inside(name, w):
             return w
     return None
 

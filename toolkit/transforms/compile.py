@@ -14,8 +14,9 @@ from torch import nn
 
 from .. import compat
 from .._config import ConfigError, check_bool, check_choice, check_known, check_object, refuse_callables, to_dict
+from ..models.moe import EXPERTS_ATTRS, experts_attr
 from .ac import ac_region_of, block_container, blocks
-from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, wrapped_child
+from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, within, wrapped_child
 from .settings import applied, check_memory_budget, forget, record
 
 Scope = Literal["none", "model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward"]
@@ -295,7 +296,7 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
             child = next(
                 (
                     c
-                    for c in ((scope,) if scope != "experts" else ("routed_experts", "experts"))
+                    for c in ((scope,) if scope != "experts" else EXPERTS_ATTRS)
                     if isinstance(moe, nn.Module) and isinstance(getattr(unwrap(moe), c, None), nn.Module)
                 ),
                 None,
@@ -313,7 +314,7 @@ def resolve_scope(model: nn.Module, scope: Scope | tuple[str, ...]) -> list[str]
 
 
 def _covers(target: str, name: str) -> bool:
-    return target == "" or name == target or name.startswith(target + ".")
+    return within(name, target)
 
 
 def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
@@ -323,25 +324,17 @@ def _check_grouped_mm(model: nn.Module, targets: list[str]) -> None:
     from ..models import ModelConfig
 
     cfg = getattr(unwrap(model), "config", None)
-    if (
-        not isinstance(cfg, ModelConfig)
-        or cfg.layout != "torchtitan_2025"
-        or cfg.experts_impl != "grouped_mm"
-        or cfg.dtype != "float32"
-        or not cfg.has_moe
-        or cfg.device_type not in ("cpu", "meta")
-        or compat.grouped_mm_traces_in("float32")
-    ):
+    if not isinstance(cfg, ModelConfig) or not cfg.experts_untraceable or cfg.device_type not in ("cpu", "meta"):
         return
     for i in cfg.moe_layer_ids:
-        experts = f"layers.{i}.moe.experts"
+        experts = f"layers.{i}.moe.{experts_attr(cfg.layout)}"
         hit = next((t for t in targets if _covers(t, experts)), None)
         if hit is not None:
             raise ConfigError(
                 "CompileConfig",
                 "scope",
-                f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel "
-                f"accepts no float32 on torch {torch.__version__} ('Expected inputs of BF16 type', C14; 2.15 does).",
+                f"compiling {hit or 'the model'!r} traces {experts}, whose torch._grouped_mm meta kernel accepts no "
+                f"{cfg.dtype} on torch {torch.__version__} ('Expected inputs of BF16 type', C14; 2.15 does).",
                 "use ModelConfig(dtype='bfloat16'), layout='torchtitan_0_3_0' (bfloat16 experts), "
                 "another experts_impl, or a scope that leaves the experts eager.",
             )

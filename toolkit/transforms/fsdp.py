@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._config import ConfigError, check_choice
+from ..models.moe import experts_child
 from .ac import blocks
 from .naming import unwrap
 from .settings import record
@@ -102,7 +103,7 @@ def apply_fsdp(model: nn.Module, mode: FSDPMode = "blocks") -> nn.Module:
             experts = (
                 moe.routed_experts_module()
                 if hasattr(moe, "routed_experts_module")
-                else unwrap(getattr(moe, "routed_experts", getattr(moe, "experts", None)))
+                else (unwrap(c) if (c := experts_child(moe)) is not None else None)
             )
             if isinstance(experts, nn.Module):
                 fully_shard(experts, **config, reshard_after_forward=True)

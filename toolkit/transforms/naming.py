@@ -21,6 +21,17 @@ WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod")
 RECOMPUTES_FORWARD = "_torchtitan_recomputes_forward"
 
 
+def within(name: str, outer: str) -> bool:
+    """`name` is the module `outer` or lies inside it, by canonical names ("" is the whole model): the one home of
+    that rule (an AC region, a compile target, a probe's region, the experts a target covers)."""
+    return outer == "" or name == outer or name.startswith(outer + ".")
+
+
+def inside(name: str, outer: str) -> bool:
+    """`name` lies strictly inside the module `outer` (not `outer` itself)."""
+    return name != outer and within(name, outer)
+
+
 def is_wrapper(m: nn.Module) -> bool:
     """True for the wrappers whose presence must not change a module's name or type test."""
     activation_wrapper, _ = compat.checkpoint_wrapper_classes()

@@ -87,8 +87,8 @@ def _out_bytes(ctx) -> int | None:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):  # fake and functional tensors at trace time have none
                 return None
-            if st._cdata not in seen:
-                seen.add(st._cdata)
+            if compat.storage_key(st) not in seen:
+                seen.add(compat.storage_key(st))
                 total += st.nbytes()
     return total
 

@@ -15,6 +15,7 @@ from torch import nn
 from .._config import ConfigError, check_bool, check_instance
 from .._extras import missing
 from ..models import ModelConfig
+from ..models.moe import EXPERTS_ATTRS
 from .ac import ACConfig, apply_ac, blocks, record_ac, remove_ac
 from .compile import (
     AC_OUTSIDE,
@@ -25,7 +26,7 @@ from .compile import (
     record_compile,
     remove_compile,
 )
-from .naming import has_checkpoint, has_compiled, is_checkpoint_wrapper, unwrap
+from .naming import has_checkpoint, has_compiled, inside, is_checkpoint_wrapper, unwrap, within
 from .settings import applied, record, reset_compiler
 
 
@@ -133,7 +134,7 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
                 moe = unwrap(child) if see_through else child
                 if _is_moe(moe):
                     for moe_attr, moe_child in list(moe.named_children()):
-                        if moe_attr in ("experts", "routed_experts"):
+                        if moe_attr in EXPERTS_ATTRS:
                             continue  # the experts stay eager: FSDP's hooks must not be traced
                         moe.register_module(moe_attr, torch.compile(moe_child, backend=backend, fullgraph=True))
                         undo.append(("wrapper", (moe, moe_attr, moe_child)))
@@ -191,11 +192,7 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     cfg = CompileConfig(
         scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
     )
-    orders = {
-        t: COMPILE_OUTSIDE if t in wrapped else AC_OUTSIDE
-        for t in targets
-        if t in wrapped or any(t.startswith(w + ".") for w in wrapped)
-    }
+    orders = {t: COMPILE_OUTSIDE if t in wrapped else AC_OUTSIDE for t in targets if any(within(t, w) for w in wrapped)}
     rec = record(model)
     record_ac(rec, ac_cfg, wrapped, disable_lru_cache=False)  # the LRU switch went off later (PR #1991)
     record_compile(rec, cfg, targets, orders, undo)
@@ -221,7 +218,7 @@ def torchtitan_2025_12(model: nn.Module, *, backend: str = "aot_eager") -> nn.Mo
     cfg = CompileConfig(
         scope=tuple(targets), backend=backend, fullgraph=True, capture_scalar_outputs=True, method="torch_compile"
     )
-    orders = {t: AC_OUTSIDE for t in targets if any(t.startswith(w + ".") for w in rec.ac_wrapped)}
+    orders = {t: AC_OUTSIDE for t in targets if any(inside(t, w) for w in rec.ac_wrapped)}
     record_compile(rec, cfg, targets, orders, undo)
     rec.recipe = "torchtitan_2025_12"
     return model

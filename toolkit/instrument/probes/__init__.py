@@ -109,7 +109,7 @@ class Probes:
         # Plain Python hooks: AOTAutograd only inlines GraphModule hooks, so compiled graphs are unchanged.
         if self.state.phase == "forward":
             st = t.untyped_storage()
-            key = st._cdata
+            key = compat.storage_key(st)
             why = compat.remat_saved_kind()
             if why is not None:
                 self.pack_kinds.setdefault(key, why)
@@ -119,7 +119,7 @@ class Probes:
     def _held(self, t: torch.Tensor, st) -> None:
         """`t` (storage `st`) is kept for backward: counted once, with a record of its own where no op probe saw it
         made (the step's inputs, tensors made before the step)."""
-        key = st._cdata
+        key = compat.storage_key(st)
         if key not in self.packed_keys:
             self.packed_keys.add(key)
             if key not in self.tracker.produced and is_real(t):
@@ -136,7 +136,7 @@ class Probes:
         def record(host) -> None:
             if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
                 st = host.untyped_storage()
-                probes.pack_kinds[st._cdata] = "offloaded"
+                probes.pack_kinds[compat.storage_key(st)] = "offloaded"
                 probes._held(host, st)
 
         def __init__(hooks, *args, **kwargs):
@@ -237,7 +237,7 @@ class Probes:
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             t = compat.local_tensor(t)
             if is_real(t):
-                names.setdefault(t.untyped_storage()._cdata, name)
+                names.setdefault(compat.storage_key(t), name)
         obs = self.checkpoints.observer
         return CheckpointView(
             records=tuple(obs.records),

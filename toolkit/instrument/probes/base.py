@@ -14,6 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
 from ...compat import tree_leaves
+from ...transforms.naming import within
 
 _NOT_REAL: tuple[type, ...] | None = None
 
@@ -70,10 +71,6 @@ def from_graph_code(depth: int = 12) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
 
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -150,8 +147,8 @@ class StepState:
         if not is_real(t):
             return
         st = t.untyped_storage()
-        if st._cdata not in self.held_inputs:
-            self.held_inputs[st._cdata] = Held(
+        if compat.storage_key(st) not in self.held_inputs:
+            self.held_inputs[compat.storage_key(st)] = Held(
                 StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes()
             )
 
@@ -164,7 +161,7 @@ class StepState:
     def push(self, name: str) -> None:
         # Heal a stale stack (a recompute stopped early skips post-hooks) by popping non-ancestors.
         stack = self.stack
-        while stack and not (name == stack[-1] or name.startswith(stack[-1] + ".") or stack[-1] == ""):
+        while stack and not within(name, stack[-1]):
             stack.pop()
         stack.append(name)
         if self.phase == "forward" and (self.frames or self.reentrant):

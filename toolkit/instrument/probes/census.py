@@ -14,7 +14,7 @@ from torch import nn
 from ... import compat
 from ...compat import tree_leaves
 from ...instrument.records import SavedTensor
-from .base import Held, Produced, is_real, storage_key
+from .base import Held, Produced, is_real
 from .compiled import CompiledSave
 
 
@@ -45,7 +45,7 @@ def parameter_storages(model: nn.Module, blind: list[str] | None = None) -> dict
         t = compat.local_tensor(t)
         if is_real(t):
             st = t.untyped_storage()
-            out[st._cdata] = st.nbytes()
+            out[compat.storage_key(st)] = st.nbytes()
     return out
 
 
@@ -77,8 +77,8 @@ def take(
     pack_kinds = pack_kinds or {}
     blind: list[str] = []
     params = parameter_storages(model, blind)
-    input_keys = {storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
-    output_keys = {storage_key(t) for t in tree_leaves(output) if is_real(t)}
+    input_keys = {compat.storage_key(t) for t in tree_leaves(list(inputs)) if is_real(t)}
+    output_keys = {compat.storage_key(t) for t in tree_leaves(output) if is_real(t)}
     held_params = {k for k in params if k in packed_keys or k in compiled or k in sac_keys}
     rows: dict[int, SavedTensor] = {}
 

@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ... import compat
 from ...compat import tree_leaves
 from . import checkpoint_hooks
-from .base import Produced, StepState, dtype_name, is_real, storage_key
+from .base import Produced, StepState, dtype_name, is_real
 
 COMPILED_OP = "compiled graph"
 """The op a saved tensor is attributed to when a compiled graph's runtime saved it (its own ops are not seen)."""
@@ -96,7 +96,7 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
         outputs, else (an input autograd saves before the op runs) the next op's."""
         state = self.state
         state.in_pack += 1
-        key = x.untyped_storage()._cdata if is_real(x) else None
+        key = compat.storage_key(x) if is_real(x) else None
         # Popped: the graph's node packs each once; a later eager op saving the same tensor is that op's save.
         region = state.compiled_saves.pop(key, None) if key is not None else None
         meta = Packed(
@@ -294,7 +294,7 @@ class Checkpoints:
             out = original(*args, **kwargs)
             if probes.state.phase == "forward":
                 st = out.untyped_storage()
-                key = st._cdata
+                key = compat.storage_key(st)
                 probes.record(
                     key,
                     Produced(
@@ -316,7 +316,7 @@ class Checkpoints:
         for storage in self.sac_storages:
             for t in compat.sac_storage_tensors(storage):
                 if is_real(t):
-                    keys.add(storage_key(t))
+                    keys.add(compat.storage_key(t))
         return keys
 
 

@@ -18,7 +18,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
-from ...transforms.naming import canonical_name
+from ...transforms.naming import canonical_name, inside
 from .base import StepState, dtype_name, is_real
 
 _VIEW_OPS = {
@@ -171,7 +171,7 @@ class CompiledGraphs:
             return
         region = state.region()
         state.compiled_saves = {
-            t.untyped_storage()._cdata: region
+            compat.storage_key(t): region
             for sl in compat.saved_slices(saved_state.metadata)
             for t in fw_outs[sl]
             if is_real(t)
@@ -204,7 +204,7 @@ class CompiledGraphs:
             if not is_real(t):
                 continue
             st = t.untyped_storage()
-            key = st._cdata
+            key = compat.storage_key(st)
             gs = rec.saved[i] if i < len(rec.saved) else None
             module = self.resolve(region, gs.module) if gs is not None else region
             op = gs.op if gs is not None else "compiled"
@@ -255,11 +255,7 @@ class CompiledGraphs:
         known = self.known_modules
         if name in known:
             return name
-        under = (
-            [n for n in known if n.startswith(region + ".") and n.endswith("." + rel)]
-            if region
-            else [n for n in known if n.endswith("." + rel)]
-        )
+        under = [n for n in known if inside(n, region) and n.endswith("." + rel)]
         return min(under, key=len) if under else name
 
     def in_compiled_backward(self) -> int:

@@ -10,7 +10,7 @@ from torch import nn
 
 from ... import compat
 from ...compat import tree_leaves
-from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names
+from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names, within
 from .base import StepState
 
 
@@ -37,7 +37,7 @@ class Modules:
         handles, undo = [], []
 
         def inside_region(name: str, m: nn.Module) -> bool:
-            return any(r == "" or name == r or name.startswith(r + ".") for r in regions if regions[r] is not m)
+            return any(within(name, r) for r in regions if regions[r] is not m)
 
         for m in self.model.modules():
             name = self.names[id(m)]

@@ -67,7 +67,7 @@ def _fingerprint(out: Any) -> int:
 def _keys(value: Any) -> list[int]:
     """Storage keys of the real tensors in an op argument (a tensor, or a list of them)."""
     if isinstance(value, torch.Tensor):
-        return [value.untyped_storage()._cdata] if is_real(value) else []
+        return [compat.storage_key(value)] if is_real(value) else []
     if isinstance(value, (list, tuple)):
         return [k for v in value for k in _keys(v)]
     return []
@@ -132,7 +132,7 @@ class Tracker(TorchDispatchMode):
         if name.startswith(_COLLECTIVE_PREFIXES):
             self.collectives[f"{state.phase}: {name}"] += 1
             if state.phase == "forward":
-                self.comm_buffers.update(t.untyped_storage()._cdata for t in tensors(args) if is_real(t))
+                self.comm_buffers.update(compat.storage_key(t) for t in tensors(args) if is_real(t))
         info = _info(func, name)
         if info.random and not state.in_pack and not state.bookkeeping:
             self._draw(func, name, args, kwargs or {}, out)
@@ -145,7 +145,7 @@ class Tracker(TorchDispatchMode):
                 if not is_real(t):
                     continue
                 st = t.untyped_storage()
-                key = st._cdata
+                key = compat.storage_key(st)
                 old = produced.get(key)
                 if old is None or old.ref.expired():
                     if module is None:
