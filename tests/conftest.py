@@ -32,6 +32,7 @@ QUICK = (
     "tests/test_notebooks.py",
     "notebooks/bugs/C02_graph_break_in_checkpoint.ipynb",
     "tests/test_gates.py",  # the property-based search of every gate
+    "tests/test_central_list.py",
 )
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -632,7 +632,7 @@ class _WouldRun(Exception):
 _JUNK_VALUES = ["0", "-1", "1e309", "nan", "x", "\u202ex", "\x1b[31m", "10000000000", "", "C999", "aot_eager", "2"]
 _OPTIONS = {
     "run": ["--preset", "--config", "--list", "--json", "--isolate", "--timeout-s", "--strict", "--no-refs", "--nproc"],
-    "cases": ["--cpu", "--needs", "--text", "--findings", "--markdown", "--check"],
+    "cases": ["--cpu", "--needs", "--text", "--findings", "--markdown", "--check", "--page"],
     "matrix": [
         "--quick", "--full", "--backend", "--stack", "--only", "--timeout-s", "--workers", "--executor", "--cold",
         "--cluster", "--time-min", "--cpus-per-cell", "--keep-timeouts", "--no-bare", "--blocks", "--model",

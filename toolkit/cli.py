@@ -194,6 +194,12 @@ _INERT: dict[str, tuple[_Rule, ...]] = {
     ),
     "cases": (
         (
+            lambda a: a.page,
+            ("cpu", "needs", "text", "markdown", "findings", "check"),
+            "--page prints every case, from the catalogue alone",
+            "drop {opt}, or list the cases without --page",
+        ),
+        (
             lambda a: bool(a.check),
             ("cpu", "needs", "text", "markdown", "findings"),
             "--check runs the repros it names; the filters and the table's options shape the listing",
@@ -275,6 +281,11 @@ def _cases_command(args) -> int:
     from ._escape import terminal_width
     from .analysis import catalogue
 
+    if args.page:
+        from .bugs.central_list import page
+
+        print(page(), end="")
+        return 0
     if not args.check:
         sel = catalogue.filter(cpu=args.cpu, text=args.text, needs=args.needs)
         if args.markdown:
@@ -730,6 +741,12 @@ def _parser() -> argparse.ArgumentParser:
         "--markdown",
         action="store_true",
         help="print the markdown table (upstream links, notebooks, every release's verdict)",
+    )
+    c.add_argument(
+        "--page",
+        action="store_true",
+        help="print the central list as one Markdown page (docs/central-list/README.md): every case by theme, its "
+        "verdict on each release, workaround, upstream links and repro",
     )
     c.add_argument(
         "--check",

@@ -20,6 +20,19 @@ _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 # `cpu` status → what a repro needs ("reproduced" and "plausible" need no more than one CPU process).
 NEEDS = {"gpu_only": "gpu", "multi_rank": "multi-rank"}
 CPU_STATUSES = ("reproduced", "plausible", "gpu_only", "multi_rank")
+THEMES = (
+    "AC × compile",
+    "SAC × compile",
+    "MoE × compile",
+    "AC × MoE routing",
+    "randomness",
+    "memory budget",
+    "remat",
+    "offload",
+    "FSDP and parallelism",
+    "stacks",
+)
+"""What a case is about, in the order the central list's page groups them (each case has one)."""
 
 _REPORT_KEYS = {
     "classification",
@@ -57,6 +70,7 @@ def _shows(text: str, patterns) -> bool:
 class Case:
     id: str
     title: str
+    theme: str
     configuration: str
     symptom: str
     mechanism: str
@@ -203,6 +217,10 @@ def cases() -> tuple[Case, ...]:
     )
     out = []
     for c in data["cases"]:
+        if c.get("theme") not in THEMES:
+            raise ConfigError(
+                "catalogue.json", f"{c['id']}.theme", f"{c.get('theme')!r} is not a theme.", f"use one of {THEMES}."
+            )
         for alt in (c.get("signature") or {}).get("any_of") or ():
             if unknown := set(alt) - _REPORT_KEYS:
                 raise ConfigError(
@@ -215,6 +233,7 @@ def cases() -> tuple[Case, ...]:
             Case(
                 id=c["id"],
                 title=c["title"],
+                theme=c["theme"],
                 configuration=c["configuration"],
                 symptom=c["symptom"],
                 mechanism=c["mechanism"],

@@ -194,6 +194,11 @@ def has_script(case_id: str) -> bool:
     return case_id in _index()
 
 
+def script_name(case_id: str) -> str:
+    """The standalone repro's module name for a case (`c65_eager_backend_checkpoint_redraws_dropout`)."""
+    return _index()[case_id]
+
+
 def script(case_id: str) -> ModuleType:
     """The standalone repro module for a case: `cNN_*.py`, or the one listing the case in its `CASES` (torch only).
     A missing optional package it imports raises ModuleNotFoundError (`check` turns that into a `Skipped`)."""
