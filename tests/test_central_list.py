@@ -44,3 +44,30 @@ def test_every_link_on_the_page_resolves():
             assert target in known, target
         else:
             assert (folder / target).resolve().exists(), target
+
+
+def test_the_committed_upgrade_page_is_what_the_catalogue_and_records_generate():
+    """docs/central-list/upgrade.md: per release pair, the cases gone and new (each case whose verdict changes, and no
+    other) and the swept cells that changed, as `python -m toolkit cases --upgrade` writes it."""
+    from toolkit import compat
+    from toolkit.analysis import store
+
+    records, skipped = store.read_results(ROOT / central_list.RECORDS)
+    assert records and not skipped
+    page = central_list.upgrade_page(records)
+    committed = (ROOT / central_list.UPGRADE).read_text()
+    assert committed == page, (
+        "docs/central-list/upgrade.md is stale: run `python -m toolkit cases --upgrade > docs/central-list/upgrade.md`"
+    )
+    releases = compat.CHECKED_ON
+    for a, b in zip(releases, releases[1:]):
+        section = page.split(f"## torch {a} → {b}")[1].split("\n## ")[0]
+        changed = {
+            c.id for c in catalogue.cases() if a in c.verified and c.verified[a] != c.verified.get(b, c.verified[a])
+        }
+        listed = set(re.findall(r"^- \*\*(C\d+)\*\*", section, re.M))
+        assert listed == changed, (a, b)
+        assert "### Swept cells (" in section
+    folder = (ROOT / central_list.UPGRADE).parent
+    for target in re.findall(r"\]\(([^)]+)\)", page):
+        assert (folder / target).resolve().exists(), target

@@ -195,9 +195,15 @@ _INERT: dict[str, tuple[_Rule, ...]] = {
     "cases": (
         (
             lambda a: a.page,
-            ("cpu", "needs", "text", "markdown", "findings", "check"),
+            ("cpu", "needs", "text", "markdown", "findings", "check", "upgrade"),
             "--page prints every case, from the catalogue alone",
             "drop {opt}, or list the cases without --page",
+        ),
+        (
+            lambda a: a.upgrade,
+            ("cpu", "needs", "text", "markdown", "findings", "check"),
+            "--upgrade prints every release pair, from the catalogue and the committed records",
+            "drop {opt}, or list the cases without --upgrade",
         ),
         (
             lambda a: bool(a.check),
@@ -281,10 +287,22 @@ def _cases_command(args) -> int:
     from ._escape import terminal_width
     from .analysis import catalogue
 
-    if args.page:
-        from .bugs.central_list import page
+    if args.page or args.upgrade:
+        import pathlib
 
-        print(page(), end="")
+        from .analysis import store
+        from .bugs import central_list
+
+        if args.page:
+            print(central_list.page(), end="")
+        else:
+            path = pathlib.Path(__file__).resolve().parents[1] / central_list.RECORDS
+            if not path.is_file():
+                raise _UsageError(
+                    f"--upgrade reads the central list's committed records, and {str(path)!r} is not there.",
+                    "run it from a checkout of the repository (they are docs/central-list/results.jsonl.xz).",
+                )
+            print(central_list.upgrade_page(store.read_results(path)[0]), end="")
         return 0
     if not args.check:
         sel = catalogue.filter(cpu=args.cpu, text=args.text, needs=args.needs)
@@ -747,6 +765,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the central list as one Markdown page (docs/central-list/README.md): every case by theme, its "
         "verdict on each release, workaround, upstream links and repro",
+    )
+    c.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="print 'Before you upgrade torch' (docs/central-list/upgrade.md): per release pair, the cases gone and "
+        "new, and the swept cells that changed, from the catalogue and the committed records",
     )
     c.add_argument(
         "--check",

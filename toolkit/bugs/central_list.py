@@ -1,21 +1,28 @@
-"""The central list as one page a maintainer reads before upgrading torch: `docs/central-list/README.md`.
+"""The central list's two pages: every case at a glance, and what changes from one torch release to the next.
 
-Every catalogued case once, silently wrong gradients first, then by theme: what happens, its verdict on each torch
-release the toolkit checks, the workaround, the upstream threads and the repro to run. Generated from the catalogue
-alone (`python -m toolkit cases --page`), so the page and the catalogue cannot disagree; the per-cell detail stays
-in `matrix.md`, `matrix.html` and the records beside it.
+`page()` (`docs/central-list/README.md`): every catalogued case once, silently wrong gradients first, then by theme,
+with what happens, its verdict on each torch release the toolkit checks, the workaround, the upstream threads and
+the repro to run, from the catalogue alone (`python -m toolkit cases --page`). `upgrade_page(records)`
+(`docs/central-list/upgrade.md`): per pair of consecutive releases, the cases fixed and the cases that appeared, and
+the swept cells that classify differently or save other bytes, grouped by why (`python -m toolkit cases --upgrade`).
+The per-cell detail stays in `matrix.md`, `matrix.html` and the records beside them.
 """
 
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 from .. import _escape, compat
 from ..analysis.catalogue import THEMES, Case, cases
+from ..instrument.records import fmt_bytes
 from . import has_script, script_name
 
 PAGE = pathlib.Path("docs") / "central-list" / "README.md"
 """Where the page is committed, from the repository's root (GitHub shows it on opening the folder)."""
+UPGRADE = pathlib.Path("docs") / "central-list" / "upgrade.md"
+RECORDS = pathlib.Path("docs") / "central-list" / "results.jsonl.xz"
+"""The committed records of the central list's sweep, on every checked release: what `upgrade_page` reads."""
 
 _VERDICT = {"reproduced": "reproduces", "fixed": "fixed", "not reproduced": "not yet"}
 _UNCHECKED = {"gpu_only": "needs CUDA", "multi_rank": "needs ranks", "plausible": "not shown on CPU"}
@@ -96,4 +103,104 @@ def page() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["PAGE", "page"]
+def _by_release(records: dict[str, dict]) -> dict[str, Any]:
+    """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does."""
+    from ..analysis.catalogue import torch_release
+    from ..analysis.matrix import MatrixResult, Row
+
+    rows: dict[str, dict[Any, Row]] = {}
+    for key, rec in records.items():
+        cell, report = rec["_cell"], rec["_report"]
+        release = report.environment.get("torch")
+        if cell.bare or not release:
+            continue
+        rows.setdefault(torch_release(release), {})[cell] = Row(key, cell, report)
+    return {t: MatrixResult(list(r.values()), {"torch": t}) for t, r in rows.items()}
+
+
+def _why_bytes(a: Any, b: Any) -> str:
+    """What moved the saved bytes of one cell between two releases: the op whose saved bytes changed most, and what
+    the matrix knows of it."""
+    from ..analysis.matrix import KNOWN_SAVE_CHANGES
+
+    deltas = {op: b.saved.by_op.get(op, 0) - a.saved.by_op.get(op, 0) for op in {*a.saved.by_op, *b.saved.by_op}}
+    op = max(sorted(deltas), key=lambda o: abs(deltas[o]))
+    return f"{op}" + (f": {KNOWN_SAVE_CHANGES[op]}" if op in KNOWN_SAVE_CHANGES else "")
+
+
+def _cases_changed(a: str, b: str) -> list[str]:
+    fixed = [
+        c for c in cases() if c.verified.get(a) == "reproduced" and c.verified.get(b) in ("fixed", "not reproduced")
+    ]
+    began = [
+        c for c in cases() if c.verified.get(a) in ("fixed", "not reproduced") and c.verified.get(b) == "reproduced"
+    ]
+    lines = []
+    for title, selection in ((f"Gone on {b}", fixed), (f"New on {b}", began)):
+        lines += ["", f"### {title} ({len(selection)})", ""]
+        lines += [f"- **{c.id}** {_escape.markdown(c.title)} ({_repro(c)})" for c in selection] or ["- none"]
+    return lines
+
+
+def _cells_changed(a: str, b: str, old: Any, new: Any) -> list[str]:
+    labels: dict[tuple[str, str], list[str]] = {}
+    named: dict[tuple[str, str], set[str]] = {}
+    saved: dict[str, list[tuple[str, int, int]]] = {}
+    compared = 0
+    for r in new.rows:
+        o = old.row_of(r.cell)
+        if o is None:
+            continue
+        compared += 1
+        la, lb = o.classification.label, r.classification.label
+        if la != lb:
+            labels.setdefault((la, lb), []).append(r.cell.label)
+            named.setdefault((la, lb), set()).update(o.classification.cases, r.classification.cases)
+        elif o.report.ok and r.report.ok and o.report.saved.total_bytes != r.report.saved.total_bytes:
+            why = _why_bytes(o.report, r.report)
+            saved.setdefault(why, []).append((r.cell.label, o.report.saved.total_bytes, r.report.saved.total_bytes))
+    n_labels, n_saved = sum(map(len, labels.values())), sum(map(len, saved.values()))
+    lines = [
+        "",
+        f"### Swept cells ({compared} measured on both)",
+        "",
+        f"{n_labels} classify differently and {n_saved} save other bytes for backward.",
+    ]
+    if labels:
+        lines += ["", f"| on {a} | on {b} | cells | cases named | for example |", "| --- | --- | --- | --- | --- |"]
+        for (la, lb), cells in sorted(labels.items(), key=lambda e: (-len(e[1]), e[0])):
+            ids = ", ".join(sorted(named[(la, lb)], key=lambda i: int(i[1:]))) or "-"
+            lines.append(f"| {la} | {lb} | {len(cells)} | {ids} | {_escape.markdown(sorted(cells)[0])} |")
+    if saved:
+        lines += ["", "| the op whose saved bytes moved most, and why | cells | for example |", "| --- | --- | --- |"]
+        for why, cells in sorted(saved.items(), key=lambda e: (-len(e[1]), e[0])):
+            label, x, y = sorted(cells)[0]
+            example = f"{_escape.markdown(label)}: {fmt_bytes(x)} → {fmt_bytes(y)}"
+            lines.append(f"| {_escape.markdown(why)} | {len(cells)} | {example} |")
+    return lines
+
+
+def upgrade_page(records: dict[str, dict]) -> str:
+    """ "Before you upgrade torch": per pair of consecutive checked releases, the cases gone and new (the catalogue's
+    verdicts) and the swept cells that changed (`records`, as `store.read_results` reads the committed ones)."""
+    releases = compat.CHECKED_ON
+    results = _by_release(records)
+    lines = [
+        "# Before you upgrade torch",
+        "",
+        f"What changes between the torch releases the toolkit checks ({' → '.join(releases)}): the known cases that "
+        "are gone or new (from [the central list](README.md)), and the cells of the central list's sweep that "
+        "classify differently or save other bytes for backward, grouped by why. Generated by "
+        "`python -m toolkit cases --upgrade` from the catalogue and the committed records "
+        "(`results.jsonl.xz`); a new release adds its column when its sweep is merged into them.",
+    ]
+    for a, b in zip(releases, releases[1:]):
+        lines += ["", f"## torch {a} → {b}", *_cases_changed(a, b)]
+        if a in results and b in results:
+            lines += _cells_changed(a, b, results[a], results[b])
+        else:
+            lines += ["", "### Swept cells", "", f"The records hold no sweep on {a if a not in results else b}."]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["PAGE", "RECORDS", "UPGRADE", "page", "upgrade_page"]
