@@ -54,8 +54,29 @@ def sanitized(text: str) -> str:
     return text
 
 
-BUILD = re.compile(r"\b\d+\.\d+\.\d+\+(cpu|cu\d+|rocm[\d.]*|xpu)\b")
-"""A torch build string (2.13.0+cpu, 2.14.1+cu130): it names the wheel the notebook last ran on."""
+def _execute_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebooks_execute", ROOT / "notebooks" / "execute.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BUILD = _execute_module().BUILD
+"""A torch build string (2.13.0+cpu, 2.14.1+cu130): it names the wheel the notebook last ran on (one home:
+notebooks/execute.py, which strips it from what it commits)."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_committed_output_names_the_machine_it_ran_on(path):
+    """Every output as committed (ignored cells and figures included): no torch build, no run's environment line.
+    `python notebooks/execute.py` commits the sanitizer's placeholders in their place (`--strip` does only that)."""
+    for i, cell in enumerate(cells(path)):
+        for out in cell.get("outputs", []):
+            text = json.dumps({k: out.get(k) for k in ("text", "data")})
+            assert not BUILD.search(text), f"{path.name} cell {i}: {BUILD.search(text).group(0)}"
+            assert not re.search(r"this run:  (?!<ENVIRONMENT>)", text), f"{path.name} cell {i}: an environment line"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
