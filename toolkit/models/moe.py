@@ -40,21 +40,6 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-EXPERTS_ATTRS = ("routed_experts", "experts")
-"""Where an MoE keeps its routed experts, by attribute: `routed_experts` (torchtitan 0.3.0's dispatch and inner experts,
-main's), `experts` (the 2025 layout, transformers' families). The one home of the experts' location."""
-
-
-def experts_attr(layout: str) -> str:
-    """The attribute holding a toolkit MoE's routed experts in `layout`."""
-    return "experts" if layout == "torchtitan_2025" else "routed_experts"
-
-
-def experts_child(moe: nn.Module) -> nn.Module | None:
-    """The routed experts of any MoE module (the toolkit's, torchtitan's, transformers'), or None."""
-    return next((c for a in EXPERTS_ATTRS if isinstance(c := getattr(moe, a, None), nn.Module)), None)
-
-
 class SwiGLU:
     """main's `moe.routed_experts.activation_fn`: a plain callable, not a module (no parameters)."""
 
@@ -580,3 +565,18 @@ def init_feed_forward(ffn: FeedForward, std: float) -> None:
     nn.init.trunc_normal_(w3, std=std)
     ffn.w13.weight[0].copy_(w1)
     ffn.w13.weight[1].copy_(w3)
+
+
+EXPERTS_ATTRS = ("routed_experts", "experts")
+"""Where an MoE keeps its routed experts, by attribute: `routed_experts` (torchtitan 0.3.0's dispatch and inner experts,
+main's), `experts` (the 2025 layout, transformers' families). The one home of the experts' location."""
+
+
+def experts_attr(layout: str) -> str:
+    """The attribute holding a toolkit MoE's routed experts in `layout`."""
+    return "experts" if layout == "torchtitan_2025" else "routed_experts"
+
+
+def experts_child(moe: nn.Module) -> nn.Module | None:
+    """The routed experts of any MoE module (the toolkit's, torchtitan's, transformers'), or None."""
+    return next((c for a in EXPERTS_ATTRS if isinstance(c := getattr(moe, a, None), nn.Module)), None)
