@@ -53,6 +53,28 @@ def test_nothing_planted_in_a_sweep_folder_is_written_through(tmp_path_factory, 
     assert sorted(p.name for p in tmp.iterdir()) == ["out", "users_file.txt"]
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(OWNED), content=st.binary(min_size=1, max_size=64))
+def test_a_users_own_file_by_a_sweeps_name_is_never_cut_appended_to_or_replaced(tmp_path_factory, name, content):
+    """A regular file of someone else's in a sweep folder, named as the sweep's own (notes.txt saved as
+    results.jsonl, a matrix.md of one's own): the sweep opens the folder and keeps every byte of it (an empty file,
+    or one that begins as the toolkit writes that file, is the sweep's), or refuses it on `sweep.out`, naming it.
+    A results.jsonl whose last line had no newline used to lose that line as 'torn'."""
+    from hypothesis import assume
+
+    tmp = tmp_path_factory.mktemp("own")
+    out = tmp / "out"
+    out.mkdir()
+    begins = {**store._BEGINS, store.RESULTS: b'{"key": "', store.LOCK: b"pid "}
+    assume(not (content.startswith(begins[name]) or begins[name].startswith(content)))
+    (out / name).write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        with store.Folder(out) as folder:
+            folder.append({"key": "k"})
+    assert e.value.field == "out" and name in str(e.value)
+    assert (out / name).read_bytes() == content
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(KINDS), mode=st.sampled_from(["a", "r+", "r+b"]), content=st.binary(max_size=64))
 def test_the_writer_opens_only_the_regular_file_it_keeps(tmp_path_factory, kind, mode, content):

@@ -168,8 +168,11 @@ def read_head(path: str | os.PathLike, n: int) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too, and reads as an error
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as f:
-        return f.read(n) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return f.read(n)
 
 
 def read_capped(path: str | os.PathLike, owner: str, field: str, cap: int = CONFIG_CAP, *, name: str = "") -> str:

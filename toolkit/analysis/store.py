@@ -28,6 +28,14 @@ from .cells import Cell
 RESULTS = "results.jsonl"
 LOCK = ".sweep.lock"
 OUTPUTS = ("matrix.json", "matrix.md", "matrix.html")
+_BEGINS = {
+    "matrix.json": b'{\n "environment": ',
+    "matrix.md": "# AC × compile × MoE: the central list".encode(),
+    "matrix.html": b"<!DOCTYPE html><html><head><meta charset='utf-8'>",
+}
+"""How each file a sweep writes into its folder begins (with `RESULTS` and `LOCK`, below): one that exists, is not
+empty and begins otherwise is not a sweep's (a user's own file of that name), and is refused before any cell runs,
+never appended to, cut or replaced."""
 
 
 # ------------------------------------------------------------------------------------------------ results.jsonl
@@ -283,6 +291,17 @@ class Folder:
                     f"{str(p / name)!r} is a symlink (to {os.readlink(p / name)!r}); the toolkit does not read or "
                     "write its own files through one.",
                     "remove the link (what it points to is left as it is), or pass another folder.",
+                )
+        begins = {**_BEGINS, RESULTS: b'{"key": "', LOCK: b"pid "}
+        for name, start in begins.items():
+            head = _files.read_head(p / name, len(start))
+            if head and not (head.startswith(start) or start.startswith(head)):  # a torn first line is a prefix
+                raise ConfigError(
+                    "sweep",
+                    "out",
+                    f"{str(p / name)!r} exists and is not a sweep's (it does not begin as the toolkit writes it): the "
+                    "sweep would append to it, cut it or replace it.",
+                    "move it away, or pass another folder.",
                 )
         try:
             p.mkdir(parents=True, exist_ok=True)
