@@ -21,7 +21,6 @@ from .ac import blocks
 from .naming import unwrap
 from .settings import record
 
-FSDPMode = Literal["none", "blocks", "blocks+experts"]
 FsdpMode = Literal["none", "blocks", "blocks+experts"]
 FSDP_MODES: tuple[str, ...] = typing.get_args(FsdpMode)
 
@@ -58,7 +57,7 @@ def process_group() -> Iterator[tuple[int, int]]:
             os.environ["GLOO_SOCKET_IFNAME"] = old
 
 
-def apply_fsdp(model: nn.Module, mode: FSDPMode = "blocks") -> nn.Module:
+def apply_fsdp(model: nn.Module, mode: FsdpMode = "blocks") -> nn.Module:
     """Shard `model` with FSDP2 on the default process group, as torchtitan 0.3.0's `apply_fsdp_to_decoder` lays
     it out: `tok_embeddings`; `norm` + the output head together, kept unsharded after the forward; every block of
     `model.layers`; then the root. `mode="blocks+experts"` first gives each MoE's routed experts a unit of their
