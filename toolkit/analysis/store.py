@@ -33,9 +33,24 @@ _BEGINS = {
     "matrix.md": "# AC × compile × MoE: the central list".encode(),
     "matrix.html": b"<!DOCTYPE html><html><head><meta charset='utf-8'>",
 }
-"""How each file a sweep writes into its folder begins (with `RESULTS` and `LOCK`, below): one that exists, is not
-empty and begins otherwise is not a sweep's (a user's own file of that name), and is refused before any cell runs,
-never appended to, cut or replaced."""
+"""How each file a sweep writes into its folder begins (with the lock's, below): one that exists, is not empty and
+begins otherwise is not a sweep's (a user's own file of that name), and is refused before any cell runs, never cut
+or replaced. A results.jsonl is the sweep's when one of its lines is a record (`_sweeps_own`): junk lines in a
+sweep's own results are skipped and named, not a reason to refuse it."""
+_RECORD_BEGINS = b'{"key": "'
+
+
+def _sweeps_own(path: pathlib.Path) -> bool:
+    """Is `path` missing, empty, or a file a sweep wrote (see `_BEGINS`)? Never blocks: not a regular file is
+    'missing' here (the folder's other checks refuse it)."""
+    if path.name == RESULTS:
+        head = _files.read_head(path, 1)
+        if not head:
+            return True
+        return any(isinstance(raw, bytes) and raw.startswith(_RECORD_BEGINS) for _, raw in _lines(path))
+    start = _BEGINS.get(path.name, b"pid " if path.name == LOCK else b"")
+    head = _files.read_head(path, len(start))
+    return not head or head.startswith(start) or start.startswith(head)  # a torn write is a prefix
 
 
 # ------------------------------------------------------------------------------------------------ results.jsonl
@@ -292,15 +307,13 @@ class Folder:
                     "write its own files through one.",
                     "remove the link (what it points to is left as it is), or pass another folder.",
                 )
-        begins = {**_BEGINS, RESULTS: b'{"key": "', LOCK: b"pid "}
-        for name, start in begins.items():
-            head = _files.read_head(p / name, len(start))
-            if head and not (head.startswith(start) or start.startswith(head)):  # a torn first line is a prefix
+        for name in (*_BEGINS, RESULTS, LOCK):
+            if not _sweeps_own(p / name):
                 raise ConfigError(
                     "sweep",
                     "out",
-                    f"{str(p / name)!r} exists and is not a sweep's (it does not begin as the toolkit writes it): the "
-                    "sweep would append to it, cut it or replace it.",
+                    f"{str(p / name)!r} exists and is not a sweep's (not as the toolkit writes that file): the sweep "
+                    "would append to it, cut it or replace it.",
                     "move it away, or pass another folder.",
                 )
         try:
