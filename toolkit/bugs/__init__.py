@@ -14,6 +14,7 @@ A bug notebook prints `header(case)`, reproduces the case (a `Scenario` run, or 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -170,9 +171,11 @@ class Skipped:
         return f"{self.case} skipped: {self.reason}"
 
 
+@functools.cache
 def _index() -> dict[str, str]:
     """Case id → standalone module name, read from each script's `CASE` / `CASES` constants without importing it
-    (a script for one case may import an optional package that another case does not need)."""
+    (a script for one case may import an optional package that another case does not need). Read once: the scripts
+    are the package's own files (the central list's page asks for every case)."""
     import ast
 
     pkg = importlib.import_module(_PACKAGE)
