@@ -101,8 +101,9 @@ def _output_bytes(out: Any) -> int:
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and not t.is_meta:
             st = t.untyped_storage()
-            if compat.storage_key(st) not in seen:
-                seen.add(compat.storage_key(st))
+            key = compat.storage_key(st)
+            if key not in seen:
+                seen.add(key)
                 total += st.nbytes()
     return total
 

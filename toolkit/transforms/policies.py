@@ -87,8 +87,9 @@ def _out_bytes(ctx) -> int | None:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):  # fake and functional tensors at trace time have none
                 return None
-            if compat.storage_key(st) not in seen:
-                seen.add(compat.storage_key(st))
+            key = compat.storage_key(st)
+            if key not in seen:
+                seen.add(key)
                 total += st.nbytes()
     return total
 

@@ -147,10 +147,9 @@ class StepState:
         if not is_real(t):
             return
         st = t.untyped_storage()
-        if compat.storage_key(st) not in self.held_inputs:
-            self.held_inputs[compat.storage_key(st)] = Held(
-                StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes()
-            )
+        key = compat.storage_key(st)
+        if key not in self.held_inputs:
+            self.held_inputs[key] = Held(StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes())
 
     def module(self) -> str:
         return self.stack[-1] if self.stack else ""
