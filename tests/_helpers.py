@@ -188,3 +188,12 @@ def state_diff(before: dict, after: dict) -> dict:
         elif a != b:
             out[section] = (a, b)
     return out
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the only address a test talks to)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,6 +4,7 @@ RNG stashes + SAC caches, parameters and buffers excluded, each storage at its s
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -157,12 +158,14 @@ class CountingBackend:
 RNG_EVENT = "truth::rng_state"
 
 
-def cpu_peaks(step) -> tuple[int, int]:
+def cpu_peaks(step, *, main_thread_only: bool = False) -> tuple[int, int]:
     """`(raw, outliving)`: the high-water mark of one call of `step()` above its start, replayed from the profiler's
     CPU allocation events — every allocation (`raw`), and only those that outlive the aten op that made them
     (`outliving`: no kernel-internal workspace, such as a bf16 GEMM's packing buffers or the CPU flash-attention
     kernels' scratch, which a fake kernel never makes), leaving out RNG states (`torch.get_rng_state`) and Python
-    numbers wrapped into 0-dim tensors too (host memory on a GPU)."""
+    numbers wrapped into 0-dim tensors too (host memory on a GPU). `main_thread_only`: leave out what other threads
+    allocate (gloo's worker threads run the collectives on copies of their own; NCCL works in the buffers given)."""
+
     import gc
 
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -188,7 +191,7 @@ def cpu_peaks(step) -> tuple[int, int]:
         if node.tag == _EventType.Allocation:
             f = node.extra_fields
             if f.device.type == "cpu":
-                allocs.append((node.start_time_ns, f.alloc_size, f.ptr, op, rng))
+                allocs.append((node.start_time_ns, f.alloc_size, f.ptr, op, rng, node.start_tid))
             return
         if op is None and node.name.startswith("aten::"):
             op = node
@@ -200,7 +203,7 @@ def cpu_peaks(step) -> tuple[int, int]:
         walk(root, None, False)
     allocs.sort(key=lambda a: a[0])
     freed_at, open_ = {}, {}
-    for t, size, ptr, _op, _rng in allocs:
+    for t, size, ptr, _op, _rng, _tid in allocs:
         if size > 0:
             open_[ptr] = t
         elif ptr in open_:
@@ -208,9 +211,9 @@ def cpu_peaks(step) -> tuple[int, int]:
 
     def replay(skip) -> int:
         live, total, peak = {}, 0, 0
-        for t, size, ptr, op, rng in allocs:
+        for t, size, ptr, op, rng, tid in allocs:
             if size > 0:
-                if skip(t, size, ptr, op, rng):
+                if skip(t, size, ptr, op, rng, tid):
                     continue
                 live[ptr] = size
                 total += size
@@ -219,7 +222,7 @@ def cpu_peaks(step) -> tuple[int, int]:
             peak = max(peak, total)
         return peak
 
-    def inside_op_or_rng(t, size, ptr, op, rng):
+    def inside_op_or_rng(t, size, ptr, op, rng, tid):
         freed = freed_at.get((ptr, t))
         # Outside any op, 8 bytes: a Python number operand (`order_N // top_k`, `scores * scale`) that torch's
         # binding wraps into a 0-dim int64 / float64 CPU tensor before the op; autograd may keep it for backward.
@@ -227,7 +230,13 @@ def cpu_peaks(step) -> tuple[int, int]:
         wrapped_number = op is None and size == 8
         return rng or wrapped_number or (op is not None and freed is not None and freed <= op.end_time_ns)
 
-    return replay(lambda *a: False), replay(inside_op_or_rng)
+    # The step's own thread: the one that made most of the allocations inside aten ops.
+    main = Counter(a[5] for a in allocs if a[3] is not None).most_common(1)[0][0] if allocs else None
+
+    def skipped(t, size, ptr, op, rng, tid):
+        return inside_op_or_rng(t, size, ptr, op, rng, tid) or (main_thread_only and tid != main)
+
+    return replay(lambda *a: False), replay(skipped)
 
 
 @contextlib.contextmanager

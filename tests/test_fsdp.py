@@ -3,14 +3,13 @@ and 2 (torchrun); FSDP's all-gathered parameters, resized to 0 by the end of the
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-from _helpers import extra
+from _helpers import extra, free_port
 from _truth import Truth, patch_sac_contexts
 from torch import nn
 
@@ -21,12 +20,6 @@ from toolkit import compat
 HERE = os.path.dirname(__file__)
 # The truth puts its own saved-tensor hooks around SAC regions: torch 2.14 warns about those (C42), not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:FutureWarning")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

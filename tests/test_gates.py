@@ -659,6 +659,7 @@ _JUNK_VALUES = ["0", "-1", "1e309", "nan", "x", "\u202ex", "\x1b[31m", "10000000
 _OPTIONS = {
     "run": ["--preset", "--config", "--list", "--json", "--isolate", "--timeout-s", "--strict", "--no-refs", "--nproc"],
     "cases": ["--cpu", "--needs", "--text", "--findings", "--markdown", "--check", "--page"],
+    "plan": ["--preset", "--config", "--shape", "--layers", "--budget", "--world-size", "--backend", "--json"],
     "matrix": [
         "--quick", "--full", "--backend", "--stack", "--only", "--timeout-s", "--workers", "--executor", "--cold",
         "--cluster", "--time-min", "--cpus-per-cell", "--keep-timeouts", "--no-bare", "--blocks", "--model",
@@ -670,6 +671,7 @@ _GOOD = {
     "--preset": "moe_full_ac", "--timeout-s": "5", "--nproc": "2", "--cpu": "reproduced", "--needs": "cpu",
     "--text": "router", "--check": "C2", "--backend": "aot_eager", "--stack": "toolkit", "--only": "AC full",
     "--workers": "1", "--executor": "local", "--cluster": "local", "--time-min": "5", "--cpus-per-cell": "1",
+    "--budget": "1GiB", "--world-size": "2", "--shape": "deepseek_v3_layer", "--layers": "2",
 }  # fmt: skip
 """A value each option takes, so that the search also reaches command lines that pass every check."""
 
@@ -678,8 +680,10 @@ _GOOD = {
 def _argv(draw):
     command = draw(st.sampled_from(sorted(_OPTIONS)))
     argv = [command]
-    if command == "run" and draw(st.booleans()):
+    if command in ("run", "plan") and draw(st.booleans()):
         argv += ["--preset", _GOOD["--preset"]]  # the one option `run` needs, so that more lines get through
+    if command == "plan" and draw(st.booleans()):
+        argv += ["--budget", _GOOD["--budget"]]
     for opt in draw(st.lists(st.sampled_from(_OPTIONS[command]), max_size=4)):
         argv.append(opt)
         value = draw(st.sampled_from(["none", "good", "junk"]))
@@ -699,6 +703,7 @@ def test_any_command_line_is_run_or_refused_in_one_line_never_a_traceback(argv, 
     a refusal is one `error:` line naming an option, and nothing it prints holds a character a terminal would act on.
     A `run` that gets through is stopped where it would measure, holding a checked Scenario."""
     from toolkit import _escape, bugs, execution
+    from toolkit.analysis import plan
 
     def would_run(scenario, *a, **k):
         raise _WouldRun(scenario)
@@ -706,6 +711,7 @@ def test_any_command_line_is_run_or_refused_in_one_line_never_a_traceback(argv, 
     monkeypatch.setattr(execution, "run", would_run)
     monkeypatch.setattr(execution, "run_distributed", would_run)
     monkeypatch.setattr(bugs, "check", would_run)  # `cases --check C2` would run a repro
+    monkeypatch.setattr(plan, "plan", would_run)  # a plan would size ~20 setups
     monkeypatch.chdir(tmp_path)
     try:
         code = _exit_code(argv)

@@ -64,6 +64,7 @@ __all__ = [
     "estimate",
     "Estimate",
     "LAYER_SHAPES",
+    "plan",
     "run_distributed",
     "DistributedReport",
     "TorchtitanConfig",

@@ -5,6 +5,7 @@
 from . import bugs, compat
 from ._config import ConfigError
 from .analysis import catalogue, classify, matrix, sweep
+from .analysis.plan import plan
 from .bugs import repro
 from .estimation import LAYER_SHAPES, Estimate, estimate
 from .execution import DistributedReport, measure, run, run_distributed

@@ -155,6 +155,29 @@ def check_bool(owner: str, field: str, value: Any) -> None:
         raise ConfigError(owner, field, f"{value!r} is not a bool.", "pass True or False.")
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def check_bytes(owner: str, field: str, value: Any) -> int:
+    """A memory size as bytes: a positive whole number, or a number and a unit as text (`"80GiB"`, `"80 GB"`,
+    `"1.5 TiB"`; GiB = 2**30 bytes, GB = 10**9). Returns the bytes."""
+    import math
+    import re
+
+    example = "pass e.g. budget='80GiB', '141 GB' or 85899345920 (bytes)."
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**62:
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]{0,3})\s*", value) if isinstance(value, str) else None
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ConfigError(owner, field, f"{_short(value)} is not a memory size.", example)
+    n = float(m.group(1)) * _UNITS[unit]
+    if not (math.isfinite(n) and 1 <= n < 2**62):
+        raise ConfigError(owner, field, f"{_short(value)} is not a memory size between 1 B and 4 EiB.", example)
+    return int(n)
+
+
 def check_number(
     owner: str,
     field: str,

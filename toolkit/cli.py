@@ -282,6 +282,25 @@ def _run_command(args) -> int:
     return EXIT_SILENT if args.strict and cl.label in SILENT else EXIT_OK
 
 
+def _plan_command(args) -> int:
+    from ._config import check_bytes
+    from .analysis.plan import candidates, plan
+    from .estimation.estimates import LAYER_SHAPES
+    from .measurement import Scenario
+
+    budget = check_bytes("plan", "budget", args.budget)  # before the model is read or anything sized
+    if args.shape is not None:
+        scenario = Scenario(model=LAYER_SHAPES[args.shape], name=args.shape)
+    else:
+        scenario = _load_scenario(args)
+    if args.layers is not None:
+        scenario = scenario.replace(model=scenario.model.replace(n_layers=args.layers))
+    setups = candidates(tuple(args.backend)) if args.backend else None
+    result = plan(scenario, budget=budget, world_size=args.world_size, setups=setups)
+    print(result.to_json() if args.json else str(result))
+    return 0
+
+
 def _cases_command(args) -> int:
     from . import bugs
     from ._escape import terminal_width
@@ -642,6 +661,9 @@ subcommands:
   cases    the catalogue of known composability cases {cases} as a terminal table (--markdown for markdown):
            what a repro needs (cpu / gpu / multi-rank), its notebook, the verdict for the installed torch;
            --check re-runs their standalone repros
+  plan     will it fit: size about 20 AC x compile setups for one rank of --world-size N (FSDP2) on fake
+           tensors, drop those the central list marks broken on this torch, and pick the one that fits --budget
+           at the least recompute (FLOPs)
   env      this torch and every private torch API the toolkit relies on: available or not
   matrix   sweep AC x compile x MoE, each cell in its own subprocess, and write matrix.md / .json / .html
            (python -m toolkit matrix --help for its options)
@@ -675,6 +697,7 @@ same setup without AC (and, for a selective mode, with full AC), which sac_not_a
 def _parser() -> argparse.ArgumentParser:
     from ._config import MAX_RANKS, arg_type, check_int, check_seconds
     from .analysis.catalogue import CPU_STATUSES, cases
+    from .estimation.estimates import LAYER_SHAPES
 
     ids = [c.id for c in cases()]
     parser = _Parser(
@@ -686,7 +709,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     # Each subcommand is described once, in _OVERVIEW (argparse's own list wraps them into a narrow column).
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{demo,run,cases,env,matrix,lab}", help="one of the subcommands below"
+        dest="command",
+        required=True,
+        metavar="{demo,run,cases,plan,env,matrix,lab}",
+        help="one of the subcommands below",
     )
     d = sub.add_parser("demo", description="Train a small MoE model under six AC / compile setups and print one table.")
     d.add_argument(
@@ -778,6 +804,38 @@ def _parser() -> argparse.ArgumentParser:
         metavar="CASE",
         help="run the standalone repro of these cases (or 'all') and check their signatures on this torch",
     )
+    p = sub.add_parser(
+        "plan",
+        description="Will it fit: the AC x compile setup that fits a per-rank memory budget at the least recompute, "
+        "among those the central list does not mark broken on this torch (sized on fake tensors).",
+    )
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", metavar="NAME", help="a named scenario (run --list shows them)")
+    model.add_argument("--config", metavar="FILE", help="a Scenario JSON file (what Scenario.to_json() writes)")
+    model.add_argument("--shape", choices=list(LAYER_SHAPES), help="a published MoE layer at full size")
+    p.add_argument(
+        "--layers",
+        type=arg_type(lambda v: check_int("plan", "layers", v, 1, 4096), convert=int, example="--layers 61"),
+        default=None,
+        metavar="N",
+        help="transformer blocks of the model (default: the scenario's or the shape's)",
+    )
+    p.add_argument("--budget", required=True, metavar="SIZE", help="memory per rank, e.g. 80GiB or '141 GB'")
+    p.add_argument(
+        "--world-size",
+        type=arg_type(lambda v: check_int("plan", "world_size", v, 1, 1 << 20, "ranks"), convert=int),
+        default=1,
+        metavar="N",
+        help="ranks FSDP2 shards the model over (default 1: one device)",
+    )
+    p.add_argument(
+        "--backend",
+        nargs="+",
+        choices=["aot_eager", "inductor"],
+        default=None,
+        help="compile backends of the compiled setups (default both, inductor where it runs on fake tensors)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     sub.add_parser(
         "env", description="This torch, and every private torch API the toolkit relies on: available or not."
     )
@@ -832,6 +890,8 @@ def _main(argv: list[str] | None) -> int:
         return _run_command(args)
     if args.command == "cases":
         return _cases_command(args)
+    if args.command == "plan":
+        return _plan_command(args)
     if args.command == "env":
         from . import compat
         from ._extras import available

@@ -7,6 +7,7 @@ into the central list; its views are `views.MatrixViews`.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,3 +284,22 @@ def _compact(report: Report) -> dict[str, Any]:
     d = report.to_dict()
     d["saved"]["tensors"] = len(report.saved.tensors)
     return d
+
+
+RECORDS = pathlib.Path("docs") / "central-list" / "results.jsonl.xz"
+"""The committed records of the central list's sweep, on every checked release (from the repository's root): what
+the upgrade page and `tk.plan` read."""
+
+
+def by_release(records: dict[str, dict]) -> dict[str, Any]:
+    """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does."""
+    from .catalogue import torch_release
+
+    rows: dict[str, dict[Any, Row]] = {}
+    for key, rec in records.items():
+        cell, report = rec["_cell"], rec["_report"]
+        release = report.environment.get("torch")
+        if cell.bare or not release:
+            continue
+        rows.setdefault(torch_release(release), {})[cell] = Row(key, cell, report)
+    return {t: MatrixResult(list(r.values()), {"torch": t}) for t, r in rows.items()}

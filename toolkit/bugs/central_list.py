@@ -15,14 +15,13 @@ from typing import Any
 
 from .. import _escape, compat
 from ..analysis.catalogue import THEMES, Case, cases
+from ..analysis.matrix import RECORDS, by_release
 from ..instrument.records import fmt_bytes
 from . import has_script, script_name
 
 PAGE = pathlib.Path("docs") / "central-list" / "README.md"
 """Where the page is committed, from the repository's root (GitHub shows it on opening the folder)."""
 UPGRADE = pathlib.Path("docs") / "central-list" / "upgrade.md"
-RECORDS = pathlib.Path("docs") / "central-list" / "results.jsonl.xz"
-"""The committed records of the central list's sweep, on every checked release: what `upgrade_page` reads."""
 
 _VERDICT = {"reproduced": "reproduces", "fixed": "fixed", "not reproduced": "not yet"}
 _UNCHECKED = {"gpu_only": "needs CUDA", "multi_rank": "needs ranks", "plausible": "not shown on CPU"}
@@ -103,21 +102,6 @@ def page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _by_release(records: dict[str, dict]) -> dict[str, Any]:
-    """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does."""
-    from ..analysis.catalogue import torch_release
-    from ..analysis.matrix import MatrixResult, Row
-
-    rows: dict[str, dict[Any, Row]] = {}
-    for key, rec in records.items():
-        cell, report = rec["_cell"], rec["_report"]
-        release = report.environment.get("torch")
-        if cell.bare or not release:
-            continue
-        rows.setdefault(torch_release(release), {})[cell] = Row(key, cell, report)
-    return {t: MatrixResult(list(r.values()), {"torch": t}) for t, r in rows.items()}
-
-
 def _why_bytes(a: Any, b: Any) -> str:
     """What moved the saved bytes of one cell between two releases: the op whose saved bytes changed most, and what
     the matrix knows of it."""
@@ -184,7 +168,7 @@ def upgrade_page(records: dict[str, dict]) -> str:
     """ "Before you upgrade torch": per pair of consecutive checked releases, the cases gone and new (the catalogue's
     verdicts) and the swept cells that changed (`records`, as `store.read_results` reads the committed ones)."""
     releases = compat.CHECKED_ON
-    results = _by_release(records)
+    results = by_release(records)
     lines = [
         "# Before you upgrade torch",
         "",

@@ -131,6 +131,16 @@ _SPECS: dict[str, tuple[str, str, str]] = {
         "ACConfig(mode='remat') and the torchtitan_main recipe are refused before anything runs (a ConfigError with "
         "toolkit._extras' install line); every other mode measures as usual",
     ),
+    "fake_process_group": (
+        "torch.testing._internal.distributed.fake_pg.FakeStore and the 'fake' process-group backend",
+        "estimates at a world size above 1: FSDP2 shards over N ranks in one process, its collectives no-ops",
+        "estimates are sized for one device only (world_size=1): a per-rank estimate is refused",
+    ),
+    "flop_registry": (
+        "torch.utils.flop_counter.flop_registry (FlopCounterMode's per-op FLOP formulas)",
+        "the FLOPs of each matmul, attention and convolution an estimate runs, and so each setup's recompute in FLOPs",
+        "estimates count no FLOPs: a plan ranks setups by the forward ops they re-run",
+    ),
     "storage_placeholder": (
         "torch._C._set_storage_data_ptr_access_error_msg (CUDA builds only)",
         "whether torch_remat can stand in a placeholder for a kept region's output that recompute does not need "
@@ -407,6 +417,29 @@ def _find_torch_remat() -> _Found:
     if missing:
         return _Found(False, f"torch_remat lacks {', '.join(missing)}")
     return _Found(True, value=remat)
+
+
+def _find_fake_process_group() -> _Found:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return _Found(False, "this torch build has no torch.distributed")
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        return _Found(False, str(e))
+    if "fake" not in getattr(dist.Backend, "backend_list", ()):
+        return _Found(False, "no 'fake' process-group backend is registered")
+    return _Found(True, value=FakeStore)
+
+
+def _find_flop_registry() -> _Found:
+    try:
+        from torch.utils.flop_counter import flop_registry
+    except ImportError as e:
+        return _Found(False, str(e))
+    ok = isinstance(flop_registry, dict) and torch.ops.aten.mm in flop_registry
+    return _Found(ok, "torch.utils.flop_counter.flop_registry has no aten.mm", flop_registry)
 
 
 def _find_storage_placeholder() -> _Found:

@@ -316,6 +316,38 @@ def storage_nbytes_now(weak_cdata: int) -> int | None:
     return None if st is None else st.nbytes()
 
 
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A default process group of `world_size` fake ranks in this process (this one rank 0, every collective a
+    no-op) and its 1-D CPU device mesh ("fsdp"), for the duration; destroyed after. The mesh is made before any
+    FakeTensorMode is entered (it reads its rank map's values). The caller checks that no group exists."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=features._found["fake_process_group"].value())
+    try:
+        yield init_device_mesh("cpu", (world_size,), mesh_dim_names=("fsdp",))
+    finally:
+        dist.destroy_process_group()
+
+
+def flop_formula(func: Any) -> Callable[..., int] | None:
+    """torch's FLOP formula for an aten op (`FlopCounterMode`'s registry: matmuls, attention, convolutions), called
+    as `formula(*args, **kwargs, out_val=out)`; None for an op it does not count or when the registry is missing."""
+    f = features._found["flop_registry"]
+    return f.value.get(getattr(func, "_overloadpacket", func)) if f.ok else None
+
+
+def sdpa_flop_counts() -> tuple[Callable[..., int], Callable[..., int]] | None:
+    """torch's attention FLOP counts by shape, `(forward(q, k, v), backward(grad_out, q, k, v))`, for the attention
+    kernels its registry does not map (the CPU flash kernel)."""
+    if not features._found["flop_registry"].ok:
+        return None
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    return sdpa_flop_count, sdpa_backward_flop_count
+
+
 def fsdp_unsharded_parameters(model: nn.Module) -> tuple[list[torch.Tensor], list[str]]:
     """FSDP2's unsharded parameter tensors of every `fully_shard`-ed module under `model` (none without FSDP2), and
     the names of the FSDP2 units whose state could not be read (the caller says so: those parameters would

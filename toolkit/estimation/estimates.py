@@ -42,9 +42,10 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import compat
-from .._config import ConfigError, check_bool, check_instance
+from .._config import ConfigError, check_bool, check_instance, check_int
 from ..compat import TorchDispatchMode, tree_leaves
 from ..instrument.capture import capture_warnings
+from ..instrument.flops import flops
 from ..instrument.probes.base import StepState
 from ..instrument.probes.checkpoint_hooks import sac_bypasses_hooks_of
 from ..instrument.probes.compiled import CompiledGraphs
@@ -56,6 +57,7 @@ from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..models.moe import experts_attr
 from ..transforms import ACConfig, apply_ac, apply_compile
 from ..transforms.compile import resolve_scope
+from ..transforms.fsdp import apply_fsdp
 from ..transforms.naming import module_names, within
 from ..transforms.recipes import apply_recipe, reset
 from ..transforms.settings import torch_settings
@@ -166,10 +168,34 @@ class Estimate:
     """The compile backend followed ("eager": nothing compiled)."""
     graphs: int = 0
     """Graphs compiled in the step (forward + backward pairs count once)."""
+    world_size: int = 1
+    """Ranks the model is sharded over (FSDP2, `scenario.fsdp`): every figure is one rank's, with its own batch."""
+    reshard_after_forward: bool = True
+    unsharded_params_bytes: int = 0
+    """FSDP2's gathered parameters still held when the forward ends (units not resharded after their forward: the
+    norm and output head, or every block with `reshard_after_forward=False`): counted here, not in `saved_bytes`."""
+    grads_bytes: int = 0
+    """The gradients when backward ends (one rank's shards under FSDP2), part of `peak_bytes` as they are made."""
+    optimizer_bytes: int = 0
+    """AdamW's state: two moments like each parameter (`torch.optim.AdamW` makes them with `zeros_like`)."""
+    forward_flops: int = 0
+    """FLOPs of the forward's matmuls, attention and convolutions (torch's FLOP formulas; pointwise ops are free)."""
+    backward_flops: int = 0
+    """FLOPs run in backward: the gradients' and any recompute's (recompute is what a setup adds to the same
+    step without AC: `tk.plan` reports it)."""
+    forward_ops: int = 0
+    backward_ops: int = 0
+    """aten ops dispatched in the backward (in a compiled region: those its graph runs as ops, not fused kernels)."""
     rng_state_bytes: int = 0
     """The RNG states checkpoints stash for their recompute: host memory, the CPU generator's (5,056 B a stash). Part
     of `saved_bytes` when the estimate is sized for the CPU (`cuda_rounding=False`, as a CPU run counts them); sized
     for CUDA, host memory beside the device figures, counted here only. `peak_bytes` leaves them out."""
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """What one rank needs in a steady training step: its parameters and AdamW state, held throughout, plus the
+        step's high-water mark above them (activations, temporaries, gathered parameters, gradients)."""
+        return self.params_bytes + self.optimizer_bytes + self.peak_bytes
 
     def __str__(self) -> str:
         name = self.scenario.get("name") or "scenario"
@@ -178,6 +204,12 @@ class Estimate:
             f"estimate {name} ({rounding}): saved {fmt_bytes(self.saved_bytes)}, peak {fmt_bytes(self.peak_bytes)}, "
             f"parameters {fmt_bytes(self.params_bytes)}"
         ]
+        if self.world_size > 1 or self.scenario.get("fsdp", "none") != "none":
+            lines[0] = (
+                f"estimate {name} per rank of {self.world_size} ({rounding}): {fmt_bytes(self.per_rank_bytes)} = "
+                f"parameters {fmt_bytes(self.params_bytes)} + AdamW state {fmt_bytes(self.optimizer_bytes)} + step "
+                f"peak {fmt_bytes(self.peak_bytes)}; saved {fmt_bytes(self.saved_bytes)}"
+            )
         for mod, n in sorted(self.saved_by_module.items(), key=lambda kv: -kv[1])[:8]:
             lines.append(f"  {mod or '(model)':<34} {fmt_bytes(n):>10}")
         if self.rng_state_bytes:
@@ -216,12 +248,19 @@ def check(scenario: Scenario) -> list[str]:
     own = "estimate"
     m = scenario.model
     c = scenario.compile
-    if scenario.stack != "toolkit" or scenario.fsdp != "none":
+    if scenario.stack != "toolkit":
         raise ConfigError(
             own,
-            "stack" if scenario.stack != "toolkit" else "fsdp",
-            "estimates build the toolkit's model on one fake device, without torchtitan's code or FSDP.",
-            "pass stack='toolkit' and fsdp='none'; measure those with tk.run.",
+            "stack",
+            "estimates build the toolkit's model on fake devices, without torchtitan's or transformers' code.",
+            "pass stack='toolkit'; measure the others with tk.run.",
+        )
+    if scenario.ep != 1:
+        raise ConfigError(
+            own,
+            "ep",
+            "expert parallelism's all-to-all splits tokens by data-dependent counts, which fake tensors cannot know.",
+            "pass ep=1 (FSDP2 alone); measure expert parallelism with tk.run_distributed.",
         )
     if scenario.recipe is not None and scenario.recipe not in ESTIMATE_RECIPES:
         raise ConfigError(
@@ -345,6 +384,8 @@ class _Live(TorchDispatchMode):
         # its weak reference expires (an unwatched view may still hold it), which is checked after every op.
         self.holders: dict[int, int] = {}
         self.suspects: set[int] = set()
+        self.flops: Counter = Counter()
+        self.ops: Counter = Counter()
         self.rng: dict[int, _Storage] = {}
         """The RNG states stashed for a recompute: real CPU tensors among the fake ones (a compiled checkpoint's
         `run_and_save_rng_state`, an eager one's `torch.get_rng_state`), host memory, kept apart from the peak."""
@@ -402,8 +443,26 @@ class _Live(TorchDispatchMode):
         self.suspects.discard(key)
         weakref.finalize(t, self._released, key)
 
+    def resized(self, st: torch.UntypedStorage) -> None:
+        """A storage resized in place (FSDP2 frees a gathered parameter to 0 bytes and refills it)."""
+        ref = StorageWeakRef(st)
+        key, n = ref.cdata, self.size(st.nbytes())
+        entry = self.live.get(key)
+        if entry is not None:
+            self.total += n - entry.nbytes
+            entry.nbytes = n
+        elif n and key not in self.known:
+            self.live[key] = _Storage(ref, n, self.state.module(), "resize_", "uint8", (st.nbytes(),))
+            self.total += n
+            self.holders[key] = 0
+            self.suspects.add(key)  # no tensor of it is watched: checked by its weak reference
+        self.peak = max(self.peak, self.total)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.state.phase in ("forward", "backward"):
+            self.ops[self.state.phase] += 1
+            self.flops[self.state.phase] += flops(func, args, kwargs or {}, out)
         self.sweep()
         op = None
         for t in tree_leaves(out):
@@ -440,17 +499,56 @@ class _CompiledSaves(CompiledGraphs):
             entry.module, entry.op = self.resolve(region, gs.module), gs.op
 
 
-def _transform(scenario: Scenario, model: nn.Module) -> None:
+def _transform(scenario: Scenario, model: nn.Module, mesh: Any, reshard_after_forward: bool) -> None:
     if scenario.recipe is not None:
         apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
     else:
         apply_ac(model, scenario.ac)
         apply_compile(model, scenario.compile)
+    if mesh is not None:
+        apply_fsdp(model, scenario.fsdp, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cuda_rounding: bool = True) -> Estimate:
+MAX_WORLD_SIZE = 1 << 20
+
+
+def check_world(scenario: Scenario, world_size: int, reshard_after_forward: bool) -> None:
+    """Raise ConfigError, before any work, for a world size the estimate cannot shard over."""
+    import torch.distributed as dist
+
+    check_int("estimate", "world_size", world_size, 1, MAX_WORLD_SIZE, "ranks")
+    check_bool("estimate", "reshard_after_forward", reshard_after_forward)
+    if world_size > 1 and scenario.fsdp == "none":
+        raise ConfigError(
+            "estimate",
+            "fsdp",
+            f"world_size={world_size} with fsdp='none' would hold the whole model on every rank.",
+            "pass a Scenario with fsdp='blocks' (or 'blocks+experts') to shard it with FSDP2.",
+        )
+    if scenario.fsdp == "none":
+        return
+    if not compat.available("fake_process_group"):
+        raise ConfigError("estimate", "fsdp", compat.blind_spot("fake_process_group"), "estimate with fsdp='none'.")
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError(
+            "estimate",
+            "world_size",
+            "a process group is already initialized here; the estimate shards over a fake one of its own.",
+            "estimate outside torchrun, before init_process_group (or after destroy_process_group).",
+        )
+
+
+def estimate(
+    scenario: Scenario | ModelConfig,
+    *,
+    ac: ACConfig | None = None,
+    cuda_rounding: bool = True,
+    world_size: int = 1,
+    reshard_after_forward: bool = True,
+) -> Estimate:
     """Measure one training step of `scenario` (or a ModelConfig with `ac`, or the name of one of `LAYER_SHAPES`) on
-    fake tensors; see the module doc."""
+    fake tensors; see the module doc. With `scenario.fsdp` set, one rank of `world_size`: FSDP2 shards the model over
+    a fake process group in this process (each rank runs the scenario's batch)."""
     if isinstance(scenario, str) and scenario in LAYER_SHAPES:
         scenario = LAYER_SHAPES[scenario]
     check_instance(
@@ -468,17 +566,24 @@ def estimate(scenario: Scenario | ModelConfig, *, ac: ACConfig | None = None, cu
     elif ac is not None:
         scenario = dataclasses.replace(scenario, ac=ac)
     notes = check(scenario)
+    check_world(scenario, world_size, reshard_after_forward)
     t0 = time.perf_counter()
     sink: list[str] = []
     # A compiled estimate forgets Dynamo's graphs before and after, as tk.run does: a graph compiled on fake tensors
     # (inductor's without kernels) must never serve a real step of the same model code, nor a real one this step.
     compiled = _backend(scenario) != "eager" or scenario.compile.enabled
     with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink):
-        est = _step(scenario, cuda_rounding, notes)
+        if scenario.fsdp == "none":
+            est = _step(scenario, cuda_rounding, notes, None, True)
+        else:
+            with compat.fake_process_group(world_size) as mesh:
+                est = _step(scenario, cuda_rounding, notes, mesh, reshard_after_forward)
     return dataclasses.replace(est, seconds=round(time.perf_counter() - t0, 3))
 
 
-def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate:
+def _step(
+    scenario: Scenario, cuda_rounding: bool, notes: list[str], mesh: Any, reshard_after_forward: bool
+) -> Estimate:
     FakeTensorMode = compat.fake_tensor_mode_class()
     cfg = scenario.model.replace(device="cpu")
     backend = _backend(scenario)
@@ -490,18 +595,18 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         model.to_empty(device="cpu")
         tokens, labels = (fake.from_tensor(t) for t in batch)
-        _transform(scenario, model)
+        _transform(scenario, model, mesh, reshard_after_forward)
         stack.callback(reset, model, dynamo=False)
         # After the transforms: over the CPU-build stand-in that a remat transform puts in (it would allocate).
         stack.enter_context(compat.remat_placeholders_on_fake(fake))
         if backend == "inductor":
             stack.enter_context(compat.inductor_on_fake_tensors())
         batch_keys = {StorageWeakRef(t.untyped_storage()).cdata for t in (tokens, labels)}
-        known = batch_keys | {
-            StorageWeakRef(t.untyped_storage()).cdata for t in [*model.parameters(), *model.buffers()]
-        }
-        params_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        # Under FSDP2 a parameter is a DTensor: what the rank holds is its local shard.
+        held = [compat.local_tensor(t) for t in [*model.parameters(), *model.buffers()]]
+        known = batch_keys | {StorageWeakRef(t.untyped_storage()).cdata for t in held}
         live = _Live(CUDA_BLOCK if cuda_rounding else 1, state, known)
+        params_bytes = sum(live.size(compat.local_tensor(p).untyped_storage().nbytes()) for p in model.parameters())
         graphs = _CompiledSaves(state, set(module_names(model).values()), live)
         modules = Modules(model, state)
         inputs: dict[int, _Storage] = {}
@@ -529,6 +634,14 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
             return out
 
         stack.enter_context(compat.patched(torch, "get_rng_state", get_rng_state))
+        real_resize = torch.UntypedStorage.resize_
+
+        def resize_(storage, *args, **kwargs):  # FSDP2 frees and refills its gathered parameters by resizing
+            out = real_resize(storage, *args, **kwargs)
+            live.resized(storage)
+            return out
+
+        stack.enter_context(compat.patched(torch.UntypedStorage, "resize_", resize_))
         counted = compat.counters_snapshot()
         with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), sac_bypasses_hooks_of(pack):
             state.phase = "forward"
@@ -537,7 +650,9 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
             live.sweep_all()
             out_key = StorageWeakRef(out.untyped_storage()).cdata
             rng = {k: v for k, v in live.rng.items() if not v.ref.expired()}
-            saved = {**{k: v for k, v in live.live.items() if k != out_key}, **inputs}
+            gathered = {StorageWeakRef(t.untyped_storage()).cdata for t in compat.fsdp_unsharded_parameters(model)[0]}
+            unsharded = sum(v.nbytes for k, v in live.live.items() if k in gathered)
+            saved = {**{k: v for k, v in live.live.items() if k != out_key and k not in gathered}, **inputs}
             if not cuda_rounding:
                 # Sized for the CPU the stashes are the same memory as the rest; sized for CUDA they are host memory
                 # beside the device figures, said apart (`rng_state_bytes`).
@@ -547,6 +662,12 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
             del out
             loss.backward()
             state.phase = "idle"
+            # Under FSDP2 the gradients' shards are views of one reduce-scatter buffer per unit: counted once.
+            grads = {
+                StorageWeakRef(g.untyped_storage()).cdata: g.untyped_storage().nbytes()
+                for g in (compat.local_tensor(p.grad) for p in model.parameters() if p.grad is not None)
+            }
+            grads_bytes = sum(live.size(n) for n in grads.values())
         compiled, breaks = compat.graphs_compiled(counted)
         _check_compiled(scenario, backend, modules, graphs, compiled, breaks)
         notes += [compat.blind_spot(name) for name in sorted(graphs.blind)] + graphs.failures
@@ -572,6 +693,15 @@ def _step(scenario: Scenario, cuda_rounding: bool, notes: list[str]) -> Estimate
         backend=backend,
         graphs=compiled,
         rng_state_bytes=sum(s.nbytes for s in rng.values()),
+        world_size=mesh.size() if mesh is not None else 1,
+        reshard_after_forward=reshard_after_forward,
+        unsharded_params_bytes=unsharded,
+        grads_bytes=grads_bytes,
+        optimizer_bytes=2 * params_bytes,
+        forward_flops=live.flops["forward"],
+        backward_flops=live.flops["backward"],
+        forward_ops=live.ops["forward"],
+        backward_ops=live.ops["backward"],
     )
 
 

@@ -15,7 +15,7 @@ from typing import Iterator, Literal
 import torch
 from torch import nn
 
-from .._config import ConfigError, check_choice
+from .._config import ConfigError, check_bool, check_choice
 from ..models.moe import experts_child
 from .ac import blocks
 from .naming import unwrap
@@ -57,18 +57,23 @@ def process_group() -> Iterator[tuple[int, int]]:
             os.environ["GLOO_SOCKET_IFNAME"] = old
 
 
-def apply_fsdp(model: nn.Module, mode: FsdpMode = "blocks") -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, mode: FsdpMode = "blocks", *, mesh: object | None = None, reshard_after_forward: bool = True
+) -> nn.Module:
     """Shard `model` with FSDP2 on the default process group, as torchtitan 0.3.0's `apply_fsdp_to_decoder` lays
     it out: `tok_embeddings`; `norm` + the output head together, kept unsharded after the forward; every block of
     `model.layers`; then the root. `mode="blocks+experts"` first gives each MoE's routed experts a unit of their
     own (torchtitan's layout of PR #2052's era, whose FSDP hooks on the experts broke compile: C4). Apply it after
     AC and compile, as torchtitan does; with more than one rank, gradients are reduced by sum (gloo has no
-    PREMUL_SUM / AVG reduce-scatter)."""
+    PREMUL_SUM / AVG reduce-scatter). `mesh`: a 1-D device mesh over the default group's ranks (made here when
+    None); `reshard_after_forward=False` keeps each block's gathered parameters from its forward to its backward
+    (torchtitan's `reshard_after_forward: never`: less communication, more memory)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     check_choice("apply_fsdp", "mode", mode, FSDP_MODES)
+    check_bool("apply_fsdp", "reshard_after_forward", reshard_after_forward)
     if mode == "none":
         return model
     if not (dist.is_available() and dist.is_initialized()):
@@ -81,7 +86,8 @@ def apply_fsdp(model: nn.Module, mode: FsdpMode = "blocks") -> nn.Module:
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("this model is already sharded with FSDP2 (fully_shard); build a new one.")
     device = "cuda" if next(model.parameters()).is_cuda else "cpu"
-    mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    if mesh is None:
+        mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     dtype = next(model.parameters()).dtype
     config = dict(
         mesh=mesh,
@@ -105,8 +111,8 @@ def apply_fsdp(model: nn.Module, mode: FsdpMode = "blocks") -> nn.Module:
                 else (unwrap(c) if (c := experts_child(moe)) is not None else None)
             )
             if isinstance(experts, nn.Module):
-                fully_shard(experts, **config, reshard_after_forward=True)
-        fully_shard(layers[key], **config, reshard_after_forward=True)
+                fully_shard(experts, **config, reshard_after_forward=reshard_after_forward)
+        fully_shard(layers[key], **config, reshard_after_forward=reshard_after_forward)
     fully_shard(model, **config)
     if dist.get_world_size() > 1:
         for unit in model.modules():
