@@ -41,6 +41,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 # workers busy to the end, instead of on one worker still running notebook 05's sweep while the other waits.
 HEAVY_FIRST = (
     "tests/test_estimate.py",
+    "tests/test_plan.py",
     "notebooks/07_full_size_estimates.ipynb",
     "notebooks/04_order_matters.ipynb",
     "notebooks/05_composability_matrix.ipynb",

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import toolkit as tk
 from toolkit._config import ConfigError
 from toolkit.analysis.catalogue import torch_release
-from toolkit.analysis.plan import Plan, Setup, _records_path, _verdicts, plan
+from toolkit.analysis.plan import Plan, Setup, plan, verdicts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "distributed"))
@@ -115,13 +115,13 @@ def test_the_plan_picks_the_least_recompute_that_fits():
 
 def test_the_plan_drops_what_the_central_list_marks_broken_on_this_torch():
     broken = Setup("per_submodule", "blocks", None, "eager")
-    verdicts = _verdicts(str(_records_path()), torch_release())
+    known = verdicts(torch_release())
     result = plan(BF16, budget="1GiB", setups=(Setup("none"), broken))
     row = next(r for r in result.rows if r.ac == "per_submodule")
-    if verdicts is None:  # a release the records do not hold yet: said, nothing dropped
+    if known is None:  # a release the records do not hold yet: said, nothing dropped
         assert result.checked_on is None and "not in the central list's records" in str(result)
         return
-    label, cases, _ = verdicts[("moe:grouped_mm", "per_submodule", "blocks", None, "eager")]
+    label, cases, _ = known[("moe:grouped_mm", "per_submodule", "blocks", None, "eager")]
     assert label != "works" and row.status == "broken" and row.cases == cases and "C15" in cases
     assert row.per_rank_bytes == 0 and row.why.startswith(label)
 
@@ -136,6 +136,8 @@ def test_bad_input_is_refused_before_anything_is_sized():
         with pytest.raises(ConfigError) as e:
             plan(BF16, **kwargs)
         assert e.value.field == field
+    with pytest.raises(ConfigError, match="the toolkit's own model"):
+        plan(tk.Scenario(stack="torchtitan"), budget="1GiB")
     with pytest.raises(ConfigError, match="fsdp='blocks'"):
         tk.estimate(tk.Scenario(model=BF16), world_size=8)
     with pytest.raises(ConfigError, match="ep=1"):
@@ -161,3 +163,16 @@ def test_reshard_after_forward_off_holds_the_gathered_blocks():
     assert off.saved_bytes == on.saved_bytes
     # Every block's gathered parameters stay from its forward to its backward: about half the model at N = 2.
     assert off.unsharded_params_bytes > on.unsharded_params_bytes + on.params_bytes // 2
+
+
+def test_a_deep_model_of_alike_blocks_is_traced_short_and_extended_exactly():
+    """Seven alike blocks traced at 2, 3, … until each figure grows by the same step twice, then extended: equal, to
+    the byte, FLOP and op, to the estimate at the full depth."""
+    from toolkit.analysis.plan import _FIGURES, _size
+
+    deep = tk.Scenario(model=BF16.replace(n_layers=7, seq_len=128), fsdp="blocks")
+    for setup in (Setup("none"), Setup("full"), Setup("selective_op", "blocks", None, "aot_eager")):
+        scenario = setup.scenario(deep)
+        short, full = _size(scenario, 8, True), tk.estimate(scenario, world_size=8)
+        assert short.extrapolated_from[:3] == (2, 3, 4), setup
+        assert {f: getattr(short, f) for f in _FIGURES} == {f: getattr(full, f) for f in _FIGURES}, setup

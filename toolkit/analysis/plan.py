@@ -103,6 +103,9 @@ class Plan:
     rows: tuple[PlanRow, ...] = ()
     pick: str | None = None
     forward_flops: int = 0
+    extrapolated: bool = False
+    """The model's blocks are alike: each setup was traced at 2, 3, … blocks and extended to the model's depth by
+    the step each figure takes per block (the same step twice in a row)."""
     checked_on: str | None = None
     """The release whose central-list records judged the setups (None: this release is not in them)."""
     seconds: float = 0.0
@@ -124,6 +127,11 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [self.verdict()]
+        if self.extrapolated:
+            lines.append(
+                f"  note: {self.scenario.get('model', {}).get('n_layers')} alike blocks: each setup traced at 2, 3, … "
+                "blocks and extended by its step per block (the same step twice in a row)"
+            )
         if self.checked_on is None:
             lines.append(
                 f"  note: torch {self.torch} is not in the central list's records: no setup was checked for known "
@@ -135,6 +143,7 @@ class Plan:
             per_rank = fmt_bytes(r.per_rank_bytes) if sized else "-"
             flops = _fmt_flops(r.recompute_flops) if sized else "-"
             why = ", ".join(r.cases) + (": " if r.cases and r.why else "") + r.why
+            why = why if len(why) <= 110 else why[:109] + "…"  # whole in the JSON
             lines.append(f"  {r.setup:<46} {r.status:<13} {per_rank:>10} {flops:>10}  {why}")
         return "\n".join(lines)
 
@@ -163,24 +172,29 @@ def _block(model: ModelConfig) -> str:
     return f"moe:{model.experts_impl}" if model.has_moe else "dense"
 
 
-@functools.lru_cache(maxsize=2)
-def _verdicts(path: str, release: str) -> dict[tuple, tuple[str, tuple[str, ...], str]] | None:
-    """The central list's sweep on `release`: each toolkit cell's (label, cases, explanation); None when the records
-    hold no cell measured on it. Read once per process (about 9 s)."""
+@functools.lru_cache(maxsize=1)
+def _verdicts(path: str) -> dict[str, dict[tuple, tuple[str, tuple[str, ...], str]]]:
+    """The central list's sweep, per torch release: each toolkit cell's (label, cases, explanation), keyed by
+    (block, AC mode, scope, order, backend). Read once per process (about 9 s)."""
     from . import store
     from .matrix import by_release
 
     records, _ = store.read_results(pathlib.Path(path))
-    result = by_release(records).get(release)
-    if result is None:
-        return None
-    out = {}
-    for row in result.rows:
-        c = row.cell
-        if c.stack == "toolkit" and c.recipe is None and c.fsdp == "none" and not c.fullgraph:
-            cl = row.classification
-            out[(c.block, c.ac, c.scope, c.order, c.backend)] = (cl.label, tuple(cl.cases), cl.explanation)
+    out: dict[str, dict[tuple, tuple[str, tuple[str, ...], str]]] = {}
+    for release, result in by_release(records).items():
+        for row in result.rows:
+            c = row.cell
+            if c.stack == "toolkit" and c.recipe is None and c.fsdp == "none" and not c.fullgraph:
+                cl = row.classification
+                key = (c.block, c.ac, c.scope, c.order, c.backend)
+                out.setdefault(release, {})[key] = (cl.label, tuple(cl.cases), cl.explanation)
     return out
+
+
+def verdicts(release: str | None = None) -> dict[tuple, tuple[str, tuple[str, ...], str]] | None:
+    """What the central list's sweep found for each toolkit cell on `release` (default: the installed torch's), as
+    `{(block, AC mode, scope, order, backend): (label, cases, why)}`; None when the records hold no such release."""
+    return _verdicts(str(_records_path())).get(release or torch_release())
 
 
 def _records_path() -> pathlib.Path:
@@ -204,6 +218,13 @@ def plan(
     check_int("plan", "world_size", world_size, 1, MAX_WORLD_SIZE, "ranks")
     if isinstance(scenario, ModelConfig):
         scenario = Scenario(model=scenario, name="plan")
+    if scenario.stack != "toolkit":
+        raise ConfigError(
+            "plan",
+            "scenario",
+            f"a plan sizes the toolkit's own model on fake tensors; {scenario.stack}'s code cannot be built there yet.",
+            "pass a tk.ModelConfig shaped like your model (tk.LAYER_SHAPES has three), or measure with tk.run.",
+        )
     if world_size > 1 and scenario.fsdp == "none":
         scenario = scenario.replace(fsdp="blocks")
     inductor = compat.available("inductor_on_fake")
@@ -215,13 +236,13 @@ def plan(
             check_instance("plan", "setups", s, Setup, "pass a tuple of tk.Setup(ac=..., scope=..., backend=...).")
     t0 = time.perf_counter()
     release = torch_release()
-    verdicts = _verdicts(str(_records_path()), release)
+    known_on = verdicts(release)
     block = _block(scenario.model)
     baselines = {(s.scope, s.backend) for s in setups if s.ac != "none"}
     sized: dict[Setup, Estimate | str] = {}
     broken: dict[Setup, tuple[tuple[str, ...], str]] = {}
     for s in setups:
-        known = verdicts.get((block, s.ac, s.scope, s.order, s.backend)) if verdicts else None
+        known = known_on.get((block, s.ac, s.scope, s.order, s.backend)) if known_on else None
         if known is not None and known[0] != "works":
             broken[s] = (known[1], f"{known[0]}: {known[2]}")
     # Each compile setup's recompute is counted against the same scope and backend without AC: sized even when broken.
@@ -232,9 +253,7 @@ def plan(
     ]
     for s in dict.fromkeys(todo):
         try:
-            sized[s] = estimate(
-                s.scenario(scenario), world_size=world_size, reshard_after_forward=reshard_after_forward
-            )
+            sized[s] = _size(s.scenario(scenario), world_size, reshard_after_forward)
         except ConfigError as e:
             sized[s] = f"{e.problem} Fix: {e.fix}"
     rows = [_row(s, sized, broken, budget_bytes) for s in setups]
@@ -244,7 +263,8 @@ def plan(
     order = {id(r): i for i, r in enumerate(fits)}
     rank = {"fits": 0, "over budget": 1, "not estimable": 2, "broken": 3}
     rows.sort(key=lambda r: (rank[r.status], order.get(id(r), 0), r.per_rank_bytes))
-    forward = next((e.forward_flops for e in sized.values() if isinstance(e, Estimate)), 0)
+    forward = next((e.forward_flops for e in sized.values() if isinstance(e, _Sized)), 0)
+    short = any(isinstance(e, _Sized) and e.extrapolated_from for e in sized.values())
     return Plan(
         torch=release,
         world_size=world_size,
@@ -253,9 +273,62 @@ def plan(
         rows=tuple(rows),
         pick=fits[0].setup if fits else None,
         forward_flops=forward,
-        checked_on=release if verdicts is not None else None,
+        checked_on=release if known_on is not None else None,
+        extrapolated=short,
         seconds=round(time.perf_counter() - t0, 1),
     )
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """The figures a plan ranks by, for one setup: from one estimate, or extrapolated from three short ones."""
+
+    per_rank_bytes: int
+    peak_bytes: int
+    saved_bytes: int
+    forward_flops: int
+    backward_flops: int
+    backward_ops: int
+    extrapolated_from: tuple[int, ...] = ()
+
+
+_FIGURES = ("per_rank_bytes", "peak_bytes", "saved_bytes", "forward_flops", "backward_flops", "backward_ops")
+_DEEPEST = 6
+"""The deepest a short trace goes before the plan estimates the model at its full depth instead."""
+
+
+def _size(scenario: Scenario, world_size: int, reshard_after_forward: bool) -> _Sized:
+    """One setup's figures. A model of more than `_DEEPEST` blocks, all alike (every block MoE or none), is traced at
+    2, 3, … blocks until every figure grows by the same step twice in a row (identical blocks add the same bytes,
+    FLOPs and ops once the peak has settled in its place), then extended by that step to the model's depth: a
+    61-block model costs a dozen traced blocks, not 61. Without two equal steps by `_DEEPEST` blocks, the model is
+    estimated at its full depth."""
+    m = scenario.model
+
+    def at(n: int) -> _Sized:
+        est = estimate(
+            scenario.replace(model=m.replace(n_layers=n)),
+            world_size=world_size,
+            reshard_after_forward=reshard_after_forward,
+        )
+        return _of(est)
+
+    if m.moe_layers not in ("all", "none") or m.n_layers <= _DEEPEST:
+        return at(m.n_layers)
+    short = [at(2), at(3)]
+    while len(short) <= _DEEPEST - 2:
+        short.append(at(len(short) + 2))
+        a, b, c = short[-3:]
+        step = {f: getattr(c, f) - getattr(b, f) for f in _FIGURES}
+        if step == {f: getattr(b, f) - getattr(a, f) for f in _FIGURES}:
+            extra = m.n_layers - (len(short) + 1)
+            depths = tuple(range(2, len(short) + 2))
+            return _Sized(**{f: getattr(c, f) + extra * step[f] for f in _FIGURES}, extrapolated_from=depths)
+    return at(m.n_layers)
+
+
+def _of(est: Estimate) -> _Sized:
+    return _Sized(**{f: getattr(est, f) for f in _FIGURES})
 
 
 def _row(s: Setup, sized: dict, broken: dict, budget: int) -> PlanRow:
@@ -264,11 +337,11 @@ def _row(s: Setup, sized: dict, broken: dict, budget: int) -> PlanRow:
         cases, why = broken[s]
         return PlanRow(**common, status="broken", cases=cases, why=why)
     est = sized[s]
-    if not isinstance(est, Estimate):
+    if not isinstance(est, _Sized):
         return PlanRow(**common, status="not estimable", why=est)
     base = sized.get(Setup("none", s.scope, None, s.backend))
     flops = ops = 0
-    if isinstance(base, Estimate):
+    if isinstance(base, _Sized):
         flops, ops = est.backward_flops - base.backward_flops, est.backward_ops - base.backward_ops
     return PlanRow(
         **common,

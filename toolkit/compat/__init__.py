@@ -27,6 +27,7 @@ from .patches import (  # noqa: F401 - re-exported
     remat_placeholders,
     remat_placeholders_needed,
     remat_placeholders_on_fake,
+    unmade_weak_refs_tolerated,
 )
 from .torch_api import (  # noqa: F401 - re-exported
     CompilerConfigs,

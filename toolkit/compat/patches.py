@@ -268,3 +268,22 @@ def remat_placeholders_on_fake(fake_mode: Any) -> Iterator[None]:
 
     with _placeholders(make, made.is_placeholder):
         yield
+
+
+@contextlib.contextmanager
+def unmade_weak_refs_tolerated() -> Iterator[None]:
+    """While Dynamo traces a frame that graph-breaks on fake tensors, it makes objects it models (here torch's own
+    `StorageWeakRef`) without running their `__init__`, then drops them when the frame's trace is cleaned up: each
+    one's `__del__` then prints "Exception ignored … has no attribute '_free_weak_ref'" (with a traceback) though
+    nothing went wrong. For the duration, such an unmade one is let go quietly; a made one frees its weak reference
+    as torch's own `__del__` does."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    own = StorageWeakRef.__del__
+
+    def __del__(self):
+        if hasattr(self, "_free_weak_ref"):
+            own(self)
+
+    with patched(StorageWeakRef, "__del__", __del__):
+        yield

@@ -443,6 +443,14 @@ class _Live(TorchDispatchMode):
         self.suspects.discard(key)
         weakref.finalize(t, self._released, key)
 
+    def close(self) -> None:
+        """Forget every storage: a tensor something still holds after the step (a compiled graph that failed keeps
+        its fake inputs) must not keep weak references alive until the interpreter exits."""
+        self.live.clear()
+        self.rng.clear()
+        self.holders.clear()
+        self.suspects.clear()
+
     def resized(self, st: torch.UntypedStorage) -> None:
         """A storage resized in place (FSDP2 frees a gathered parameter to 0 bytes and refills it)."""
         ref = StorageWeakRef(st)
@@ -572,7 +580,7 @@ def estimate(
     # A compiled estimate forgets Dynamo's graphs before and after, as tk.run does: a graph compiled on fake tensors
     # (inductor's without kernels) must never serve a real step of the same model code, nor a real one this step.
     compiled = _backend(scenario) != "eager" or scenario.compile.enabled
-    with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink):
+    with restoring_process_state(reset_dynamo=compiled), capture_warnings(sink), compat.unmade_weak_refs_tolerated():
         if scenario.fsdp == "none":
             est = _step(scenario, cuda_rounding, notes, None, True)
         else:
@@ -606,6 +614,7 @@ def _step(
         held = [compat.local_tensor(t) for t in [*model.parameters(), *model.buffers()]]
         known = batch_keys | {StorageWeakRef(t.untyped_storage()).cdata for t in held}
         live = _Live(CUDA_BLOCK if cuda_rounding else 1, state, known)
+        stack.callback(live.close)
         params_bytes = sum(live.size(compat.local_tensor(p).untyped_storage().nbytes()) for p in model.parameters())
         graphs = _CompiledSaves(state, set(module_names(model).values()), live)
         modules = Modules(model, state)
@@ -641,6 +650,9 @@ def _step(
             live.resized(storage)
             return out
 
+        # Both run as Python, never traced: Dynamo tracing one would make its weak references symbolically.
+        compat.skip_code(get_rng_state.__code__)
+        compat.skip_code(resize_.__code__)
         stack.enter_context(compat.patched(torch.UntypedStorage, "resize_", resize_))
         counted = compat.counters_snapshot()
         with live, torch.autograd.graph.saved_tensors_hooks(pack, _identity), sac_bypasses_hooks_of(pack):

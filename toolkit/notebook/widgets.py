@@ -17,6 +17,8 @@ import ipywidgets as W
 from .. import _escape, _files, compat
 from .._config import ConfigError, literal_choices
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
+from ..analysis.plan import Plan, candidates
+from ..analysis.plan import plan as plan_setups
 from ..estimation import LAYER_SHAPES, Estimate
 from ..estimation import estimate as estimate_step
 from ..execution import run
@@ -249,6 +251,12 @@ class Explorer:
         self.estimate_button = W.Button(description="Estimate at full size", icon="calculator", layout=button)
         self.estimated = W.HTML()
         self.estimate_result: Estimate | None = None
+        # Will it fit: the same full-size model, one rank of N under FSDP2, the setups that fit a budget.
+        self.world_size = W.BoundedIntText(value=64, min=1, max=1 << 20, description="ranks", style=style, layout=fixed)
+        self.budget = W.Text(value="80GiB", description="budget / rank", style=style, layout=fixed)
+        self.plan_button = W.Button(description="Will it fit?", icon="balance-scale", layout=button)
+        self.planned = W.HTML()
+        self.plan_result: Plan | None = None
         # What Run would run now ("ready: …"), and after a run what it ran and found ("last run: …").
         self.status = W.HTML()
         self._last_run = ""
@@ -272,6 +280,7 @@ class Explorer:
         self.compare_button.on_click(lambda _: self.compare())
         self.export_button.on_click(lambda _: self._export_clicked())
         self.estimate_button.on_click(lambda _: self.estimate())
+        self.plan_button.on_click(lambda _: self.plan())
         self._validate()
         ctl = self.controls
 
@@ -306,6 +315,9 @@ class Explorer:
                 self.comparison,
                 self.comparison_figures,
                 self.estimated,
+                W.HTML("<b>will it fit</b> (the full-size model above, one rank of N under FSDP2, on fake tensors)"),
+                row(self.world_size, self.budget, self.plan_button),
+                self.planned,
             ]
         )
         self.widget.add_class(EXPLORER_CLASS)
@@ -484,6 +496,32 @@ class Explorer:
         self.estimate_result = est
         self.estimated.value = _pre(f"{est} ({est.seconds:.0f} s)")
         return est
+
+    def plan(self) -> Plan | None:
+        """`tk.plan` for the layer picked in `full_size` at `world_size` ranks and `budget` per rank, over the setups
+        on the controls' backend; the table goes into `planned` (and `self.plan_result`), or why it cannot run."""
+        self._validate()
+        self.plan_result = None
+        if self.scenario is None:
+            self.planned.value = "<span style='color:#b30000'>nothing to plan: the controls are not runnable</span>"
+            return None
+        name = self.full_size.value
+        backend = self.controls["backend"].value if self.controls["backend"].value == "inductor" else "aot_eager"
+        self.plan_button.disabled = True
+        self.planned.value = f"sizing {_esc(name)} at {self.world_size.value} ranks on fake tensors…"
+        try:
+            scenario = dataclasses.replace(self.scenario, model=LAYER_SHAPES[name], name=name, recipe=None)
+            result = plan_setups(
+                scenario, budget=self.budget.value, world_size=self.world_size.value, setups=candidates((backend,))
+            )
+        except ConfigError as e:
+            self.planned.value = f"<span style='color:#b30000'>cannot plan: {_esc(str(e))}</span>"
+            return None
+        finally:
+            self.plan_button.disabled = False
+        self.plan_result = result
+        self.planned.value = _pre(f"{result} ({result.seconds:.0f} s)")
+        return result
 
     @property
     def stage_text(self) -> str:
