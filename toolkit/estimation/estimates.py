@@ -470,7 +470,7 @@ class _Live(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.state.phase in ("forward", "backward"):
             self.ops[self.state.phase] += 1
-            self.flops[self.state.phase] += flops(func, args, kwargs or {}, out)
+            self.flops[self.state.phase] += flops(func, args, kwargs or {}, out) or 0
         self.sweep()
         op = None
         for t in tree_leaves(out):

@@ -120,6 +120,8 @@ def assemble(
                 bookkeeping_by_op=p.bookkeeping_by_op,
                 compiled_reruns=p.compiled_reruns,
                 in_compiled_backward=p.in_compiled_backward,
+                flops=p.recompute_flops,
+                forward_flops=p.forward_flops,
                 redrawn=p.redrawn,
             )
             graphs = max(p.graphs_run, steps.compiled_total)

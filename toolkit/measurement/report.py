@@ -141,6 +141,11 @@ class Recompute:
     """Compiled regions whose forward ran again during backward (AC(compile(x))), with how often."""
     in_compiled_backward: int = 0
     """Forward ops the partitioner placed in compiled backward graphs (compile(AC(x)) recompute), per step."""
+    flops: int = 0
+    """FLOPs of the forward ops run again in backward (matmuls, attention, convolutions by torch's formulas;
+    pointwise ops are free): an eager recompute's as it runs, a compiled backward graph's from its shapes."""
+    forward_flops: int = 0
+    """FLOPs of the step's forward, counted alike: the scale `flops` is read against."""
     redrawn: tuple[str, ...] = ()
     """"module (op)" of each random op an eager recompute ran with other random numbers than its forward drew (the
     RNG state not restored: `preserve_rng_state=False`, a policy recomputing dropout): silently wrong gradients."""

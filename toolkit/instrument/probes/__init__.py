@@ -52,6 +52,10 @@ class ProbeRecord:
     """Ops the recompute machinery dispatched for itself (checkpoint's detaches, torch_remat's replays)."""
     compiled_reruns: dict[str, int]
     in_compiled_backward: int
+    forward_flops: int
+    """FLOPs of the forward: its eager ops and its compiled graphs' (each graph's times its runs)."""
+    recompute_flops: int
+    """FLOPs of the forward ops run again in backward: eager recomputes' and compiled backward graphs'."""
     breaks: tuple[GraphBreak, ...]
     recompiles: tuple[str, ...]
     compile_s: float
@@ -260,12 +264,15 @@ class Probes:
             blind.add("checkpoint_recompute_hook")
         if self.compiled.recompute_unknown():
             blind.add("compiled_fw_graph")
+        compiled_flops = self.compiled.flops()
         return ProbeRecord(
             recompute_by_op=dict(sorted(self.tracker.recompute_by_op.items())),
             recompute_by_module=dict(sorted(self.tracker.recompute_by_module.items())),
             bookkeeping_by_op=dict(sorted(self.tracker.bookkeeping_by_op.items())),
             compiled_reruns=dict(sorted(self.modules.compiled_reruns.items())),
             in_compiled_backward=int(self.compiled.in_compiled_backward()),
+            forward_flops=self.tracker.forward_flops + compiled_flops[0],
+            recompute_flops=self.tracker.recompute_flops + compiled_flops[1],
             breaks=tuple(GraphBreak(reason=r, file=f, line=ln) for r, f, ln in self.trace.breaks),
             recompiles=tuple(self.trace.recompiles),
             compile_s=self.trace.compile_s,

@@ -19,6 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
 from ...transforms.naming import canonical_name, inside
+from ..flops import flops
 from .base import StepState, dtype_name, is_real
 
 _VIEW_OPS = {
@@ -62,6 +63,10 @@ class GraphRecord:
     recompute_ops: Counter
     """Forward ops the partitioner placed in the backward graph (recomputed there), per run."""
     recompute_known: bool = True
+    recompute_flops: int = 0
+    """FLOPs of those recomputed forward ops, per run."""
+    forward_flops: int | None = None
+    """FLOPs of the forward graph, per run (None: the graph could not be read)."""
     runs: int = 0
     warm: bool | None = False
     """Compiled before the step (None: unknown, the partition was not watched)."""
@@ -232,6 +237,7 @@ class CompiledGraphs:
             recompute_known=False,
             warm=warm,
             function_cls=compat.compiled_function_of(ctx),
+            forward_flops=_graph_flops(fw),
             draws=bool(_random_in(fw)),
             checkpointed=_checkpointed_in(fw),
         )
@@ -243,6 +249,7 @@ class CompiledGraphs:
                 bw = compat.backward_graph_of(rec.function_cls)
                 if bw is not None:
                     rec.recompute_ops, rec.recompute_known = _recompute_ops(bw), True
+                    rec.recompute_flops = _graph_flops(bw, recomputed_only=True)
                     rec.random_recomputed = _random_in(bw)
             rec.function_cls = None
 
@@ -260,6 +267,11 @@ class CompiledGraphs:
 
     def in_compiled_backward(self) -> int:
         return sum(sum(rec.recompute_ops.values()) * rec.runs for rec in self.records.values())
+
+    def flops(self) -> tuple[int, int]:
+        """(forward FLOPs, recomputed FLOPs) of the compiled graphs that ran, each graph's times its runs."""
+        fwd = sum((rec.forward_flops or 0) * rec.runs for rec in self.records.values())
+        return fwd, sum(rec.recompute_flops * rec.runs for rec in self.records.values())
 
     def draws(self) -> bool | None:
         """A compiled graph that ran drew random numbers (None: one whose forward graph could not be read may have)."""
@@ -316,6 +328,25 @@ def _saved_entry(node) -> GraphSaved:
     return GraphSaved(_rel_module(base) or _rel_module(node), str(base.target))
 
 
+def _graph_flops(gm, *, recomputed_only: bool = False) -> int:
+    """FLOPs of a partitioned graph's ops (of those the partitioner tagged as forward ops placed in a backward graph,
+    with `recomputed_only`), from the shapes its nodes carry (`meta["val"]`); an op with data-dependent sizes
+    counts nothing (it is never guarded on: the count must not change the compile it reads)."""
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or (recomputed_only and node.meta.get("partitioner_tag") != "is_forward"):
+            continue
+        out = node.meta.get("val")
+        if out is not None:
+            args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), _val)
+            total += flops(node.target, args, kwargs, out) or 0
+    return total
+
+
+def _val(a: Any) -> Any:
+    return a.meta.get("val", a) if isinstance(a, torch.fx.Node) else a
+
+
 def _recompute_ops(bw) -> Counter:
     recompute = Counter()
     for node in bw.graph.nodes:
@@ -361,6 +392,8 @@ def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
         region,
         saved,
         _recompute_ops(bw),
+        recompute_flops=_graph_flops(bw, recomputed_only=True),
+        forward_flops=_graph_flops(fw),
         checkpointed=_checkpointed_in(fw),
         draws=bool(_random_in(fw)),
         random_recomputed=_random_in(bw),

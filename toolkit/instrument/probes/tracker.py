@@ -10,6 +10,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
 from ...compat import TorchDispatchMode
+from ..flops import flops
 from .base import Produced, StepState, dtype_name, from_graph_code, is_real, tensors
 
 _op_names: dict[Any, str] = {}
@@ -93,6 +94,10 @@ class Tracker(TorchDispatchMode):
         self.recompute_by_module: Counter = Counter()
         self.bookkeeping_by_op: Counter = Counter()
         """Ops the recompute machinery dispatches for itself (not the model's forward ops run again)."""
+        self.forward_flops = 0
+        """FLOPs of the eager forward ops (matmuls, attention, convolutions: `instrument.flops`)."""
+        self.recompute_flops = 0
+        """FLOPs of the forward ops an eager recompute ran again."""
         self.collectives: Counter = Counter()
         """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
         self.comm_buffers: set[int] = set()
@@ -137,6 +142,7 @@ class Tracker(TorchDispatchMode):
         if info.random and not state.in_pack and not state.bookkeeping:
             self._draw(func, name, args, kwargs or {}, out)
         if state.phase == "forward":
+            self.forward_flops += flops(func, args, kwargs or {}, out) or 0
             if state.regions and state.regions[-1] not in state.graph_regions and from_graph_code():
                 state.graph_regions.add(state.regions[-1])
             produced = self.produced
@@ -160,6 +166,7 @@ class Tracker(TorchDispatchMode):
             else:
                 self.recompute_by_op[name] += 1
                 self.recompute_by_module[state.module()] += 1
+                self.recompute_flops += flops(func, args, kwargs or {}, out) or 0
         return out
 
     def _draw(self, func, name: str, args, kwargs, out) -> None:
