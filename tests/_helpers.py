@@ -197,3 +197,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def write_rank_rows(out: str, rows: list) -> None:
+    """A torchrun rank's rows as `rank{R}.json` in `out` (what tests/distributed/*.py hand back to their test)."""
+    import json
+    import pathlib
+
+    import torch.distributed as dist
+
+    data = {"rank": dist.get_rank(), "world": dist.get_world_size(), "rows": rows}
+    pathlib.Path(out, f"rank{dist.get_rank()}.json").write_text(json.dumps(data))

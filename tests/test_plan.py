@@ -136,8 +136,9 @@ def test_bad_input_is_refused_before_anything_is_sized():
         with pytest.raises(ConfigError) as e:
             plan(BF16, **kwargs)
         assert e.value.field == field
-    with pytest.raises(ConfigError, match="the toolkit's own model"):
+    with pytest.raises(ConfigError) as e:  # without torchtitan installed the Scenario itself is refused
         plan(tk.Scenario(stack="torchtitan"), budget="1GiB")
+    assert e.value.field in ("scenario", "stack") and e.value.owner in ("plan", "Scenario")
     with pytest.raises(ConfigError, match="fsdp='blocks'"):
         tk.estimate(tk.Scenario(model=BF16), world_size=8)
     with pytest.raises(ConfigError, match="ep=1"):

@@ -2,7 +2,6 @@
 independent truth of tests/_truth.py (outer saved-tensor hooks; the profiler's allocation events), for the setups
 tests/test_plan.py estimates at the same world size; writes `rank{R}.json` into the folder given as argv[1]."""
 
-import json
 import pathlib
 import sys
 
@@ -11,6 +10,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from _helpers import write_rank_rows  # noqa: E402
 from _truth import Truth, cpu_peaks, patch_sac_contexts  # noqa: E402
 
 import toolkit as tk  # noqa: E402
@@ -33,7 +33,6 @@ def config(impl: str) -> tk.ModelConfig:
 
 def main(out: str) -> int:
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     rows = []
     for impl, ac, backend, reshard in SETUPS:
         torch._dynamo.reset()
@@ -65,9 +64,7 @@ def main(out: str) -> int:
             {"impl": impl, "ac": ac, "backend": backend, "reshard": reshard, "saved": sum(sizes), "sizes": sizes}
             | {"raw": raw, "outliving": outliving, "main_thread": main_thread}
         )
-    pathlib.Path(out, f"rank{rank}.json").write_text(
-        json.dumps({"rank": rank, "world": dist.get_world_size(), "rows": rows})
-    )
+    write_rank_rows(out, rows)
     dist.destroy_process_group()
     return 0
 

@@ -1,7 +1,6 @@
 """Run under `torchrun` (gloo, 127.0.0.1): per rank, FSDP2-sharded models measured by `toolkit.measurement` and by the
 independent truth of tests/_truth.py; writes `rank{R}.json` into the folder given as argv[1]."""
 
-import json
 import pathlib
 import sys
 
@@ -9,6 +8,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from _helpers import write_rank_rows  # noqa: E402
 from _truth import Truth, patch_sac_contexts  # noqa: E402
 
 import toolkit as tk  # noqa: E402
@@ -35,7 +35,6 @@ def sharded(ac: str, backend: str | None):
 
 def main(out: str) -> int:
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     rows = []
     for ac in ("none", "full", "selective_op"):
         for backend in (None, "aot_eager"):
@@ -61,9 +60,7 @@ def main(out: str) -> int:
                     "peak": report.memory.peak_bytes,
                 }
             )
-    pathlib.Path(out, f"rank{rank}.json").write_text(
-        json.dumps({"rank": rank, "world": dist.get_world_size(), "rows": rows})
-    )
+    write_rank_rows(out, rows)
     dist.destroy_process_group()
     return 0
 

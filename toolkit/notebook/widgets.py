@@ -480,21 +480,18 @@ class Explorer:
                 "<span style='color:#b30000'>nothing to estimate: the controls are not runnable</span>"
             )
             return None
-        name = self.full_size.value
-        self.estimate_button.disabled = True
-        self.estimated.value = f"estimating {_esc(name)} on fake tensors…"
-        try:
+        name, scenario = self.full_size.value, self.scenario
+
+        def work() -> Estimate:
             model = LAYER_SHAPES[name]
-            if self.scenario.recipe is not None:  # the recipe's own rules for its model (layout, dtype), as for a run
-                model = RECIPES[self.scenario.recipe].model_config(model, fsdp=self.scenario.fsdp)
-            est = estimate_step(dataclasses.replace(self.scenario, model=model, name=name))
-        except ConfigError as e:
-            self.estimated.value = f"<span style='color:#b30000'>cannot estimate: {_esc(str(e))}</span>"
-            return None
-        finally:
-            self.estimate_button.disabled = False
+            if scenario.recipe is not None:  # the recipe's own rules for its model (layout, dtype), as for a run
+                model = RECIPES[scenario.recipe].model_config(model, fsdp=scenario.fsdp)
+            return estimate_step(dataclasses.replace(scenario, model=model, name=name))
+
+        est = _busy(self.estimate_button, self.estimated, f"estimating {name} on fake tensors", "cannot estimate", work)
         self.estimate_result = est
-        self.estimated.value = _pre(f"{est} ({est.seconds:.0f} s)")
+        if est is not None:
+            self.estimated.value = _pre(f"{est} ({est.seconds:.0f} s)")
         return est
 
     def plan(self) -> Plan | None:
@@ -507,20 +504,19 @@ class Explorer:
             return None
         name = self.full_size.value
         backend = self.controls["backend"].value if self.controls["backend"].value == "inductor" else "aot_eager"
-        self.plan_button.disabled = True
-        self.planned.value = f"sizing {_esc(name)} at {self.world_size.value} ranks on fake tensors…"
-        try:
-            scenario = dataclasses.replace(self.scenario, model=LAYER_SHAPES[name], name=name, recipe=None)
-            result = plan_setups(
+        scenario = dataclasses.replace(self.scenario, model=LAYER_SHAPES[name], name=name, recipe=None)
+        result = _busy(
+            self.plan_button,
+            self.planned,
+            f"sizing {name} at {self.world_size.value} ranks on fake tensors",
+            "cannot plan",
+            lambda: plan_setups(
                 scenario, budget=self.budget.value, world_size=self.world_size.value, setups=candidates((backend,))
-            )
-        except ConfigError as e:
-            self.planned.value = f"<span style='color:#b30000'>cannot plan: {_esc(str(e))}</span>"
-            return None
-        finally:
-            self.plan_button.disabled = False
+            ),
+        )
         self.plan_result = result
-        self.planned.value = _pre(f"{result} ({result.seconds:.0f} s)")
+        if result is not None:
+            self.planned.value = _pre(f"{result} ({result.seconds:.0f} s)")
         return result
 
     @property
@@ -589,6 +585,20 @@ def export_repro(
 
     bundle = export(report, path, scenario=scenario, overwrite=overwrite)
     return bundle.script, bundle.notebook
+
+
+def _busy(button: W.Button, out: W.HTML, doing: str, refused: str, work: Any) -> Any:
+    """Run `work()` with `button` disabled and `out` saying what is being done; a ConfigError is said in `out` (None
+    returned), never raised into the notebook."""
+    button.disabled = True
+    out.value = f"{_esc(doing)}…"
+    try:
+        return work()
+    except ConfigError as e:
+        out.value = f"<span style='color:#b30000'>{refused}: {_esc(str(e))}</span>"
+        return None
+    finally:
+        button.disabled = False
 
 
 def _ac_from(v: dict[str, Any]) -> ACConfig:
