@@ -172,8 +172,18 @@ def test_a_deep_model_of_alike_blocks_is_traced_short_and_extended_exactly():
     from toolkit.analysis.plan import _FIGURES, _size
 
     deep = tk.Scenario(model=BF16.replace(n_layers=7, seq_len=128), fsdp="blocks")
-    for setup in (Setup("none"), Setup("full"), Setup("selective_op", "blocks", None, "aot_eager")):
+    for setup in (Setup("full"), Setup("selective_op", "blocks", None, "aot_eager")):
         scenario = setup.scenario(deep)
         short, full = _size(scenario, 8, True), tk.estimate(scenario, world_size=8)
         assert short.extrapolated_from[:3] == (2, 3, 4), setup
         assert {f: getattr(short, f) for f in _FIGURES} == {f: getattr(full, f) for f in _FIGURES}, setup
+
+
+def test_a_scope_that_breaks_without_ac_is_not_compiled_again_with_it():
+    """Compiling the FSDP2-sharded model whole breaks its graph (at FSDP2's hooks, which Dynamo skips): the estimate
+    refuses it without AC, and the plan refuses the same scope with AC as it is, without compiling it again."""
+    whole = (Setup("none", "model", None, "aot_eager"), Setup("full", "model", None, "aot_eager"))
+    result = plan(BF16, budget="1GiB", world_size=2, setups=whole)
+    none, full = (next(r for r in result.rows if r.ac == ac) for ac in ("none", "full"))
+    assert none.status == full.status == "not estimable" and "graph break" in none.why
+    assert full.why.startswith("as without AC") and none.why in full.why and result.pick is None

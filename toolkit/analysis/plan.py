@@ -245,17 +245,23 @@ def plan(
         known = known_on.get((block, s.ac, s.scope, s.order, s.backend)) if known_on else None
         if known is not None and known[0] != "works":
             broken[s] = (known[1], f"{known[0]}: {known[2]}")
-    # Each compile setup's recompute is counted against the same scope and backend without AC: sized even when broken.
-    todo = [s for s in setups if s not in broken] + [
-        Setup("none", scope, None, backend)
-        for scope, backend in sorted(baselines)
-        if Setup("none", scope, None, backend) not in setups or Setup("none", scope, None, backend) in broken
-    ]
+    # Each compile setup's recompute is counted against the same scope and backend without AC: sized first, even
+    # when broken. A scope the estimate cannot follow without AC (a graph break, a fallback to eager) it cannot
+    # follow with AC either: its AC setups are not compiled again only to be refused.
+    base_of = {s: Setup("none", s.scope, None, s.backend) for s in setups}
+    todo = [Setup("none", scope, backend=backend) for scope, backend in sorted(baselines)]
+    todo += [s for s in setups if s not in broken]
+    unfollowed: set[Setup] = set()  # baselines whose compile scope the estimate could not follow
     for s in dict.fromkeys(todo):
+        if s.ac != "none" and base_of[s] in unfollowed:
+            sized[s] = f"as without AC (a checkpoint adds graph breaks, never removes one): {sized[base_of[s]]}"
+            continue
         try:
             sized[s] = _size(s.scenario(scenario), world_size, reshard_after_forward)
         except ConfigError as e:
             sized[s] = f"{e.problem} Fix: {e.fix}"
+            if s.ac == "none" and e.field == "compile.scope":
+                unfollowed.add(s)
     rows = [_row(s, sized, broken, budget_bytes) for s in setups]
     fits = sorted(
         (r for r in rows if r.status == "fits"), key=lambda r: (r.recompute_flops, r.recompute_ops, r.per_rank_bytes)
