@@ -307,15 +307,14 @@ def _cases_command(args) -> int:
     from .analysis import catalogue
 
     if args.page or args.upgrade:
-        import pathlib
-
         from .analysis import store
+        from .analysis.matrix import records_path
         from .bugs import central_list
 
         if args.page:
             print(central_list.page(), end="")
         else:
-            path = pathlib.Path(__file__).resolve().parents[1] / central_list.RECORDS
+            path = records_path()
             if not path.is_file():
                 raise _UsageError(
                     f"--upgrade reads the central list's committed records, and {str(path)!r} is not there.",

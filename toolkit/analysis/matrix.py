@@ -291,6 +291,11 @@ RECORDS = pathlib.Path("docs") / "central-list" / "results.jsonl.xz"
 the upgrade page and `tk.plan` read."""
 
 
+def records_path() -> pathlib.Path:
+    """Where `RECORDS` is in this checkout (absent from an installed wheel: readers say so)."""
+    return pathlib.Path(__file__).resolve().parents[2] / RECORDS
+
+
 def by_release(records: dict[str, dict]) -> dict[str, Any]:
     """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does."""
     from .catalogue import torch_release

@@ -41,6 +41,11 @@ class Setup:
     backend: str = "aot_eager"
 
     @property
+    def baseline(self) -> "Setup":
+        """The same compile setup without AC: what this setup's recompute is counted against."""
+        return Setup("none", self.scope, None, self.backend)
+
+    @property
     def label(self) -> str:
         ac = "no AC" if self.ac == "none" else f"{self.ac} AC"
         if self.scope == "none":
@@ -194,13 +199,9 @@ def _verdicts(path: str) -> dict[str, dict[tuple, tuple[str, tuple[str, ...], st
 def verdicts(release: str | None = None) -> dict[tuple, tuple[str, tuple[str, ...], str]] | None:
     """What the central list's sweep found for each toolkit cell on `release` (default: the installed torch's), as
     `{(block, AC mode, scope, order, backend): (label, cases, why)}`; None when the records hold no such release."""
-    return _verdicts(str(_records_path())).get(release or torch_release())
+    from .matrix import records_path
 
-
-def _records_path() -> pathlib.Path:
-    from .matrix import RECORDS
-
-    return pathlib.Path(__file__).resolve().parents[2] / RECORDS
+    return _verdicts(str(records_path())).get(release or torch_release())
 
 
 def plan(
@@ -239,7 +240,7 @@ def plan(
     known_on = verdicts(release)
     block = _block(scenario.model)
     baselines = {(s.scope, s.backend) for s in setups if s.ac != "none"}
-    sized: dict[Setup, Estimate | str] = {}
+    sized: dict[Setup, _Sized | str] = {}
     broken: dict[Setup, tuple[tuple[str, ...], str]] = {}
     for s in setups:
         known = known_on.get((block, s.ac, s.scope, s.order, s.backend)) if known_on else None
@@ -248,13 +249,12 @@ def plan(
     # Each compile setup's recompute is counted against the same scope and backend without AC: sized first, even
     # when broken. A scope the estimate cannot follow without AC (a graph break, a fallback to eager) it cannot
     # follow with AC either: its AC setups are not compiled again only to be refused.
-    base_of = {s: Setup("none", s.scope, None, s.backend) for s in setups}
     todo = [Setup("none", scope, backend=backend) for scope, backend in sorted(baselines)]
     todo += [s for s in setups if s not in broken]
     unfollowed: set[Setup] = set()  # baselines whose compile scope the estimate could not follow
     for s in dict.fromkeys(todo):
-        if s.ac != "none" and base_of[s] in unfollowed:
-            sized[s] = f"as without AC (a checkpoint adds graph breaks, never removes one): {sized[base_of[s]]}"
+        if s.ac != "none" and s.baseline in unfollowed:
+            sized[s] = f"as without AC (a checkpoint adds graph breaks, never removes one): {sized[s.baseline]}"
             continue
         try:
             sized[s] = _size(s.scenario(scenario), world_size, reshard_after_forward)
@@ -345,7 +345,7 @@ def _row(s: Setup, sized: dict, broken: dict, budget: int) -> PlanRow:
     est = sized[s]
     if not isinstance(est, _Sized):
         return PlanRow(**common, status="not estimable", why=est)
-    base = sized.get(Setup("none", s.scope, None, s.backend))
+    base = sized.get(s.baseline)
     flops = ops = 0
     if isinstance(base, _Sized):
         flops, ops = est.backward_flops - base.backward_flops, est.backward_ops - base.backward_ops

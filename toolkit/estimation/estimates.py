@@ -443,14 +443,6 @@ class _Live(TorchDispatchMode):
         self.suspects.discard(key)
         weakref.finalize(t, self._released, key)
 
-    def close(self) -> None:
-        """Forget every storage: a tensor something still holds after the step (a compiled graph that failed keeps
-        its fake inputs) must not keep weak references alive until the interpreter exits."""
-        self.live.clear()
-        self.rng.clear()
-        self.holders.clear()
-        self.suspects.clear()
-
     def resized(self, st: torch.UntypedStorage) -> None:
         """A storage resized in place (FSDP2 frees a gathered parameter to 0 bytes and refills it)."""
         ref = StorageWeakRef(st)
@@ -614,7 +606,6 @@ def _step(
         held = [compat.local_tensor(t) for t in [*model.parameters(), *model.buffers()]]
         known = batch_keys | {StorageWeakRef(t.untyped_storage()).cdata for t in held}
         live = _Live(CUDA_BLOCK if cuda_rounding else 1, state, known)
-        stack.callback(live.close)
         params_bytes = sum(live.size(compat.local_tensor(p).untyped_storage().nbytes()) for p in model.parameters())
         graphs = _CompiledSaves(state, set(module_names(model).values()), live)
         modules = Modules(model, state)

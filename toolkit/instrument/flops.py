@@ -49,16 +49,12 @@ _OWN = {
 def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
     """The op's FLOPs (0 for an op no formula counts: pointwise, views, copies); None where its shapes are symbolic
     and data-dependent (a compiled graph's unbacked sizes): counting must never guard on them, nor fail the step."""
-    formula = compat.flop_formula(func)
-    if formula is None:
-        formula = _OWN.get(getattr(getattr(func, "_overloadpacket", None), "__name__", ""))
-        if formula is None:
-            return 0
-        call = lambda: formula(*args, **kwargs)  # noqa: E731
-    else:
-        call = lambda: formula(*args, **kwargs, out_val=out)  # noqa: E731
+    torchs = compat.flop_formula(func)
+    own = None if torchs else _OWN.get(getattr(getattr(func, "_overloadpacket", None), "__name__", ""))
+    if torchs is None and own is None:
+        return 0
     try:
-        n = call()
+        n = torchs(*args, **kwargs, out_val=out) if torchs else own(*args, **kwargs)
     except (TypeError, ValueError, IndexError, AttributeError, RuntimeError):  # shapes a formula cannot read
         return None
     return n if isinstance(n, int) else None  # a SymInt: left uncounted rather than guarded on
