@@ -152,6 +152,38 @@ def test_probes_do_not_change_graphs_or_saved_totals():
     assert set(report.saved.by_kind) == {"compiled", "autograd"}
 
 
+def test_probes_add_no_guard_to_a_region_whose_module_also_sits_outside_it():
+    """`self.compiled = torch.compile(self.mlp)` beside `self.mlp`: the MLP's submodules have names outside the
+    region, yet Dynamo traces them inside it. Hooks there made Dynamo guard on the probes' own state and compile
+    again when the checkpoint re-ran the region in backward (a SAC cache key then missed: C7's user model failed
+    under `tk.measure` alone). Truth: a counting backend, the plain step against the measured one."""
+    from _truth import CountingBackend
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self, backend):
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+            self.compiled = torch.compile(self.mlp, backend=backend)
+
+        def forward(self, x):
+            return checkpoint(self.compiled, x, use_reentrant=False)
+
+    x = torch.randn(8, 16, requires_grad=True)
+    counts = []
+    for measured in (False, True):
+        torch._dynamo.reset()
+        counter = CountingBackend()
+        net = Net(counter.backend)
+        if measured:
+            report = tk.measure(net, x, reference=None, measure_memory=False)
+            assert report.ok and report.compile.recompiles == ()
+        else:
+            net(x).square().mean().backward()
+        counts.append(counter.graphs)
+    assert counts == [1, 1]
+
+
 def test_graph_breaks_point_at_the_model_line_and_fullgraph_has_none():
     report = tk.run(Scenario(model=ModelConfig(experts_impl="for_loop"), compile=CompileConfig(scope="moe"), **QUICK))
     assert report.ok and report.compile.graph_breaks >= 1

@@ -79,13 +79,11 @@ def test_every_script_with_a_report_signature_is_in_the_corpus_or_says_why_not()
 
 
 NOT_YET = {
-    # A step that configured them shows them (the matrix's cells); as a user's model: C7 needs its no-AC reference
-    # run; C9 needs a dispatch mode of the user's own during backward; torch_remat's regions are not observed.
-    "C7", "C9", "C45", "C46", "C64",
-    # FSDP2 across experts (a process group), a recipe's layout, a BF16 grouped-mm kernel.
-    "C53", "C54", "C57", "C14",
-    # Memory-budget knapsack on a weight-heavy graph: the matrix shows it against its no-AC reference run.
-    "C55",
+    # A step that configured them shows them (the matrix's cells); as a user's model: C9 needs a dispatch mode of the
+    # user's own during backward; torch_remat's regions are not observed.
+    "C9", "C45", "C46", "C64",
+    # FSDP2 across experts (a process group).
+    "C53", "C54",
 }  # fmt: skip
 
 
@@ -101,8 +99,13 @@ def test_a_repro_measured_as_a_users_model_names_its_own_case(name):
         case = catalogue.get(case_id)
         if case.verified.get(release) != "reproduced":
             continue  # fixed, or not yet broken, on this release: nothing to name
-        torch._dynamo.reset()
+        refs = {}
+        if "reference" in spec:  # the same model without AC: what a user compares with to see AC save nothing
+            torch._dynamo.reset()
+            with _config({**spec.get("config", {}), **spec.get("reference_config", {})}):
+                refs["none"] = tk.measure(spec["reference"], *spec["inputs"], forward_kwargs=spec.get("kwargs"))
         with _config(spec.get("config", {})):
+            torch._dynamo.reset()
             report = tk.measure(
                 spec["model"],
                 *spec["inputs"],
@@ -110,6 +113,6 @@ def test_a_repro_measured_as_a_users_model_names_its_own_case(name):
                 cold=True,
                 checkpointed=spec.get("meant_checkpointed", ()),
             )
-        found = classify(report).cases
+        found = classify(report, refs).cases
         allowed = _own_cases(module) | set(spec.get("also", ()))
         assert case_id in found and set(found) <= allowed, (case_id, found, str(report)[:2000])

@@ -89,7 +89,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
                 like = "full AC" if _close(saved, s_full) else "no AC"
                 why["sac_not_applied"] = f"saved {fmt_bytes(saved)}, the same as {like}"
         if (
-            ac not in ("none", "unknown")
+            _ran_ac(report)
             and none_ref is not None
             and none_ref.ok
             and saved >= none_ref.saved.total_bytes
@@ -119,6 +119,16 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
                 matched.append(case.id)
     links = tuple(dict.fromkeys(link for cid in matched for link in catalogue.get(cid).links))
     return Classification(label, why[label], tuple(flags), tuple(matched), links)
+
+
+def _ran_ac(report: Report) -> bool:
+    """AC was on in the step: configured by the toolkit, or (a model measured as it came, `ac_mode` "unknown") seen
+    in the step — a checkpoint began, selective or not, or a memory budget below 1 was in torch's config."""
+    ac = report.scenario.ac_mode
+    if ac != "unknown":
+        return ac != "none"
+    t = report.transforms
+    return bool(t.under_checkpoint or t.selective or report.compile.memory_budget is not None)
 
 
 def _works(report: Report) -> str:

@@ -207,16 +207,50 @@ class _SACAroundCompiled(nn.Module):
         return checkpoint(self.compiled, x_TD, use_reentrant=False, context_fn=context_fn)
 
 
+class _SaveTheRegion(nn.Module):
+    """SAC around a compiled MLP with wrapped regions, its policy saving the one thing it is shown, the region (C7's
+    `fix()`: MUST_SAVE on `inductor_compiled_code`); `ac=False` is the same model compiled without AC."""
+
+    def __init__(self, ac: bool = True):
+        super().__init__()
+        self.mlp = SwiGLU()
+        self.compiled = torch.compile(self.mlp, backend="inductor")
+        self.ac = ac
+
+    def forward(self, x_TD):
+        if not self.ac:
+            return self.compiled(x_TD)
+        hop = torch._higher_order_ops.wrap.inductor_compiled_code
+
+        def context_fn():
+            return create_selective_checkpoint_contexts(
+                lambda ctx, op, *args, **kwargs: MUST_SAVE if op is hop else RECOMPUTE
+            )
+
+        return checkpoint(self.compiled, x_TD, use_reentrant=False, context_fn=context_fn)
+
+
 def user_models() -> dict:
-    """C6 as a user's training code holds it: SAC (save everything) around an Inductor-compiled MLP, regions not
-    wrapped (Inductor's default), and its input."""
+    """C6 and C7 as a user's training code holds them, with their inputs: SAC around an Inductor-compiled MLP. C6:
+    regions not wrapped (Inductor's default), the policy saving everything it is shown. C7: regions wrapped, the
+    region saved whole — it holds at least what the same model holds without AC (its `reference`)."""
     torch.manual_seed(0)
+    x_TD = torch.randn(T, D, requires_grad=True)
+    torch.manual_seed(0)
+    c7, c7_reference = _SaveTheRegion(), _SaveTheRegion(ac=False)
+    c7_reference.load_state_dict(c7.state_dict())
     return {
         "C6": {
             "model": _SACAroundCompiled(),
-            "inputs": (torch.randn(T, D, requires_grad=True),),
+            "inputs": (x_TD,),
             "config": {"torch._inductor.config.wrap_inductor_compiled_regions": False},
-        }
+        },
+        "C7": {
+            "model": c7,
+            "reference": c7_reference,
+            "inputs": (x_TD,),
+            "config": {"torch._inductor.config.wrap_inductor_compiled_regions": True},
+        },
     }
 
 

@@ -170,6 +170,24 @@ def variant_alignment() -> dict:
     }
 
 
+class _Experts(torch.nn.Module):
+    """Grouped-GEMM experts in fp32, as a user's MoE layer calls `torch._grouped_mm` on its tokens sorted by expert."""
+
+    def __init__(self):
+        super().__init__()
+        self.w_EDH = torch.nn.Parameter(torch.randn(E, D, H) * 0.05)
+
+    def forward(self, x_TD, offs_E):
+        return grouped(x_TD, self.w_EDH, offs_E)
+
+
+def user_models() -> dict:
+    """C14 as a user's training code holds it: fp32 grouped-GEMM experts compiled whole (aot_eager, fullgraph), which
+    runs eagerly but fails to compile where the CPU kernel's meta function takes bf16 only; and its inputs."""
+    x_TD, _, offs_E = _inputs(torch.float32)
+    return {"C14": {"model": torch.compile(_Experts(), backend="aot_eager", fullgraph=True), "inputs": (x_TD, offs_E)}}
+
+
 if __name__ == "__main__":
     print(torch.__version__)
     print("bug", json.dumps(bug()))

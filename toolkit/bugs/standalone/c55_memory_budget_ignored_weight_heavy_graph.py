@@ -87,6 +87,23 @@ def fix() -> dict:
     return out
 
 
+def user_models() -> dict:
+    """C55 as a user's training code holds it: the experts compiled whole (aot_eager, fullgraph) under a budget of
+    0.5, at 16 tokens; its `reference` is the same model under no budget (1.0), which it saves as much as."""
+    torch.manual_seed(0)
+    experts, reference = Experts(), Experts()
+    reference.load_state_dict(experts.state_dict())
+    return {
+        "C55": {
+            "model": torch.compile(experts, backend="aot_eager", fullgraph=True),
+            "reference": torch.compile(reference, backend="aot_eager", fullgraph=True),
+            "reference_config": {"torch._functorch.config.activation_memory_budget": 1.0},
+            "inputs": (torch.randn(16, D, requires_grad=True),),
+            "config": {"torch._functorch.config.activation_memory_budget": 0.5},
+        }
+    }
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

@@ -96,6 +96,30 @@ def variant_limit_one() -> dict:
     return _calls(1)
 
 
+class _FeedForwards(torch.nn.Module):
+    """A user's MoE feed-forwards through one compiled SwiGLU, as main calls it: the routed experts' rows in bf16
+    (two per token), the shared expert's in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.w_gate_TF = torch.nn.Parameter(torch.randn(F_HIDDEN, F_HIDDEN) * 0.05)
+        self.w_up_TF = torch.nn.Parameter(torch.randn(F_HIDDEN, F_HIDDEN) * 0.05)
+        self.swiglu = torch.compile(swiglu, backend="aot_eager", fullgraph=True)
+
+    def forward(self, x_TF):
+        x_RF = torch.cat([x_TF, x_TF]).bfloat16()
+        routed_RF = self.swiglu(x_RF @ self.w_gate_TF.bfloat16(), x_RF @ self.w_up_TF.bfloat16())
+        shared_TF = self.swiglu(x_TF @ self.w_gate_TF, x_TF @ self.w_up_TF)
+        return routed_RF.float()[:T] + routed_RF.float()[T:] + shared_TF
+
+
+def user_models() -> dict:
+    """C57 as a user's training code holds it: one compiled SwiGLU called in one step with two dtypes and row counts;
+    and its input."""
+    torch.manual_seed(0)
+    return {"C57": {"model": _FeedForwards(), "inputs": (torch.randn(T, F_HIDDEN, requires_grad=True),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     print("bug", json.dumps(bug()))

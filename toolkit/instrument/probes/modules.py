@@ -36,13 +36,19 @@ class Modules:
         self.region_names = sorted(regions)
         handles, undo = [], []
 
-        def inside_region(name: str, m: nn.Module) -> bool:
-            return any(within(name, r) for r in regions if regions[r] is not m)
+        # Inside a region by object, not by name: a submodule that is also an attribute outside the region
+        # (`self.mlp` beside `self.compiled = torch.compile(self.mlp)`) has a name outside it, yet Dynamo traces its
+        # hooks, guards on the probes' state and compiles again in a recompute (a SAC cache key then misses: C7's
+        # user model failed in backward under `tk.measure` alone).
+        inside = {id(rm): {id(sub) for sub in rm.modules() if sub is not rm} for rm in regions.values()}
+
+        def inside_region(m: nn.Module) -> bool:
+            return any(id(m) in inside[id(rm)] for rm in regions.values() if rm is not m)
 
         for m in self.model.modules():
             name = self.names[id(m)]
             if is_compiled(m):
-                if inside_region(name, m):
+                if inside_region(m):
                     continue
                 if compat.in_place_compiled(m):
                     undo.append(compat.wrap_in_place_compiled_call(m, lambda fn, _n=name: self._region_call(_n, fn)))
@@ -52,7 +58,7 @@ class Modules:
                         m.register_forward_hook(lambda mod, args, out, _n=name: self._exit(_n), always_call=True)
                     )
                 continue
-            if inside_region(name, m) or (is_wrapper(m) and not is_checkpoint_wrapper(m)):
+            if inside_region(m) or (is_wrapper(m) and not is_checkpoint_wrapper(m)):
                 continue
             if is_checkpoint_wrapper(m):
                 handles.append(m.register_forward_pre_hook(lambda mod, args, _n=name: self._checkpoint_pre(_n, args)))
