@@ -277,3 +277,29 @@ def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
     else:
         assert qwen3.ok, qwen3.stderr_tail  # torch 2.14.1 (CI's extras stage) and 2.15.0 run it
         assert all(r.compile.graph_breaks == 0 for r in qwen3.ranks)
+
+
+@pytest.mark.parametrize(
+    "ac,compiled,where,case",
+    [("selective_op", False, "fsdp_in_checkpoint", "C54"), ("none", True, "fsdp_in_compiled", "C53")],
+)
+def test_an_fsdp_unit_inside_a_region_is_read_off_the_model_and_names_its_case(ac, compiled, where, case):
+    """The matrix's blocks+experts cells (the experts an FSDP2 unit inside each block's): the Report reads the units
+    inside a checkpointed module / a compiled region off the model, and that alone names the case — the same cell
+    with its configured layout blanked out still names it, as a user's model that configured nothing does."""
+    from dataclasses import replace
+
+    from toolkit.analysis.classification import classify
+
+    comp = tk.CompileConfig(scope="blocks", fullgraph=True) if compiled else tk.CompileConfig()
+    cfg = tk.ModelConfig(n_layers=2, experts_impl="masked")
+    report = tk.run(
+        tk.Scenario(model=cfg, fsdp="blocks+experts", ac=tk.ACConfig(mode=ac), compile=comp, steady_steps=0)
+    )
+    experts = tuple(f"layers.{i}.moe.routed_experts.inner_experts" for i in range(2))
+    assert getattr(report.transforms, where) == experts
+    other = "fsdp_in_compiled" if where == "fsdp_in_checkpoint" else "fsdp_in_checkpoint"
+    assert getattr(report.transforms, other) == ()
+    assert classify(report).cases == (case,)
+    blank = replace(report, scenario=replace(report.scenario, fsdp="none"))
+    assert classify(blank).cases == (case,)

@@ -56,6 +56,7 @@ _REPORT_KEYS = {
     "memory_budget",
     "saved_kinds",
     "aot_autograd",
+    "fsdp_inside",
 }
 
 
@@ -158,6 +159,11 @@ def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
             return False
     if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
         return False
+    if "fsdp_inside" in sig:  # FSDP2 units inside a compiled region / a checkpointed module, read off the model
+        t = report.transforms
+        inside = {"compiled": t.fsdp_in_compiled, "checkpoint": t.fsdp_in_checkpoint}
+        if not any(inside[where] for where in sig["fsdp_inside"]):
+            return False
     if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
         return False
     if "recompile_reason_contains" in sig and not _shows(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -31,7 +32,14 @@ from ..measurement.scenario import Scenario
 from ..stacks.user import default_loss
 from ..transforms import ACConfig
 from ..transforms.fsdp import process_group
-from ..transforms.naming import canonical_name, has_compiled, model_packages, module_names, unwrap
+from ..transforms.naming import (
+    canonical_name,
+    fsdp_units_inside,
+    has_compiled,
+    model_packages,
+    module_names,
+    unwrap,
+)
 from ..transforms.settings import remat_stand_ins, torch_settings
 from .assemble import assemble
 from .build import build, check_ranks_for_ep, transform
@@ -158,6 +166,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             done = scenario.stack_impl.applied(model)
             if done is not None:
                 a.transforms = Transforms(checkpointed=done[0], compiled=done[1])
+            a.transforms = replace(a.transforms, **fsdp_units_inside(model, a.transforms.checkpointed))
             a.timing["apply_s"] = time.perf_counter() - t
             a.steps = steps = StepResult()
             called = scenario.stack_impl.called(model)  # torch.compile(model)'s wrapper: no probe hook inside it
@@ -293,7 +302,7 @@ def measure(
         return module_or_fn(*args, **call_kwargs)
 
     with _Attempt(record, requested=requested, reset_dynamo=False) as a:
-        a.transforms = Transforms(checkpointed=asked)
+        a.transforms = Transforms(checkpointed=asked, **fsdp_units_inside(model, asked))
         a.packages = model_packages(model)
         a.stack.enter_context(restoring_model_state(model))
         if cold:

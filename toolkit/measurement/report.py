@@ -203,6 +203,12 @@ class Transforms:
     selective: tuple[str, ...] = ()
     """Checkpoints the step saw begin with a selective policy (a `context_fn`: SAC), whoever set it: what a model the
     toolkit did not configure shows of its AC mode."""
+    fsdp_in_compiled: tuple[str, ...] = ()
+    """FSDP2 units strictly inside a compiled region, read off the model: Dynamo meets their hooks while tracing the
+    region (with fullgraph=True it cannot, C53)."""
+    fsdp_in_checkpoint: tuple[str, ...] = ()
+    """FSDP2 units strictly inside a checkpointed module: a recompute runs their hooks again (under per-op SAC it
+    meets their profiler op, C54)."""
     unresolved: tuple[str, ...] = ()
     """Compiled regions inside which a checkpoint ran around modules the probes cannot name (the `eager` backend runs
     a compiled graph's checkpoints eagerly, where no module hook is; a forward graph that could not be read)."""

@@ -62,6 +62,21 @@ def has_compiled(model: nn.Module) -> bool:
     return any(is_compiled(m) for m in model.modules())
 
 
+def fsdp_units_inside(model: nn.Module, checkpointed: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """FSDP2 units lying strictly inside a compiled region or a checkpointed module (a checkpoint wrapper, a module
+    remat marked, or one named in `checkpointed`), read off the model whoever built it: their hooks then run inside
+    the region — Dynamo meets them while tracing it (C53), a recompute runs them again (C54). Keys
+    `fsdp_in_compiled` and `fsdp_in_checkpoint` (the units' canonical names)."""
+    names = module_names(model)
+    units = [names[id(m)] for m in model.modules() if compat.is_fsdp_module(m)]
+    compiled = {names[id(m)] for m in model.modules() if is_compiled(m)}
+    ckpt = {names[id(m)] for m in model.modules() if recomputes_forward(m)} | set(checkpointed)
+    return {
+        "fsdp_in_compiled": tuple(u for u in units if any(inside(u, r) for r in compiled)),
+        "fsdp_in_checkpoint": tuple(u for u in units if any(inside(u, c) for c in ckpt)),
+    }
+
+
 def wrapped_child(m: nn.Module) -> nn.Module:
     for seg in WRAPPER_SEGMENTS:
         inner = m._modules.get(seg)

@@ -154,6 +154,22 @@ def variant_fullgraph_false() -> dict:
     return _step(fullgraph=False, experts_unit=True)
 
 
+USER_MODELS_NEED = "process_group"  # `user_models()` shards with FSDP2: call it, and measure, inside one
+
+
+def user_models() -> dict:
+    """C53 as a user's training code holds it, inside a process group the caller opened: the block compiled whole
+    (aot_eager, fullgraph=True), then its experts and itself sharded (torchtitan's order); and its input."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    block = Block()
+    block.compile(backend="aot_eager", fullgraph=True)
+    fully_shard(block.experts)
+    fully_shard(block)
+    return {"C53": {"model": block, "inputs": (torch.randn(T, D),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     for name in ("bug", "fix", "variant_experts_with_the_block", "variant_fullgraph_false"):

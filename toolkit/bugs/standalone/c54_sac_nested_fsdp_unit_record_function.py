@@ -139,6 +139,25 @@ def variant_full_ac() -> dict:
     return _step(selective=False, experts_unit=True)
 
 
+USER_MODELS_NEED = "process_group"  # `user_models()` shards with FSDP2: call it, and measure, inside one
+
+
+def user_models() -> dict:
+    """C54 as a user's training code holds it, inside a process group the caller opened: per-op SAC on the block
+    (checkpoint_wrapper), then FSDP2 units — the experts', the block's, the model's; and its input."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Model()
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+    model.layers[0] = checkpoint_wrapper(model.layers[0], preserve_rng_state=False, context_fn=context_fn)
+    fully_shard(model.layers[0]._checkpoint_wrapped_module.experts)
+    fully_shard(model.layers[0])
+    fully_shard(model)
+    return {"C54": {"model": model, "inputs": (torch.randn(T, D),)}}
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
     for name in ("bug", "fix", "variant_full_ac"):

@@ -10,7 +10,7 @@ from torch import nn
 
 from ... import compat
 from ...compat import tree_leaves
-from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names, within
+from ...transforms.naming import is_checkpoint_wrapper, is_compiled, is_wrapper, module_names
 from .base import StepState
 
 
