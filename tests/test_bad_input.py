@@ -468,6 +468,11 @@ CLI = [
     ("TOOLKIT_FINDINGS naming a folder", ["cases", "--findings"], {"TOOLKIT_FINDINGS": "a-folder"}, 2,
      "TOOLKIT_FINDINGS: 'a-folder' is a folder, not a findings file"),
     ("matrix --out ''", ["matrix", "--out", ""], {}, 2, "sweep.out: '' names no folder"),
+    # Found by test_gates' command-line search: an empty --model reached the import as a ValueError traceback.
+    ("matrix --model ''", ["matrix", "--quick", "--model", "", "--dry-run"], {}, 2,
+     "UserModelConfig.build: '' is not FILE.py:FUNCTION or MODULE:FUNCTION"),
+    ("plan --ac memory_budget --scope none", ["plan", "--preset", "moe_full_ac", "--budget", "1GiB", "--ac",
+     "memory_budget", "--scope", "none"], {}, 2, "plan.ac: no candidate setup has these AC modes"),
     ("matrix --backend bogus", ["matrix", "--backend", "bogus", "--out", "o"], {}, 2,
      "argument --backend: invalid choice: 'bogus'"),
     ("matrix --merge of a folder", ["matrix", "--merge", "a-folder", "--out", "o"], {}, 2,

@@ -659,7 +659,10 @@ _JUNK_VALUES = ["0", "-1", "1e309", "nan", "x", "\u202ex", "\x1b[31m", "10000000
 _OPTIONS = {
     "run": ["--preset", "--config", "--list", "--json", "--isolate", "--timeout-s", "--strict", "--no-refs", "--nproc"],
     "cases": ["--cpu", "--needs", "--text", "--findings", "--markdown", "--check", "--page"],
-    "plan": ["--preset", "--config", "--shape", "--layers", "--budget", "--world-size", "--backend", "--json"],
+    "plan": [
+        "--preset", "--config", "--shape", "--layers", "--budget", "--world-size", "--backend", "--ac", "--scope",
+        "--json",
+    ],
     "matrix": [
         "--quick", "--full", "--backend", "--stack", "--only", "--timeout-s", "--workers", "--executor", "--cold",
         "--cluster", "--time-min", "--cpus-per-cell", "--keep-timeouts", "--no-bare", "--blocks", "--model",
@@ -671,7 +674,8 @@ _GOOD = {
     "--preset": "moe_full_ac", "--timeout-s": "5", "--nproc": "2", "--cpu": "reproduced", "--needs": "cpu",
     "--text": "router", "--check": "C2", "--backend": "aot_eager", "--stack": "toolkit", "--only": "AC full",
     "--workers": "1", "--executor": "local", "--cluster": "local", "--time-min": "5", "--cpus-per-cell": "1",
-    "--budget": "1GiB", "--world-size": "2", "--shape": "deepseek_v3_layer", "--layers": "2",
+    "--budget": "1GiB", "--world-size": "2", "--shape": "deepseek_v3_layer", "--layers": "2", "--ac": "full",
+    "--scope": "blocks",
 }  # fmt: skip
 """A value each option takes, so that the search also reaches command lines that pass every check."""
 

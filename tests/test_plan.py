@@ -146,14 +146,19 @@ def test_bad_input_is_refused_before_anything_is_sized():
 
 
 def test_plan_from_the_command_line():
+    """The CLI's own route, narrowed to two eager setups (README's plan command runs every candidate, in
+    test_readme); a bad budget and an empty selection are refused before anything is sized."""
     cmd = [sys.executable, "-m", "toolkit", "plan", "--preset", "moe_full_ac", "--budget", "1GiB"]
-    cmd += ["--world-size", "2", "--backend", "aot_eager", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    narrow = ["--world-size", "2", "--ac", "none", "full", "--scope", "none", "--json"]
+    done = subprocess.run([*cmd, *narrow], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = Plan.from_json(done.stdout)
-    assert result.world_size == 2 and result.pick is not None and len(result.rows) >= 9
+    assert result.world_size == 2 and result.pick == "no AC, eager"
+    assert [r.setup for r in result.rows] == ["no AC, eager", "full AC, eager"]
     bad = subprocess.run([*cmd[:6], "--budget", "lots"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: plan.budget: 'lots' is not a memory size")
+    empty = subprocess.run([*cmd, "--ac", "memory_budget", "--scope", "none"], capture_output=True, text=True)
+    assert empty.returncode == 2 and empty.stderr.startswith("error: plan.ac: no candidate setup")
 
 
 def test_reshard_after_forward_off_holds_the_gathered_blocks():

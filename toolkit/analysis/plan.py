@@ -63,9 +63,22 @@ class Setup:
         return base.replace(ac=ac, compile=compile, name=self.label)
 
 
-def candidates(backends: tuple[str, ...] = ("aot_eager", "inductor")) -> tuple[Setup, ...]:
+PLAN_AC_MODES = ("none", "full", "selective_op", "memory_budget")
+PLAN_SCOPES = ("none", "blocks", "model")
+
+
+def candidates(
+    backends: tuple[str, ...] = ("aot_eager", "inductor"),
+    ac_modes: tuple[str, ...] = PLAN_AC_MODES,
+    scopes: tuple[str, ...] = PLAN_SCOPES,
+) -> tuple[Setup, ...]:
     """About 20 setups: AC none / full / per-op SAC / the partitioner's memory budget, eager or compiled per block or
-    whole, both orders where compile and AC wrap the same block, on each backend."""
+    whole, both orders where compile and AC wrap the same block, on each backend; only the AC modes and compile
+    scopes ("none": eager) asked for."""
+    return tuple(s for s in _every_candidate(backends) if s.ac in ac_modes and s.scope in scopes)
+
+
+def _every_candidate(backends: tuple[str, ...]) -> list[Setup]:
     out = [Setup("none"), Setup("full"), Setup("selective_op")]
     for backend in backends:
         for scope in ("blocks", "model"):
@@ -75,7 +88,7 @@ def candidates(backends: tuple[str, ...] = ("aot_eager", "inductor")) -> tuple[S
                 if scope == "blocks":
                     out.append(Setup(ac, scope, "ac_outside", backend))
             out.append(Setup("memory_budget", scope, None, backend))
-    return tuple(out)
+    return out
 
 
 @dataclass(frozen=True)

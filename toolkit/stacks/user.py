@@ -48,13 +48,8 @@ class UserModelConfig(PlainData):
     def __post_init__(self) -> None:
         own = "UserModelConfig"
         check_text(own, "build", self.build)
-        if self.build and (":" not in self.build or not all(self.build.rsplit(":", 1))):
-            raise ConfigError(
-                own,
-                "build",
-                f"{self.build!r} is not FILE.py:FUNCTION or MODULE:FUNCTION.",
-                "pass e.g. 'models/mine.py:build' or 'mypkg.models:build'.",
-            )
+        if self.build:
+            _parts(self.build)
         if self.blocks is not None:
             check_text(own, "blocks", self.blocks)
             if not self.blocks.isidentifier():
@@ -83,10 +78,24 @@ class UserModelConfig(PlainData):
         return pathlib.Path(spec.origin) if spec is not None and spec.origin else None
 
 
+def _parts(build: str) -> tuple[str, str]:
+    """`FILE.py:FUNCTION` / `MODULE:FUNCTION` → (where, function); a ConfigError naming the field otherwise (an empty
+    `--model ''` included)."""
+    where, _, name = build.rpartition(":")
+    if not where or not name:
+        raise ConfigError(
+            "UserModelConfig",
+            "build",
+            f"{build!r} is not FILE.py:FUNCTION or MODULE:FUNCTION.",
+            "pass e.g. 'models/mine.py:build' or 'mypkg.models:build'.",
+        )
+    return where, name
+
+
 def load(build: str) -> Callable[[], Any]:
     """The function `build` names, imported by path (`file.py:fn`) or as a module (`pkg.mod:fn`); a ConfigError
     naming the field when it cannot be."""
-    where, name = build.rsplit(":", 1)
+    where, name = _parts(build)
     own = "UserModelConfig"
     try:
         if where.endswith(".py"):
