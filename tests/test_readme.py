@@ -146,8 +146,12 @@ def _demo_table() -> list[str]:
 
 
 def test_demo_prints_readmes_table_row_by_row():
+    """`python -m toolkit demo` prints README's table, and nothing on stderr (e.g. no torch log line such as
+    "W1201 … Detected that context_fn is passed …")."""
     out = subprocess.run([sys.executable, "-m", "toolkit", "demo"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr
+    assert out.stdout.splitlines()[0].startswith("setup") and "recipe torchtitan_0_3_0" in out.stdout
     printed = [line.rstrip() for line in out.stdout.splitlines()]
     table = _demo_table()
     assert printed[: len(table)] == table
