@@ -1,5 +1,6 @@
 """Small helpers the tests share (kept out of conftest.py: notebooks/ has a conftest module of its own)."""
 
+import contextlib
 import os
 import shutil
 
@@ -197,6 +198,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gloo_world_of_one():
+    """A 1-rank gloo process group on 127.0.0.1 for the block, the test's own (FSDP2 needs one to shard)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def write_rank_rows(out: str, rows: list) -> None:

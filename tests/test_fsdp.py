@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import _helpers
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,9 +27,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:Fu
 def gloo_world_of_one():
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with _helpers.gloo_world_of_one():
+        yield
 
 
 def shard(model):

@@ -159,6 +159,13 @@ def test_plan_from_the_command_line():
     assert bad.returncode == 2 and bad.stderr.startswith("error: plan.budget: 'lots' is not a memory size")
     empty = subprocess.run([*cmd, "--ac", "memory_budget", "--scope", "none"], capture_output=True, text=True)
     assert empty.returncode == 2 and empty.stderr.startswith("error: plan.ac: no candidate setup")
+    # The parser (built without importing the plan) offers exactly the plan's AC modes and scopes.
+    from toolkit.analysis.plan import PLAN_AC_MODES, PLAN_SCOPES
+    from toolkit.cli import _parser
+
+    sub = next(a for a in _parser()._actions if a.dest == "command").choices["plan"]
+    choices = {a.dest: tuple(a.choices) for a in sub._actions if a.dest in ("ac", "scope")}
+    assert choices == {"ac": PLAN_AC_MODES, "scope": PLAN_SCOPES}
 
 
 def test_reshard_after_forward_off_holds_the_gathered_blocks():

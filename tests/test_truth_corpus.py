@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 import torch
-from _helpers import extra
+from _helpers import extra, gloo_world_of_one
 from test_bugs import STANDALONE
 
 import toolkit as tk
@@ -95,21 +95,8 @@ def test_a_repro_measured_as_a_users_model_names_its_own_case(name):
     release = catalogue.torch_release()
     with contextlib.ExitStack() as stack:
         if getattr(module, "USER_MODELS_NEED", None) == "process_group":
-            stack.enter_context(_one_rank())
+            stack.enter_context(gloo_world_of_one())
         _measure_each(module, release)
-
-
-@contextlib.contextmanager
-def _one_rank():
-    """A 1-rank gloo group on 127.0.0.1, the test's own, for the scripts whose models shard with FSDP2."""
-    import torch.distributed as dist
-    from _helpers import free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _measure_each(module, release: str) -> None:

@@ -282,12 +282,9 @@ def _run_command(args) -> int:
     return EXIT_SILENT if args.strict and cl.label in SILENT else EXIT_OK
 
 
-_PLAN_FIX_EMPTY = "ask for a compile scope beside the memory budget (--scope blocks), or more AC modes."
-
-
 def _plan_command(args) -> int:
     from ._config import ConfigError, check_bytes
-    from .analysis.plan import PLAN_AC_MODES, PLAN_SCOPES, candidates, plan
+    from .analysis.plan import candidates, plan
     from .estimation.estimates import LAYER_SHAPES
     from .measurement import Scenario
 
@@ -298,18 +295,18 @@ def _plan_command(args) -> int:
         scenario = _load_scenario(args)
     if args.layers is not None:
         scenario = scenario.replace(model=scenario.model.replace(n_layers=args.layers))
-    if args.backend or args.ac or args.scope:
-        setups = candidates(
-            tuple(args.backend or ("aot_eager", "inductor")),
-            tuple(args.ac or PLAN_AC_MODES),
-            tuple(args.scope or PLAN_SCOPES),
-        )
+    # Only the filters given: candidates() holds the defaults.
+    asked = {"backends": args.backend, "ac_modes": args.ac, "scopes": args.scope}
+    setups = None
+    if any(asked.values()):
+        setups = candidates(**{k: tuple(v) for k, v in asked.items() if v})
         if not setups:  # e.g. the memory budget asked for eagerly: it is a setting of the compiled graphs only
             raise ConfigError(
-                "plan", "ac", "no candidate setup has these AC modes and compile scopes.", _PLAN_FIX_EMPTY
+                "plan",
+                "ac",
+                "no candidate setup has these AC modes and compile scopes.",
+                "ask for a compile scope beside the memory budget (--scope blocks), or more AC modes.",
             )
-    else:
-        setups = None
     result = plan(scenario, budget=budget, world_size=args.world_size, setups=setups)
     print(result.to_json() if args.json else str(result))
     return 0
@@ -851,14 +848,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ac",
         nargs="+",
-        choices=["none", "full", "selective_op", "memory_budget"],
+        choices=["none", "full", "selective_op", "memory_budget"],  # analysis.plan.PLAN_AC_MODES (tested equal)
         default=None,
         help="only these AC modes (default all; memory_budget needs a compile scope)",
     )
     p.add_argument(
         "--scope",
         nargs="+",
-        choices=["none", "blocks", "model"],
+        choices=["none", "blocks", "model"],  # analysis.plan.PLAN_SCOPES (tested equal)
         default=None,
         help="only these compile scopes ('none': eager; default all)",
     )
