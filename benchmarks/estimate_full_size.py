@@ -2,9 +2,9 @@
 
     python benchmarks/estimate_full_size.py [--layers LAYER ...] [--modes MODE ...] [--backends BACKEND ...]
 
-For each layer of `tk.LAYER_SHAPES` × AC mode × eager / aot_eager / inductor (the block compiled whole, fullgraph),
-a child process runs one estimate and reports its wall time and peak RSS (`ru_maxrss`, the whole process: Python,
-torch and the compiler included); the parent prints a table with the estimate's saved bytes and peak. Target:
+For each layer of `tk.estimation.LAYER_SHAPES` × AC mode × eager / aot_eager / inductor (the block compiled whole,
+fullgraph), a child process runs one estimate and reports its wall time and peak RSS (`ru_maxrss`, the whole process:
+Python, torch and the compiler included); the parent prints a table with the estimate's saved bytes and peak. Target:
 ≤ 60 s and ≤ 4 GB each on 2 cores. A memory budget needs a compile, so it has no eager figure.
 """
 
@@ -32,7 +32,9 @@ def one(layer: str, mode: str, backend: str) -> dict:
     compile = (
         tk.CompileConfig(scope="blocks", backend=backend, fullgraph=True) if backend != "eager" else tk.CompileConfig()
     )
-    scenario = tk.Scenario(model=tk.LAYER_SHAPES[layer], ac=tk.ACConfig(mode=mode), compile=compile, name=layer)
+    scenario = tk.Scenario(
+        model=tk.estimation.LAYER_SHAPES[layer], ac=tk.ACConfig(mode=mode), compile=compile, name=layer
+    )
     est = tk.estimate(scenario)
     return {
         "seconds": round(time.perf_counter() - t0, 1),  # building the fake model and the estimate; not the imports
@@ -44,7 +46,7 @@ def one(layer: str, mode: str, backend: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", nargs="+", default=None, help="keys of tk.LAYER_SHAPES (default: all)")
+    parser.add_argument("--layers", nargs="+", default=None, help="keys of tk.estimation.LAYER_SHAPES (default: all)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--one", nargs=3, metavar=("LAYER", "MODE", "BACKEND"), help=argparse.SUPPRESS)

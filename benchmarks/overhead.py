@@ -74,7 +74,7 @@ def main() -> None:
             out = model(batch.tokens)
         if census:
             probes.census(out)
-        loss = tk.loss_fn(out, batch.labels)
+        loss = tk.models.loss_fn(out, batch.labels)
         del out
         if probes is not None and not tracker:
             probes.state.phase = "backward"

@@ -46,7 +46,7 @@ def repro_cases(path) -> tuple[str, ...]:
 
 def _differs_between_releases(path) -> bool:
     """A case the notebook is named for, or whose repro it runs, has another verdict on another release (C14)."""
-    from toolkit import catalogue
+    from toolkit.analysis import catalogue
 
     named = {f"C{int(n)}" for n in re.findall(r"C(\d+)", path.name)}
     return any(len(set(catalogue.get(c).verified.values())) > 1 for c in named | set(repro_cases(path)))

@@ -10,7 +10,11 @@ import toolkit as tk
 
 
 def grads(model):
-    return {tk.canonical_name(n): p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        tk.transforms.canonical_name(n): p.grad.detach().clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def graph_count():
@@ -178,7 +182,8 @@ def playwright_and_chromium():
 
 
 def state_diff(before: dict, after: dict) -> dict:
-    """What differs between two `tk.global_state()` snapshots, key by key (readable where `==` shows `...`)."""
+    """What differs between two `tk.transforms.global_state()` snapshots, key by key (readable where `==` shows
+    `...`)."""
     out = {}
     for section in sorted(set(before) | set(after)):
         a, b = before.get(section), after.get(section)

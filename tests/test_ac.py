@@ -44,7 +44,7 @@ def test_every_ac_mode_keeps_names_and_exact_gradients(moe_cfg, ac):
     ref = tk.build_model(cfg)
     ref_loss = tk.train_step(ref, batch)
     model = tk.apply_ac(tk.build_model(cfg), ac)
-    assert [n for n, _ in tk.named_modules(model)] == [n for n, _ in tk.named_modules(ref)]
+    assert [n for n, _ in tk.transforms.named_modules(model)] == [n for n, _ in tk.transforms.named_modules(ref)]
     loss = tk.train_step(model, batch)
     assert loss.item() == ref_loss.item()
     g, gr = grads(model), grads(ref)
@@ -54,7 +54,7 @@ def test_every_ac_mode_keeps_names_and_exact_gradients(moe_cfg, ac):
 
 
 def _wrapped(model):
-    names = tk.naming.module_names(model)
+    names = tk.transforms.naming.module_names(model)
     return sorted(names[id(m)] for m in model.modules() if isinstance(m, CheckpointWrapper))
 
 
@@ -78,7 +78,7 @@ def test_where_each_mode_wraps(moe_cfg):
     ]
     model = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="memory_budget", memory_budget=0.3))
     assert _wrapped(model) == []
-    assert tk.applied(model).functorch_config == {"activation_memory_budget": 0.3}
+    assert tk.transforms.applied(model).functorch_config == {"activation_memory_budget": 0.3}
     # The same model twice gives the same pattern: no counter leaks across models (N14).
     again = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))
     assert _wrapped(again) == ["layers.1", "layers.3"]
@@ -88,7 +88,7 @@ def _dense_flops(dense_cfg, ac):
     model = tk.apply_ac(tk.build_model(dense_cfg), ac)
     batch = tk.make_batch(dense_cfg)
     with FlopCounterMode(display=False) as counter:
-        tk.loss_fn(model(batch.tokens), batch.labels).backward()
+        tk.models.loss_fn(model(batch.tokens), batch.labels).backward()
     return counter.get_total_flops()
 
 
@@ -126,7 +126,7 @@ def _decisions(cfg, ac, layer="0"):
     model = tk.apply_ac(tk.build_model(cfg), ac)
     batch = tk.make_batch(cfg)
     h = model.tok_embeddings(batch.tokens)
-    with tk.record_policy_decisions() as log:
+    with tk.transforms.record_policy_decisions() as log:
         out = model.layers[layer](h, model.rope)
     out.sum().backward()
     return log
@@ -191,7 +191,7 @@ def test_default_save_ops_contents():
     """torchtitan 0.3.0's list: `.default` overloads only (tests/test_torchtitan.py compares with its own)."""
     from torch._functorch.partitioners import get_default_op_list
 
-    ops = tk.default_save_ops()
+    ops = tk.transforms.default_save_ops()
     for op in (
         aten.mm.default,
         aten.addmm.default,
@@ -220,7 +220,7 @@ def test_policy_is_fresh_per_checkpoint_call(dense_cfg):
     """Each block's forward starts counting at 1, so both blocks save the same matmuls."""
     model = tk.apply_ac(tk.build_model(dense_cfg), ACConfig(mode="selective_op"))
     batch = tk.make_batch(dense_cfg)
-    with tk.record_policy_decisions() as log:
+    with tk.transforms.record_policy_decisions() as log:
         model(batch.tokens)
     reasons = [d.reason for d in log if d.op == "aten.mm.default"]
     assert reasons[:7] == reasons[7:14] and reasons[0] == "matmul #1 (odd)"
@@ -232,7 +232,7 @@ def test_apply_twice_is_refused_and_remove_restores(moe_cfg):
     tk.apply_ac(model, ACConfig(mode="full"))
     with pytest.raises(RuntimeError, match="already applied"):
         tk.apply_ac(model, ACConfig(mode="selective_op"))
-    tk.remove_ac(model)
+    tk.transforms.remove_ac(model)
     assert [n for n, _ in model.named_modules()] == before
     assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
     tk.apply_ac(model, ACConfig(mode="selective_op"))  # allowed again after removal
@@ -250,14 +250,14 @@ def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
 
     model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="full"))
     assert lru_cache_enabled()
-    with tk.torch_settings(model):
+    with tk.transforms.torch_settings(model):
         assert not lru_cache_enabled()
     assert lru_cache_enabled()
     # Turned off by someone else (torchtitan's apply_ac does it directly): it stays off after the step.
     torch._C._dynamo.eval_frame._set_lru_cache(False)
     try:
         assert lru_cache_enabled() is False
-        with tk.torch_settings(model):
+        with tk.transforms.torch_settings(model):
             assert not lru_cache_enabled()
         assert lru_cache_enabled() is False
     finally:
@@ -266,7 +266,7 @@ def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
 
 def test_memory_budget_without_compile_is_refused(moe_cfg):
     with pytest.raises(ConfigError, match="ACConfig.mode") as e:
-        tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="memory_budget"))
+        tk.transforms.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="memory_budget"))
     assert "compile" in str(e.value)
     model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="memory_budget"))
     with pytest.raises(ConfigError, match="nothing is compiled"):
@@ -444,8 +444,8 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
         assert ACConfig.from_dict(json.loads(json.dumps(record))) == cfg
     model = tk.build_model(moe_cfg)
     tk.apply_ac(model, FullAC(preserve_rng_state=False))  # a class used directly is the same config
-    assert tk.applied(model).ac == ACConfig(mode="full", preserve_rng_state=False)
-    tk.remove_ac(model)
+    assert tk.transforms.applied(model).ac == ACConfig(mode="full", preserve_rng_state=False)
+    tk.transforms.remove_ac(model)
     with pytest.raises(ConfigError, match="ACConfig.mode: FullAC is mode 'full', not 'none'"):
         FullAC(mode="none")
 
@@ -505,10 +505,10 @@ def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg,
     with pytest.raises(RuntimeError, match="refused"):
         tk.apply_ac(model, ACConfig(mode="full"))
     assert calls == ["layers.0", "layers.1"] and [type(b) for b in model.layers.values()] == before
-    assert tk.applied(model).empty
+    assert tk.transforms.applied(model).empty
     monkeypatch.setattr(FullAC, "wrap", original)
     tk.apply_ac(model, ACConfig(mode="full"))
-    assert tk.applied(model).ac_wrapped == ["layers.0", "layers.1"]
+    assert tk.transforms.applied(model).ac_wrapped == ["layers.0", "layers.1"]
 
 
 def test_policy_dict_mode_needs_the_torch_that_has_it():
@@ -539,7 +539,7 @@ def test_the_toolkits_own_checkpoints_offload_alike():
     transformers does; the truth counts the host copies the test's own subclass of save_on_cpu records."""
     cfg = tk.ModelConfig(n_layers=2)
     model = tk.build_model(cfg)
-    tk.prepare(model, ac=tk.ACConfig(mode="full", offload=True))
+    tk.transforms.prepare(model, ac=tk.ACConfig(mode="full", offload=True))
     tokens = tk.make_batch(cfg).tokens
     report = tk.measure(model, tokens)
     truth = Truth(model)
@@ -565,7 +565,7 @@ def test_offload_under_compile_reads_as_dynamo_says_without_the_probes(fullgraph
     ac, comp = tk.ACConfig(mode="full", offload=True), tk.CompileConfig(scope="blocks", fullgraph=fullgraph)
     torch._dynamo.reset()
     counters.clear()
-    model = tk.prepare(tk.build_model(cfg), ac=ac, compile=comp)
+    model = tk.transforms.prepare(tk.build_model(cfg), ac=ac, compile=comp)
     try:
         model(tk.make_batch(cfg).tokens).float().sum().backward()
         plain_error = ""

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import toolkit as tk
-from toolkit import bugs, catalogue, compat
+from toolkit import bugs, compat
+from toolkit.analysis import catalogue
 from toolkit.stacks import extras
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -212,9 +212,9 @@ small = tk.ModelConfig(n_layers=1)
 tk.estimate(tk.Scenario(model=small, ac=tk.ACConfig(mode="full"),
     compile=tk.CompileConfig(scope="blocks", backend="inductor")))
 model = tk.build_model(tk.ModelConfig(n_layers=2))
-tk.prepare(model, ac=tk.ACConfig(mode="remat"))
+tk.transforms.prepare(model, ac=tk.ACConfig(mode="remat"))
 tk.train_step(model, tk.make_batch(model.config))
-tk.reset(model)
+tk.transforms.reset(model)
 after = owners()
 print(json.dumps(sorted(k for k in before if before[k] is not after[k])))
 """

@@ -25,30 +25,30 @@ SCOPES = [
 @pytest.mark.parametrize("ac_mode", ["none", "full", "per_submodule"])
 def test_names_stay_canonical_under_every_scope(moe_cfg, ac_mode, method):
     cfg = moe_cfg.replace(n_layers=2, moe_layers=2)  # layer 0 dense, layer 1 MoE
-    ref = [n for n, _ in tk.named_modules(tk.build_model(cfg))]
+    ref = [n for n, _ in tk.transforms.named_modules(tk.build_model(cfg))]
     for scope in SCOPES:
         if method == "torch_compile" and scope == "model":
             continue
         model = tk.build_model(cfg)
-        tk.prepare(model, ac=ACConfig(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
-        assert [n for n, _ in tk.named_modules(model)] == ref, scope
-        assert tk.get_module(model, "layers.1.moe.router.gate") is tk.unwrap(model).layers[
+        tk.transforms.prepare(model, ac=ACConfig(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
+        assert [n for n, _ in tk.transforms.named_modules(model)] == ref, scope
+        assert tk.transforms.get_module(model, "layers.1.moe.router.gate") is tk.transforms.unwrap(model).layers[
             "1"
-        ].moe.router.gate or isinstance(tk.get_module(model, "layers.1.moe.router.gate"), torch.nn.Linear)
-        tk.reset(model, dynamo=False)
+        ].moe.router.gate or isinstance(tk.transforms.get_module(model, "layers.1.moe.router.gate"), torch.nn.Linear)
+        tk.transforms.reset(model, dynamo=False)
         assert [n for n, _ in model.named_modules()] == [n for n, _ in tk.build_model(cfg).named_modules()]
 
 
 def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
         ac=ACConfig(mode="per_submodule"),
         compile=CompileConfig(scope="moe", method="torch_compile", order="compile_outside"),
     )
     block = model.layers["0"]
     assert not isinstance(block.moe, tk.models.MoE)  # what torchtitan's #1895 check saw
-    assert isinstance(tk.unwrap(block.moe), tk.models.MoE)
-    assert tk.naming.wrapper_chain(block.moe) == ["OptimizedModule", "CheckpointWrapper"]
+    assert isinstance(tk.transforms.unwrap(block.moe), tk.models.MoE)
+    assert tk.transforms.naming.wrapper_chain(block.moe) == ["OptimizedModule", "CheckpointWrapper"]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_compiled_gradients_match_eager(moe_cfg, ac, compile):
     batch = tk.make_batch(moe_cfg)
     ref = tk.build_model(moe_cfg)
     ref_loss = tk.train_step(ref, batch)
-    model = tk.prepare(tk.build_model(moe_cfg), ac=ac, compile=compile)
+    model = tk.transforms.prepare(tk.build_model(moe_cfg), ac=ac, compile=compile)
     loss = tk.train_step(model, batch)
     assert graph_count() >= 1
     torch.testing.assert_close(loss, ref_loss)
@@ -89,20 +89,22 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
     """C2 / pytorch#139989: for_loop experts call `.tolist()`; compile(AC(block)) with fullgraph=False runs eagerly."""
     moe_cfg = moe_cfg.replace(experts_impl="for_loop")
     batch = tk.make_batch(moe_cfg)
-    model = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
+    model = tk.transforms.prepare(
+        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks")
+    )
     tk.train_step(model, batch)
     assert graph_count() == 0 and break_count() >= 1
-    assert tk.applied(model).compile_orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
+    assert tk.transforms.applied(model).compile_orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    no_ac = tk.prepare(tk.build_model(moe_cfg), compile=CompileConfig(scope="blocks"))
+    no_ac = tk.transforms.prepare(tk.build_model(moe_cfg), compile=CompileConfig(scope="blocks"))
     tk.train_step(no_ac, batch)
     assert graph_count() >= 2 and break_count() >= 1  # without AC the break only splits the graph
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    full = tk.prepare(
+    full = tk.transforms.prepare(
         tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True)
     )
     tk.train_step(full, batch)
@@ -110,7 +112,7 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
 
 
 def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
         ac=ACConfig(mode="full"),
         compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
@@ -123,7 +125,7 @@ def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
 def test_order_is_explicit(moe_cfg):
     # A scope inside a checkpointed block can only be AC(compile(x)).
     with pytest.raises(ConfigError, match="CompileConfig.order") as e:
-        tk.prepare(
+        tk.transforms.prepare(
             tk.build_model(moe_cfg),
             ac=ACConfig(mode="full"),
             compile=CompileConfig(scope="attention", order="compile_outside"),
@@ -131,20 +133,24 @@ def test_order_is_explicit(moe_cfg):
     assert "ac_outside" in str(e.value)
     # The model contains the checkpointed blocks: only compile(AC(x)).
     with pytest.raises(ConfigError, match="CompileConfig.order"):
-        tk.prepare(
+        tk.transforms.prepare(
             tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="model", order="ac_outside")
         )
-    inside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="attention"))
-    assert set(tk.applied(inside).compile_orders.values()) == {"AC(compile(x))"}
+    inside = tk.transforms.prepare(
+        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="attention")
+    )
+    assert set(tk.transforms.applied(inside).compile_orders.values()) == {"AC(compile(x))"}
     # Where the target is the checkpointed module itself, `order` picks which of the two is compiled.
-    outside = tk.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks"))
+    outside = tk.transforms.prepare(
+        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks")
+    )
     assert outside.layers["0"]._compiled_call_impl is not None
-    ac_out = tk.prepare(
+    ac_out = tk.transforms.prepare(
         tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside")
     )
     assert isinstance(ac_out.layers["0"], CheckpointWrapper) and ac_out.layers["0"]._compiled_call_impl is None
     assert ac_out.layers["0"]._checkpoint_wrapped_module._compiled_call_impl is not None
-    assert set(tk.applied(ac_out).compile_orders.values()) == {"AC(compile(x))"}
+    assert set(tk.transforms.applied(ac_out).compile_orders.values()) == {"AC(compile(x))"}
     with pytest.raises(RuntimeError, match="apply_ac must run before apply_compile"):
         tk.apply_ac(tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks")), ACConfig(mode="full"))
 
@@ -165,7 +171,7 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
 
         return aot_autograd(fw_compiler=fw, bw_compiler=lambda g, _: make_boxed_func(g))(gm, example_inputs)
 
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
         ac=ACConfig(mode="full"),
         compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True),
@@ -174,7 +180,7 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
     assert calls["fw"] == 2 * dense_cfg.n_layers  # forward + recompute for each block
     calls["fw"] = 0
     torch._dynamo.reset()
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
         ac=ACConfig(mode="full"),
         compile=CompileConfig(scope="blocks", backend=counting_backend, order="compile_outside", fullgraph=True),
@@ -221,7 +227,7 @@ def test_grouped_mm_fp32_under_compile_on_cpu_is_refused_bf16_works():
     ref_loss = tk.train_step(tk.build_model(fp32), batch)
     compiled = tk.apply_compile(tk.build_model(fp32), CompileConfig(scope="experts", fullgraph=True))
     torch.testing.assert_close(tk.train_step(compiled, batch), ref_loss, rtol=1e-5, atol=1e-5)
-    assert tk.applied(compiled).compiled == ["layers.0.moe.routed_experts", "layers.1.moe.routed_experts"]
+    assert tk.transforms.applied(compiled).compiled == ["layers.0.moe.routed_experts", "layers.1.moe.routed_experts"]
     torch._dynamo.reset()
     bf16 = cfg.replace(dtype="bfloat16")
     ref = tk.build_model(bf16)
@@ -240,7 +246,7 @@ def test_memory_budget_is_live_while_compiling(moe_cfg):
         seen.append(torch._functorch.config.activation_memory_budget)
         return gm.forward
 
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(moe_cfg.replace(experts_impl="masked")),
         ac=ACConfig(mode="memory_budget", memory_budget=0.25),
         compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True),
@@ -254,10 +260,10 @@ def test_compile_twice_is_refused_and_remove_restores(moe_cfg):
     model = tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks"))
     with pytest.raises(RuntimeError, match="already compiled"):
         tk.apply_compile(model, CompileConfig(scope="attention"))
-    tk.remove_compile(model)
+    tk.transforms.remove_compile(model)
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in model.modules())
     tk.apply_compile(model, CompileConfig(scope="attention", method="torch_compile"))
-    tk.remove_compile(model)
+    tk.transforms.remove_compile(model)
     assert [n for n, _ in model.named_modules()] == [n for n, _ in tk.build_model(moe_cfg).named_modules()]
     user = tk.build_model(moe_cfg)
     user.layers["0"].compile()
@@ -266,9 +272,9 @@ def test_compile_twice_is_refused_and_remove_restores(moe_cfg):
 
 
 def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
-    before = tk.global_state()
+    before = tk.transforms.global_state()
     model = tk.build_model(moe_cfg)
-    tk.prepare(
+    tk.transforms.prepare(
         model,
         ac=ACConfig(mode="memory_budget", memory_budget=0.5),
         compile=CompileConfig(
@@ -281,23 +287,23 @@ def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
     )
     tk.train_step(model, tk.make_batch(moe_cfg))
     assert graph_count() >= 1
-    tk.reset(model)
-    after = tk.global_state()
+    tk.transforms.reset(model)
+    after = tk.transforms.global_state()
     assert after == before
 
 
 def test_torch_settings_restores_on_error(moe_cfg):
-    before = tk.global_state()
-    model = tk.prepare(
+    before = tk.transforms.global_state()
+    model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
         ac=ACConfig(mode="full"),
         compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
     )
     with pytest.raises(ZeroDivisionError):
-        with tk.torch_settings(model):
+        with tk.transforms.torch_settings(model):
             assert torch._dynamo.config.capture_scalar_outputs is True
             1 / 0
-    assert tk.global_state() == before, state_diff(before, tk.global_state())
+    assert tk.transforms.global_state() == before, state_diff(before, tk.transforms.global_state())
 
 
 @pytest.mark.parametrize(
@@ -328,7 +334,7 @@ def test_scope_errors_name_the_field(moe_cfg, dense_cfg):
     with pytest.raises(ConfigError, match="CompileConfig.method"):
         tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="model", method="torch_compile"))
     with pytest.raises(ConfigError, match="ACConfig.wrap_inductor_compiled_regions"):
-        tk.prepare(
+        tk.transforms.prepare(
             tk.build_model(moe_cfg),
             ac=ACConfig(mode="selective_op", wrap_inductor_compiled_regions=True),
             compile=CompileConfig(scope="attention", backend="aot_eager"),
@@ -351,7 +357,7 @@ def test_inductor_compiles_a_checkpointed_dense_block(dense_cfg):
     batch = tk.make_batch(dense_cfg)
     ref = tk.build_model(dense_cfg)
     tk.train_step(ref, batch)
-    model = tk.prepare(
+    model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
         ac=ACConfig(mode="selective_op"),
         compile=CompileConfig(scope="blocks", backend="inductor", fullgraph=True),
@@ -389,7 +395,7 @@ def test_a_target_inside_another_is_inlined_and_the_report_says_so(moe_cfg):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     with pytest.warns(UserWarning, match=r"layers\.0\.moe lies inside another compiled target.*C76"):
-        model = tk.prepare(tk.build_model(moe_cfg), compile=nested)
+        model = tk.transforms.prepare(tk.build_model(moe_cfg), compile=nested)
     tk.train_step(model, tk.make_batch(moe_cfg))
     assert graph_count() == 1 and break_count() == 0
     report = tk.run(tk.Scenario(model=moe_cfg, compile=nested, steady_steps=0))

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import toolkit as tk
-from toolkit import display
 from toolkit.instrument.records import fmt_bytes
+from toolkit.notebook import display
 
 QUICK = dict(check_numerics=False, steady_steps=0)
 

@@ -57,7 +57,7 @@ def test_cuda_rounding_counts_whole_512_byte_blocks():
 
 def test_full_size_layers_in_seconds_without_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    cfg = tk.LAYER_SHAPES["deepseek_v3_layer"]
+    cfg = tk.estimation.LAYER_SHAPES["deepseek_v3_layer"]
     est = {mode: tk.estimate(cfg, ac=tk.ACConfig(mode=mode)) for mode in ("none", "selective_op", "full")}
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert est["none"].params_bytes > 20 * 2**30 and grown_mib < 512  # 25 GiB of weights, no real memory
@@ -68,7 +68,7 @@ def test_full_size_layers_in_seconds_without_memory():
     assert est["selective_op"].saved_by_module.get(experts, 0) < est["none"].saved_by_module[experts] / 4
     text = str(est["full"])
     assert text.startswith("estimate estimate (CUDA rounding): saved") and "note: routed experts: grouped_mm" in text
-    assert tk.Estimate.from_json(est["full"].to_json()) == est["full"]
+    assert tk.estimation.Estimate.from_json(est["full"].to_json()) == est["full"]
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def _real_step(scenario):
     if scenario.recipe is not None:
         apply_recipe(model, scenario.recipe, backend=scenario.recipe_backend)
     else:
-        tk.prepare(model, ac=scenario.ac, compile=scenario.compile)
+        tk.transforms.prepare(model, ac=scenario.ac, compile=scenario.compile)
     tokens, labels = tk.make_batch(scenario.model)
 
     def step():
@@ -308,7 +308,7 @@ def test_a_full_size_layer_compiles_on_fake_tensors_without_memory():
     """Qwen3-30B-A3B's layer (grouped-query heads, QK norm, 128 experts) compiled whole under full AC: the partitioner
     keeps the final norm's tensors and the block's input, each the size its shape gives, and nothing is allocated."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    cfg = tk.LAYER_SHAPES["qwen3_30b_a3b_layer"]
+    cfg = tk.estimation.LAYER_SHAPES["qwen3_30b_a3b_layer"]
     compile = tk.CompileConfig(scope="blocks", fullgraph=True)
     est = tk.estimate(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), compile=compile))
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024

@@ -20,7 +20,7 @@ def _counted(mode: str, *, math: bool) -> tuple[int, int]:
     tokens, labels = tk.make_batch(CFG)
     with sdpa_kernel(SDPBackend.MATH if math else SDPBackend.FLASH_ATTENTION):
         with FlopCounterMode(display=False) as fwd:
-            loss = tk.loss_fn(model(tokens), labels)
+            loss = tk.models.loss_fn(model(tokens), labels)
         with FlopCounterMode(display=False) as bwd:
             loss.backward()
     return fwd.get_total_flops(), bwd.get_total_flops()

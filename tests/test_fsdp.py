@@ -41,7 +41,7 @@ def shard(model):
 
 
 def truth_of(model, forward, params=False):
-    with tk.torch_settings(model):
+    with tk.transforms.torch_settings(model):
         truth = Truth(model)
         with patch_sac_contexts(truth, policies), truth:
             out = forward()
@@ -60,7 +60,7 @@ def test_fsdp2_saved_bytes_equal_the_truth(gloo_world_of_one, ac, backend):
     shard(model)
     batch = tk.make_batch(cfg)
     true, true_params = truth_of(model, lambda: model(batch.tokens), params=True)
-    report = tk.measure(model, batch.tokens, loss_fn=lambda o: tk.loss_fn(o, batch.labels))
+    report = tk.measure(model, batch.tokens, loss_fn=lambda o: tk.models.loss_fn(o, batch.labels))
     assert report.ok, report.error
     assert report.saved.total_bytes == true
     assert "other" not in report.saved.by_kind  # the all-gathered parameter buffers are gone, not "held"
@@ -182,7 +182,7 @@ def test_c50s_configuration_runs_on_one_and_two_gloo_ranks(order):
     merged = tk.run_distributed(scenario, nproc=2, timeout_s=600)
     assert merged.ok, merged.stderr_tail
     assert [r.saved.total_bytes for r in merged.ranks] == [alone.saved.total_bytes] * 2
-    assert tk.catalogue.get("C50").verified == dict.fromkeys(tk.compat.CHECKED_ON, "not reproduced")
+    assert tk.analysis.catalogue.get("C50").verified == dict.fromkeys(tk.compat.CHECKED_ON, "not reproduced")
 
 
 @pytest.mark.parametrize("stack", ["toolkit", "torchtitan"])
@@ -211,7 +211,7 @@ def test_two_ranks_merged_into_one_view(stack):
         assert not r.numerics.compared and "2 ranks" in r.numerics.reference
     text = str(merged)
     assert "2 ranks, ok" in text and text.count("c10d._allgather_base_") == 4
-    assert tk.DistributedReport.from_json(merged.to_json()) == merged
+    assert tk.execution.DistributedReport.from_json(merged.to_json()) == merged
 
 
 def test_expert_parallel_is_refused_where_it_cannot_run():

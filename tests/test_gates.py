@@ -512,7 +512,7 @@ def test_a_scenario_file_is_a_checked_scenario_or_refused_naming_its_field(data,
 
     import toolkit as tk
 
-    good = tk.preset("moe_full_ac").replace(compile=tk.CompileConfig(scope="blocks")).to_dict()
+    good = tk.measurement.preset("moe_full_ac").replace(compile=tk.CompileConfig(scope="blocks")).to_dict()
     path = data.draw(st.sampled_from(list(_leaves(good))))
     bad = json.loads(json.dumps(good))
     node = bad
@@ -569,10 +569,10 @@ def test_a_catalogue_filter_that_no_case_can_match_is_refused(arg):
     [
         (lambda tk: tk.CompileConfig(dynamic=0), "CompileConfig.dynamic"),
         (lambda tk: tk.run(tk.Scenario(), threads=10**6), "run.threads"),
-        (lambda tk: tk.prepare("model"), "prepare.model"),
-        (lambda tk: tk.prepare(tk.build_model(tk.ModelConfig(n_layers=1)), ac="full"), "prepare.ac"),
+        (lambda tk: tk.transforms.prepare("model"), "prepare.model"),
+        (lambda tk: tk.transforms.prepare(tk.build_model(tk.ModelConfig(n_layers=1)), ac="full"), "prepare.ac"),
         (
-            lambda tk: tk.prepare(
+            lambda tk: tk.transforms.prepare(
                 tk.build_model(tk.ModelConfig(n_layers=1)), compile=tk.CompileConfig(scope="blocks", order="ac_outside")
             ),
             "CompileConfig.order",
@@ -742,7 +742,7 @@ def _public_calls(tmp):
 
     import toolkit as tk
 
-    tiny, x, sc = torch.nn.Linear(4, 4), torch.randn(2, 4), tk.preset("moe_eager")
+    tiny, x, sc = torch.nn.Linear(4, 4), torch.randn(2, 4), tk.measurement.preset("moe_eager")
     model = tk.build_model()
     return {
         ("measure", "loss_fn"): (lambda v: tk.measure(tiny, x, loss_fn=v), [None, print]),
@@ -764,13 +764,13 @@ def _public_calls(tmp):
         ("make_batch", "cfg"): (lambda v: tk.make_batch(v), [None]),
         ("make_batch", "seed"): (lambda v: tk.make_batch(seed=v), [None, 0, 10**12]),
         ("build_model", "cfg"): (lambda v: tk.build_model(v), [None]),
-        ("preset", "name"): (lambda v: tk.preset(v), []),
-        ("recipe", "name"): (lambda v: tk.apply_recipe(model, v), []),
+        ("preset", "name"): (lambda v: tk.measurement.preset(v), []),
+        ("recipe", "name"): (lambda v: tk.transforms.apply_recipe(model, v), []),
         ("setup_notebook", "seed"): (lambda v: tk.setup_notebook(seed=v), [0, 10**12]),
         ("setup_notebook", "autoreload"): (lambda v: tk.setup_notebook(autoreload=v), [True, None]),
         ("setup_notebook", "needs"): (lambda v: tk.setup_notebook(needs=v), [[]]),
         ("setup_notebook", "threads"): (lambda v: tk.setup_notebook(threads=v), [None]),
-        ("reset", "dynamo"): (lambda v: tk.reset(model, dynamo=v), [True]),
+        ("reset", "dynamo"): (lambda v: tk.transforms.reset(model, dynamo=v), [True]),
         ("estimate", "cuda_rounding"): (lambda v: tk.estimate(sc, cuda_rounding=v), [True]),
         ("classify", "report"): (lambda v: tk.classify(v), []),
     }

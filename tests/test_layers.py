@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "toolkit"
 
@@ -142,9 +144,9 @@ def test_the_instrument_imports_only_compat_and_naming():
 def test_import_toolkit_loads_no_notebook_library():
     code = (
         "import sys, toolkit\n"
-        "toolkit.ModelConfig, toolkit.sweep, toolkit.catalogue\n"  # the API, imported on first use of a name
+        "toolkit.ModelConfig, toolkit.sweep, toolkit.analysis.catalogue\n"  # the API, imported on first use of a name
         "print(sorted(m for m in ('ipywidgets', 'plotly', 'IPython', 'nbformat') if m in sys.modules))\n"
-        "toolkit.display, toolkit.widgets\n"
+        "toolkit.explore\n"
         "print(sorted(m for m in ('ipywidgets',) if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -152,9 +154,38 @@ def test_import_toolkit_loads_no_notebook_library():
     assert out.stdout.split("\n")[:2] == ["[]", "['ipywidgets']"]
 
 
-def test_the_public_names_are_listed_once_and_each_resolves():
-    """`toolkit.__all__` is the one list of public names: each resolves (`_api`'s imports, a public subpackage or the
-    lazy notebook front end), and every name `_api` imports is on it, so the two cannot drift."""
+def test_the_instrument_runs_without_the_notebook_stack():
+    """The notebook stack (ipywidgets, plotly, jupyterlab) is an extra: with none of it importable a step is measured
+    and classified, and the Explorer says which install brings it instead of failing on an import inside."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('ipywidgets', 'plotly', 'jupyterlab', 'IPython', 'nbformat'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import toolkit as tk\n"
+        "cfg = tk.ModelConfig(n_layers=1)\n"
+        "report = tk.run(tk.Scenario(model=cfg, ac=tk.ACConfig(mode='full'), check_numerics=False, steady_steps=0))\n"
+        "print(str(report).splitlines()[0], tk.classify(report).label)\n"
+        "try:\n"
+        "    tk.explore\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    first, explorer = out.stdout.strip().split("\n")[-2:]
+    assert first == "grouped_mm | AC full | eager: ok works", first
+    assert explorer.startswith("toolkit.notebook.widgets needs ipywidgets (not installed") and explorer.endswith(
+        'pip install -e ".[notebook]"'
+    ), explorer
+
+
+def test_the_public_face_is_the_names_a_user_calls_each_resolving_once():
+    """`toolkit.__all__` is the one list of public names: about 20 a user calls, no subpackage, nothing private. Each
+    resolves (`_api`'s imports or the lazy Explorer), and every name `_api` imports is on it, so the two cannot drift.
+    A name outside it says where it lives (old code gets its fix), and a layer is still reached as in any package."""
     import toolkit
     from toolkit import _api
 
@@ -165,11 +196,45 @@ def test_the_public_names_are_listed_once_and_each_resolves():
         for a in node.names
     }
     assert bound <= set(toolkit.__all__), sorted(bound - set(toolkit.__all__))
+    assert len(toolkit.__all__) == len(set(toolkit.__all__)) <= 24
+    subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"}
     for name in toolkit.__all__:
+        assert not name.removesuffix(".py").startswith("_") or name == "__version__", name
+        assert name not in subpackages and f"{name}.py" not in subpackages, name
         assert getattr(toolkit, name) is not None, name
         if name in bound:
             assert getattr(toolkit, name) is getattr(_api, name), name
-    assert len(toolkit.__all__) == len(set(toolkit.__all__))
+    assert toolkit.transforms.prepare is toolkit.transforms.recipes.prepare
+    with pytest.raises(AttributeError, match=r"it is toolkit\.transforms\.prepare"):
+        toolkit.prepare  # noqa: B018 - the attribute access is what is tested
+    with pytest.raises(AttributeError, match=r"it is toolkit\.estimation\.LAYER_SHAPES"):
+        toolkit.LAYER_SHAPES  # noqa: B018
+    with pytest.raises(AttributeError, match=r"no attribute 'not_a_name'$"):
+        toolkit.not_a_name  # noqa: B018
+
+
+def test_every_tk_name_the_repository_writes_is_on_the_public_face():
+    """`tk.<name>` in any code, notebook or page here (README's examples included) is a public name or a layer: a name
+    that leaves the face cannot stay in an example that only a run of it would catch."""
+    import json
+    import re
+
+    import toolkit
+
+    layers = {p.stem for p in PKG.iterdir() if not p.name.startswith("_") and (p.suffix == ".py" or p.is_dir())}
+    allowed = set(toolkit.__all__) | layers | {"__file__"}
+    tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    wrong = []
+    for rel in tracked:
+        path = ROOT / rel
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        elif path.suffix in (".py", ".md"):
+            text = path.read_text()
+        else:
+            continue
+        wrong += [f"{rel}: tk.{m}" for m in re.findall(r"(?<![\w.])tk\.(\w+)", text) if m not in allowed]
+    assert not wrong, sorted(set(wrong))
 
 
 # A rule written out by hand where its home holds it is how rules drifted into 5 to 17 places: each pattern below is

@@ -103,7 +103,7 @@ def test_full_ac_saves_block_inputs_plus_what_is_outside_the_blocks(moe_cfg):
 def test_sac_saves_the_policys_cached_outputs_and_recomputes_the_rest(moe_cfg):
     model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="selective_op"))
     batch = tk.make_batch(moe_cfg)
-    with tk.record_policy_decisions() as log:
+    with tk.transforms.record_policy_decisions() as log:
         model(batch.tokens)
     saved_bytes = sum(d.out_bytes for d in log if d.decision == "MUST_SAVE")
     n_recompute = sum(d.decision == "PREFER_RECOMPUTE" for d in log)
@@ -128,9 +128,9 @@ def test_compiled_saved_matches_hooks_and_is_attributed(backend):
         assert report.saved.by_module.get(f"layers.{i}.moe.routed_experts.inner_experts", 0) > 0
     # Cross-check with outer hooks on the same compiled model, without probes.
     torch._dynamo.reset()
-    model = tk.prepare(tk.build_model(cfg), compile=scenario.compile)
+    model = tk.transforms.prepare(tk.build_model(cfg), compile=scenario.compile)
     batch = tk.make_batch(cfg)
-    with tk.torch_settings(model):
+    with tk.transforms.torch_settings(model):
         total, _ = hooks_saved_bytes(model, lambda: model(batch.tokens))
     assert report.saved.total_bytes == total
 
@@ -138,11 +138,11 @@ def test_compiled_saved_matches_hooks_and_is_attributed(backend):
 def test_probes_do_not_change_graphs_or_saved_totals():
     cfg = ModelConfig()
     compile = CompileConfig(scope="blocks", fullgraph=True)
-    model = tk.prepare(tk.build_model(cfg), ac=ACConfig(mode="selective_op"), compile=compile)
+    model = tk.transforms.prepare(tk.build_model(cfg), ac=ACConfig(mode="selective_op"), compile=compile)
     batch = tk.make_batch(cfg)
-    with tk.torch_settings(model):
+    with tk.transforms.torch_settings(model):
         total, out = hooks_saved_bytes(model, lambda: model(batch.tokens))
-        tk.loss_fn(out, batch.labels).backward()
+        tk.models.loss_fn(out, batch.labels).backward()
     graphs_bare = graph_count()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -204,7 +204,7 @@ def test_resumed_frames_are_attributed_to_real_modules_and_probes_never_break():
     # tensors must still land on real module names (layers.0.moe.router, not layers.0.router).
     report = tk.run(Scenario(model=ModelConfig(experts_impl="nonzero"), compile=CompileConfig(scope="blocks"), **QUICK))
     assert report.ok and report.compile.graph_breaks >= 1
-    real = {name for name, _ in tk.named_modules(tk.build_model(ModelConfig()))}
+    real = {name for name, _ in tk.transforms.named_modules(tk.build_model(ModelConfig()))}
     assert set(report.saved.by_module) <= real | {""}, set(report.saved.by_module) - real
     assert "layers.0.moe.router" in report.saved.by_module
     # Autograd runs the probes' saved-tensor hook inside Dynamo-managed frames; it must never show up as a break.
@@ -212,7 +212,7 @@ def test_resumed_frames_are_attributed_to_real_modules_and_probes_never_break():
 
 
 def test_fallback_to_eager_is_flagged():
-    report = tk.run(tk.presets.preset("graph_break_in_checkpoint").replace(**QUICK))
+    report = tk.run(tk.measurement.presets.preset("graph_break_in_checkpoint").replace(**QUICK))
     assert report.ok and report.compile.graphs == 0 and report.compile.fell_back_to_eager
     assert report.compile.regions_without_graphs == ("layers.0", "layers.1")
     assert "FELL BACK TO EAGER" in str(report)
@@ -264,7 +264,7 @@ def test_numerics_catch_wrong_gradients():
 
 @pytest.mark.per_release  # whether compile takes float32 grouped_mm is the release's own (C14)
 def test_errors_come_back_with_their_stage():
-    r = tk.run(tk.presets.preset("pr2052"))
+    r = tk.run(tk.measurement.presets.preset("pr2052"))
     assert r.outcome == "error" and r.error.stage == "forward"
     assert r.error.type == "torch._dynamo.exc.Unsupported" and "torch.compiler.disable" in r.error.message
     r = tk.run(
@@ -308,10 +308,10 @@ def test_report_json_round_trip_and_deterministic_text():
 
 
 def test_run_restores_global_state():
-    before = tk.global_state()
-    tk.run(tk.presets.preset("memory_budget").replace(**QUICK))
-    tk.run(tk.presets.preset("torchtitan_0_3_0").replace(**QUICK))
-    after = tk.global_state()
+    before = tk.transforms.global_state()
+    tk.run(tk.measurement.presets.preset("memory_budget").replace(**QUICK))
+    tk.run(tk.measurement.presets.preset("torchtitan_0_3_0").replace(**QUICK))
+    after = tk.transforms.global_state()
     assert after == before, state_diff(before, after)
 
 
@@ -407,7 +407,7 @@ def test_peak_is_the_same_without_probes(moe_cfg):
         model.zero_grad(set_to_none=True)
         out = model(batch.tokens)
         mark()
-        loss = tk.loss_fn(out, batch.labels)
+        loss = tk.models.loss_fn(out, batch.labels)
         del out
         loss.backward()
 
@@ -484,9 +484,9 @@ def test_global_state_compares_sets_as_sets(seed):
     code = (
         "import warnings; warnings.simplefilter('ignore'); import toolkit as tk\n"
         "from toolkit import compat\n"
-        "before = tk.global_state()\n"
+        "before = tk.transforms.global_state()\n"
         "for mod in compat.compiler_configs(): mod.load_config(mod.save_config())\n"
-        "assert tk.global_state() == before\n"
+        "assert tk.transforms.global_state() == before\n"
     )
     env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

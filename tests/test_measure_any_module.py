@@ -56,7 +56,7 @@ def test_keyword_inputs_keep_module_names_and_reach_the_forward():
     x, scale = torch.randn(8, 32), torch.full((8, 64), 0.5)
     report = tk.measure(net, x, scale=scale)
     assert report.ok, report.error
-    real = {name for name, _ in tk.named_modules(net)}
+    real = {name for name, _ in tk.transforms.named_modules(net)}
     assert {"layers.0", "layers.1"} <= set(report.saved.by_module) <= real
     assert report.saved.total_bytes == truth_bytes(net, x, scale=scale)
     # `scale` multiplied the hidden state: its saved product exists only with the keyword input.
@@ -89,11 +89,11 @@ def test_measure_has_no_side_effects_on_the_model_or_the_process():
     before_dict = set(net.__dict__)
     compat.set_lru_cache(False)  # as torchtitan's apply_ac leaves it
     try:
-        state = tk.global_state()
+        state = tk.transforms.global_state()
         counters = compat.counters_snapshot()
         report = tk.measure(net, x)
         assert report.ok, report.error
-        assert tk.global_state() == state, state_diff(state, tk.global_state())
+        assert tk.transforms.global_state() == state, state_diff(state, tk.transforms.global_state())
         assert compat.lru_cache_enabled() is False
         assert compat.counters_snapshot() == counters
     finally:
@@ -179,7 +179,7 @@ def test_eager_fallback_of_compile_ac_block_counts_the_eager_recompute():
     """C2: compile(AC(block)) with a graph break falls back to an eager checkpoint, which recomputes the blocks in
     backward exactly as full AC without compile does."""
     quick = dict(check_numerics=False, measure_memory=False, steady_steps=0)
-    scenario = tk.preset("graph_break_in_checkpoint").replace(**quick)
+    scenario = tk.measurement.preset("graph_break_in_checkpoint").replace(**quick)
     fallback = tk.run(scenario)
     eager = tk.run(scenario.replace(compile=tk.CompileConfig()))
     assert fallback.compile.fell_back_to_eager
@@ -231,17 +231,17 @@ def test_transforms_on_a_foreign_model():
     net.config = object()  # like torchtitan's models, a config the toolkit does not know
     tk.apply_ac(net, tk.ACConfig(mode="full"))
     tk.apply_compile(net, tk.CompileConfig(scope="blocks", fullgraph=True))
-    assert tk.applied(net).compiled == ["layers.0", "layers.1"]
+    assert tk.transforms.applied(net).compiled == ["layers.0", "layers.1"]
     report = tk.measure(net, torch.randn(8, 32))
     assert report.ok and report.compile.graphs >= 1 and not report.compile.fell_back_to_eager
-    tk.reset(net)
-    tk.apply_recipe(net, "torchtitan_0_3_0")
-    assert tk.applied(net).recipe == "torchtitan_0_3_0"
-    tk.reset(net)
+    tk.transforms.reset(net)
+    tk.transforms.apply_recipe(net, "torchtitan_0_3_0")
+    assert tk.transforms.applied(net).recipe == "torchtitan_0_3_0"
+    tk.transforms.reset(net)
     with pytest.raises(tk.ConfigError, match="model.layers"):
         tk.apply_ac(nn.Linear(2, 2), tk.ACConfig(mode="full"))
     with pytest.raises(tk.ConfigError, match="model.layers"):
-        tk.apply_recipe(nn.Sequential(nn.Linear(2, 2)), "torchtitan_0_3_0")
+        tk.transforms.apply_recipe(nn.Sequential(nn.Linear(2, 2)), "torchtitan_0_3_0")
     with pytest.raises(tk.ConfigError, match="CompileConfig.scope"):
         tk.apply_compile(net, tk.CompileConfig(scope="experts"))
 

@@ -12,7 +12,7 @@ def test_default_model_has_torchtitan_0_3_0_names(moe_cfg):
     """The names torchtitan 0.3.0's Qwen3-MoE / DeepSeek-V3 use (tests/test_torchtitan.py compares with its
     real models), so its FQN options (`force_recompute_mm_shapes_by_fqns`) apply unchanged."""
     model = tk.build_model(moe_cfg)
-    names = {n for n, _ in tk.named_modules(model)}
+    names = {n for n, _ in tk.transforms.named_modules(model)}
     for i in range(moe_cfg.n_layers):
         for leaf in (
             "attention.wq",
@@ -72,7 +72,7 @@ def test_the_main_layout_has_torchtitan_mains_names_exactly():
         "layers.1.moe.expert_bias_E",
         "layers.1.moe.router.tokens_per_expert_E",
     ]
-    modules = [n for n, _ in tk.named_modules(model)]
+    modules = [n for n, _ in tk.transforms.named_modules(model)]
     block = ["attention_norm", "attention", "attention.qkv_linear", "attention.qkv_linear.wqkv", "attention.wo"]
     block += ["ffn_norm"]
     assert modules == [
@@ -127,7 +127,7 @@ def test_the_main_layout_refuses_what_main_does_not_have():
 
 def test_the_2025_layout_keeps_the_names_of_pr_2052s_era():
     model = tk.build_model(ModelConfig(layout="torchtitan_2025", experts_impl="for_loop"))
-    names = {n for n, _ in tk.named_modules(model)}
+    names = {n for n, _ in tk.transforms.named_modules(model)}
     assert {"layers.0.moe.experts", "output"} <= names and "lm_head" not in names
     assert {"layers.0.moe.experts.w1", "layers.0.moe.experts.w2"} <= {n for n, _ in model.named_parameters()}
     assert {"layers.0.moe.expert_bias", "layers.0.moe.tokens_per_expert"} <= {n for n, _ in model.named_buffers()}
@@ -141,7 +141,7 @@ def test_dense_and_interleaved_layers():
     m = tk.build_model(ModelConfig(n_layers=4, moe_layers=2))
     kinds = ["moe" if b.moe_enabled else "ffn" for b in m.layers.values()]
     assert kinds == ["ffn", "moe", "ffn", "moe"]  # torchtitan llama4: (i + 1) % k == 0
-    names = {n for n, _ in tk.named_modules(m)}
+    names = {n for n, _ in tk.transforms.named_modules(m)}
     assert {"layers.0.feed_forward.w1", "layers.0.feed_forward.w2", "layers.0.feed_forward.w3"} <= names
     assert ModelConfig(n_layers=3, moe_layers=(0, 2)).moe_layer_ids == (0, 2)
 
@@ -164,7 +164,7 @@ def test_training_step_is_one_call_and_deterministic(moe_cfg):
     assert l1.item() == l2.item()
     assert l1.item() == pytest.approx(torch.log(torch.tensor(float(moe_cfg.vocab_size))).item(), rel=0.1)
     g1, g2 = grads(m1), grads(m2)
-    assert set(g1) == {tk.canonical_name(n) for n, p in m1.named_parameters()}
+    assert set(g1) == {tk.transforms.canonical_name(n) for n, p in m1.named_parameters()}
     for k in g1:
         torch.testing.assert_close(g1[k], g2[k], rtol=0, atol=0)
 
@@ -334,7 +334,7 @@ def test_grouped_query_attention_with_its_own_head_width_and_qk_norm():
     from toolkit.models.transformer import apply_rope, rope_cache
 
     cfg = ModelConfig(dim=32, n_heads=4, n_kv_heads=2, attention_head_dim=16, qk_norm=True)
-    attn = tk.get_module(tk.build_model(cfg), "layers.0.attention")
+    attn = tk.transforms.get_module(tk.build_model(cfg), "layers.0.attention")
     assert (attn.wq.weight.shape, attn.wk.weight.shape, attn.wv.weight.shape) == ((64, 32), (32, 32), (32, 32))
     assert attn.wo.weight.shape == (32, 64) and attn.q_norm.weight.shape == attn.k_norm.weight.shape == (16,)
     torch.manual_seed(1)

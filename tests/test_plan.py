@@ -85,7 +85,7 @@ def test_flops_equal_torchs_flop_counter_on_a_real_step():
         tokens, labels = tk.make_batch(cfg)
         with sdpa_kernel(SDPBackend.MATH):
             with FlopCounterMode(display=False) as fwd:
-                loss = tk.loss_fn(model(tokens), labels)
+                loss = tk.models.loss_fn(model(tokens), labels)
             with FlopCounterMode(display=False) as bwd:
                 loss.backward()
         est = tk.estimate(tk.Scenario(model=BF16, ac=tk.ACConfig(mode=mode)))

@@ -25,8 +25,8 @@ def _check_grads_match_eager(cfg, model):
 
 
 def test_2025_09_recipe_fails_like_pr_2052():
-    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_09")
-    rec = tk.applied(model)
+    model = tk.transforms.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_09")
+    rec = tk.transforms.applied(model)
     # The isinstance test missed the wrapped MoE, so the whole moe went to the fullgraph branch.
     assert "layers.0.moe" in rec.compiled and "layers.0.moe.router" not in rec.compiled
     assert rec.ac_wrapped == ["layers.0.moe", "layers.0.attention", "layers.1.moe", "layers.1.attention"]
@@ -40,14 +40,14 @@ def test_2025_09_recipe_runs_when_experts_do_not_break():
     """Without the FSDP-like hook the fullgraph compile of the wrapped MoE works in torch 2.13 (wrong scope, no
     error)."""
     cfg = ModelConfig()
-    model = tk.apply_recipe(tk.build_model(cfg), "torchtitan_2025_09")
+    model = tk.transforms.apply_recipe(tk.build_model(cfg), "torchtitan_2025_09")
     _check_grads_match_eager(cfg, model)
     assert graph_count() >= 1
 
 
 def test_see_through_fix_compiles_router_and_leaves_experts_eager():
-    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_09_see_through")
-    rec = tk.applied(model)
+    model = tk.transforms.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_09_see_through")
+    rec = tk.transforms.applied(model)
     assert {"layers.0.moe.router", "layers.0.moe.shared_experts"} <= set(rec.compiled)
     assert not any(t.endswith("experts") and not t.endswith("shared_experts") for t in rec.compiled)
     assert rec.compile_orders["layers.0.moe.router"] == "AC(compile(x))"
@@ -55,8 +55,8 @@ def test_see_through_fix_compiles_router_and_leaves_experts_eager():
 
 
 def test_2025_12_recipe_runs_on_breaking_experts():
-    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_12")
-    rec = tk.applied(model)
+    model = tk.transforms.apply_recipe(tk.build_model(BREAKING), "torchtitan_2025_12")
+    rec = tk.transforms.applied(model)
     assert rec.ac_wrapped == ["layers.0", "layers.1"] and "layers.0.moe.router" in rec.compiled
     assert set(rec.compile_orders.values()) == {"AC(compile(x))"}
     _check_grads_match_eager(BREAKING, model)
@@ -64,8 +64,8 @@ def test_2025_12_recipe_runs_on_breaking_experts():
 
 def test_today_recipe_compiles_each_block_whole():
     cfg = ModelConfig()
-    model = tk.apply_recipe(tk.build_model(cfg), "torchtitan_0_3_0")
-    rec = tk.applied(model)
+    model = tk.transforms.apply_recipe(tk.build_model(cfg), "torchtitan_0_3_0")
+    rec = tk.transforms.applied(model)
     assert rec.recipe == "torchtitan_0_3_0" and rec.compiled == ["layers.0", "layers.1"]
     assert rec.compile.fullgraph and rec.compile_orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
     assert rec.disable_lru_cache and rec.dynamo_config["capture_scalar_outputs"]
@@ -75,25 +75,25 @@ def test_today_recipe_compiles_each_block_whole():
 
 def test_today_recipe_still_fails_if_the_experts_break():
     """Today's recipe relies on FSDP2 no longer hooking the experts (PR #2281)."""
-    model = tk.apply_recipe(tk.build_model(BREAKING), "torchtitan_0_3_0")
+    model = tk.transforms.apply_recipe(tk.build_model(BREAKING), "torchtitan_0_3_0")
     with pytest.raises(torch._dynamo.exc.Unsupported):
         tk.train_step(model, tk.make_batch(BREAKING))
 
 
-@pytest.mark.parametrize("name", list(tk.RECIPES))
+@pytest.mark.parametrize("name", list(tk.transforms.RECIPES))
 def test_reset_undoes_a_recipe(name):
     model = tk.build_model(ModelConfig())
     before = [n for n, _ in model.named_modules()]
-    state = tk.global_state()
-    tk.apply_recipe(model, name)
+    state = tk.transforms.global_state()
+    tk.transforms.apply_recipe(model, name)
     with pytest.raises(RuntimeError, match="reset"):
-        tk.apply_recipe(model, name)
-    tk.reset(model)
+        tk.transforms.apply_recipe(model, name)
+    tk.transforms.reset(model)
     assert [n for n, _ in model.named_modules()] == before
-    assert tk.global_state() == state, state_diff(state, tk.global_state())
-    assert tk.RECIPES[name].apply.__doc__ or name.endswith(("see_through", "full_ac"))
+    assert tk.transforms.global_state() == state, state_diff(state, tk.transforms.global_state())
+    assert tk.transforms.RECIPES[name].apply.__doc__ or name.endswith(("see_through", "full_ac"))
 
 
 def test_unknown_recipe_names_the_field():
     with pytest.raises(tk.ConfigError, match="recipe.name.*torchtitan_0_3_0"):
-        tk.apply_recipe(tk.build_model(ModelConfig()), "torchtitan_2024")
+        tk.transforms.apply_recipe(tk.build_model(ModelConfig()), "torchtitan_2024")

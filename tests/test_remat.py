@@ -44,14 +44,16 @@ class CountRecompute(TorchDispatchMode):
 def _built(ac, scope="none"):
     torch.manual_seed(0)
     model = tk.build_model(CFG)
-    tk.prepare(model, ac=ac, compile=tk.CompileConfig(scope=scope, fullgraph=True) if scope != "none" else None)
+    tk.transforms.prepare(
+        model, ac=ac, compile=tk.CompileConfig(scope=scope, fullgraph=True) if scope != "none" else None
+    )
     return model
 
 
 def test_regions_are_declared_in_the_model_code_as_torchtitan_main_declares_them():
     """The names main's docs/remat.md gives (`<fqn>.linear`, `<fqn>.grouped_mm`, `<fqn>.inner_attention`, the
     unqualified `routing_decision`, `ffn_residual`, `moe.shared_add`), read off the model's own declarations."""
-    main = tk.get_module(tk.build_model(tk.ModelConfig(layout="torchtitan_main")), "layers.0")
+    main = tk.transforms.get_module(tk.build_model(tk.ModelConfig(layout="torchtitan_main")), "layers.0")
     assert region_names(main) == [
         "ffn_residual",
         "attention.inner_attention",
@@ -66,7 +68,7 @@ def test_regions_are_declared_in_the_model_code_as_torchtitan_main_declares_them
         "moe.shared_experts.w2.linear",
     ]
     # 0.3.0's inner experts declare w1_EFD + w3_EFD as main's w13 region, so main's patterns apply unchanged.
-    grouped = region_names(tk.get_module(tk.build_model(), "layers.0"))
+    grouped = region_names(tk.transforms.get_module(tk.build_model(), "layers.0"))
     assert [n for n in grouped if "routed" in n] == [
         "moe.routed_experts.w13.grouped_mm",
         "moe.routed_experts.w2.grouped_mm",
@@ -79,7 +81,7 @@ def test_regions_are_declared_in_the_model_code_as_torchtitan_main_declares_them
         "moe.shared_experts.w3.linear",
     } <= set(grouped)
     # Experts without a grouped matmul declare one w13 / w2 region per expert.
-    masked = region_names(tk.get_module(tk.build_model(CFG), "layers.0"))
+    masked = region_names(tk.transforms.get_module(tk.build_model(CFG), "layers.0"))
     assert [n for n in masked if "routed" in n] == [
         f"moe.routed_experts.{w}.expert{e}" for e in range(4) for w in ("w13", "w2")
     ]
@@ -123,16 +125,18 @@ def test_saved_bytes_match_outer_hooks_eager_and_compiled(ac, scope):
         assert report.compile.graphs == 0
     else:
         assert report.compile.graphs >= 1 and report.compile.graph_breaks == 0
-    tk.reset(model)
+    tk.transforms.reset(model)
 
 
 @pytest.mark.parametrize("ac", [FULL, SELECTIVE], ids=["full", "selective"])
 def test_eager_recompute_count_matches_remats_own_flag(ac):
     model = _built(ac)
     batch = tk.make_batch(CFG)
-    report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.loss_fn(out, batch.labels), reference=None)
-    with tk.torch_settings(model):  # the step's settings (on a +cpu build, C31's stand-in) as `measure` ran it
-        loss = tk.loss_fn(model(batch.tokens), batch.labels)
+    report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.models.loss_fn(out, batch.labels), reference=None)
+    with tk.transforms.torch_settings(
+        model
+    ):  # the step's settings (on a +cpu build, C31's stand-in) as `measure` ran it
+        loss = tk.models.loss_fn(model(batch.tokens), batch.labels)
         with CountRecompute() as counted:
             loss.backward()
     # Everything dispatched during remat's replay is either a forward op re-run or the machinery's own work
@@ -172,12 +176,14 @@ def test_apply_and_remove_leave_the_model_as_built():
     rec = applied(model)
     # Only the blocks' forwards are replaced; the regions are the model's own code, configured in place.
     assert rec.ac_wrapped == rec.ac_patched == ["layers.0", "layers.1"]
-    assert all(regions.active(m) for m in tk.get_module(model, "layers.0").modules())
+    assert all(regions.active(m) for m in tk.transforms.get_module(model, "layers.0").modules())
     assert has_checkpoint(model)  # seen without any CheckpointWrapper
-    assert [n for n, _ in tk.named_modules(model)] == [n for n, _ in tk.named_modules(tk.build_model(CFG))]
+    assert [n for n, _ in tk.transforms.named_modules(model)] == [
+        n for n, _ in tk.transforms.named_modules(tk.build_model(CFG))
+    ]
     with pytest.raises(RuntimeError, match="already applied"):
         tk.apply_ac(model, FULL)
-    tk.remove_ac(model)
+    tk.transforms.remove_ac(model)
     assert not any("forward" in m.__dict__ or regions.active(m) for m in model.modules())
     assert not has_checkpoint(model) and applied(model).empty
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -185,11 +191,11 @@ def test_apply_and_remove_leave_the_model_as_built():
 
 def test_a_hand_applied_remat_is_refused_not_replaced():
     model = tk.build_model(CFG)
-    block = tk.get_module(model, "layers.1")
+    block = tk.transforms.get_module(model, "layers.1")
     block.forward = remat.checkpoint(region_name="mine")(block.forward)
     with pytest.raises(RuntimeError, match="layers.1 already has its own `forward`"):
         tk.apply_ac(model, FULL)
-    assert "forward" not in tk.get_module(model, "layers.0").__dict__  # nothing left half-applied
+    assert "forward" not in tk.transforms.get_module(model, "layers.0").__dict__  # nothing left half-applied
     assert applied(model).empty
 
 
@@ -203,13 +209,15 @@ def test_bad_remat_options_are_refused_before_anything_runs():
     with pytest.raises(tk.ConfigError, match="'attention.wx' names no region.*attention.wq.linear"):
         tk.apply_ac(tk.build_model(CFG), tk.ACConfig(mode="remat", save_regions=("attention.wx",)))
     with pytest.raises(tk.ConfigError, match="preserve_rng_state.*recompute_state_hooks"):
-        tk.prepare(
+        tk.transforms.prepare(
             tk.build_model(CFG),
             ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
             compile=tk.CompileConfig(scope="blocks"),
         )
     with pytest.raises(tk.ConfigError, match="order.*compile\\(AC\\(x\\)\\) only"):
-        tk.prepare(tk.build_model(CFG), ac=FULL, compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
+        tk.transforms.prepare(
+            tk.build_model(CFG), ac=FULL, compile=tk.CompileConfig(scope="blocks", order="ac_outside")
+        )
     # Defaults as torch_remat has them; the replace() of another mode drops them.
     # main's ActivationRematConfig defaults (determinism_check "default", where torch_remat's own is "none").
     assert (FULL.preserve_rng_state, FULL.determinism_check, FULL.save_regions) == (False, "default", ())
@@ -241,7 +249,7 @@ def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
         if ac is not None:
             tk.apply_ac(model, ac)
         torch.manual_seed(1)
-        with tk.torch_settings(model):
+        with tk.transforms.torch_settings(model):
             model(torch.ones(4, 16)).square().sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
@@ -262,7 +270,7 @@ def test_compiling_inside_a_block_says_which_kept_regions_it_makes_inert():
     lost = eager.saved.by_kind["remat_save"] - report.saved.by_kind.get("remat_save", 0)
     B, S, D = CFG.batch, CFG.seq_len, CFG.dim
     assert lost >= 2 * (4 * B * S * D * 4)
-    tk.reset(model)
+    tk.transforms.reset(model)
 
 
 def test_a_hand_applied_remat_block_is_measured_right():
@@ -304,7 +312,7 @@ def test_torchtitan_main_recipe_structure_and_truth():
     torch.manual_seed(0)
     model = tk.build_model(CFG)
     state = global_state()
-    tk.apply_recipe(model, "torchtitan_main")
+    tk.transforms.apply_recipe(model, "torchtitan_main")
     rec = applied(model)
     assert rec.recipe == "torchtitan_main" and rec.ac == SELECTIVE
     # main's local compile: SwiGLU (16 recompiles), RoPE and the loss as functions; no module compiled, the
@@ -314,7 +322,7 @@ def test_torchtitan_main_recipe_structure_and_truth():
     # Bound only while a step of this model runs (torch_settings), never for the process: a second model in the
     # same process calls the reference functions.
     assert local_compile.bound() == () and sorted(rec.local_compiled) == ["cos_sin_rope", "loss", "swiglu"]
-    with tk.torch_settings(model):
+    with tk.transforms.torch_settings(model):
         assert local_compile.bound() == ("cos_sin_rope", "loss", "swiglu")
     assert local_compile.bound() == ()
     assert local_compile.options("swiglu") == {"recompile_limit": 16}
@@ -324,7 +332,7 @@ def test_torchtitan_main_recipe_structure_and_truth():
     assert report.ok and report.numerics.grads_match is True
     assert report.compile.graphs >= 1 and report.compile.graph_breaks == 0 and not report.compile.fell_back_to_eager
     assert report.saved.total_bytes == truth_bytes(model, tokens)
-    tk.reset(model)
+    tk.transforms.reset(model)
     assert local_compile.bound() == ()
     assert global_state() == state, state_diff(state, global_state())
 
@@ -403,7 +411,7 @@ def test_the_stand_in_lives_only_while_a_step_runs():
     assert seen == [tk.compat.available("storage_placeholder")]  # stood in during the step on a +cpu build only
     assert _placeholder_functions_are_torch_remats()
     del model.layers["0"].forward
-    tk.remove_ac(model)
+    tk.transforms.remove_ac(model)
 
 
 def test_the_cpu_build_placeholder_error_is_explained():
@@ -473,12 +481,12 @@ def test_a_remat_checkpoint_that_fails_is_rolled_back(monkeypatch):
     monkeypatch.setattr(remat, "checkpoint", refusing)
     with pytest.raises(RuntimeError, match="remat refused"):
         tk.apply_ac(model, FULL)
-    assert calls == ["layers.0", "layers.1"] and tk.applied(model).empty and not has_checkpoint(model)
+    assert calls == ["layers.0", "layers.1"] and tk.transforms.applied(model).empty and not has_checkpoint(model)
     for block in model.layers.values():
         assert "forward" not in block.__dict__
         assert not any(regions.active(m) for m in block.modules())
     assert _placeholder_functions_are_torch_remats()
     monkeypatch.setattr(remat, "checkpoint", original)
     tk.apply_ac(model, FULL)
-    assert tk.applied(model).ac_patched == ["layers.0", "layers.1"]
-    tk.remove_ac(model)
+    assert tk.transforms.applied(model).ac_patched == ["layers.0", "layers.1"]
+    tk.transforms.remove_ac(model)

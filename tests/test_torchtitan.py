@@ -82,13 +82,13 @@ def test_real_models_saved_bytes_and_graphs_equal_an_independent_truth(family, a
 def test_recipes_that_claim_0_3_0_match_its_own_code_exactly(recipe, ac, model_kind):
     """The recipe and torchtitan 0.3.0's own FullAC / SelectiveAC + apply_compile on identical models: the same
     structure, the same graphs, the same saved bytes."""
-    assert tk.RECIPES[recipe].release == titan.RELEASE
+    assert tk.transforms.RECIPES[recipe].release == titan.RELEASE
 
     def build():
         if model_kind == "toolkit":
             cfg = tk.ModelConfig(moe_layers=(1,), n_layers=3)  # dense and MoE blocks
             batch = tk.make_batch(cfg)
-            return tk.build_model(cfg), batch.tokens, lambda o: tk.loss_fn(o, batch.labels)
+            return tk.build_model(cfg), batch.tokens, lambda o: tk.models.loss_fn(o, batch.labels)
         cfg = FAMILIES[model_kind]
         tokens, labels = titan.make_batch(cfg)
         loss = titan.loss_fn(cfg)
@@ -102,7 +102,7 @@ def test_recipes_that_claim_0_3_0_match_its_own_code_exactly(recipe, ac, model_k
 
     ours, tokens, loss_of = build()
     counter = CountingBackend()
-    tk.apply_recipe(ours, recipe, backend=counter.backend)
+    tk.transforms.apply_recipe(ours, recipe, backend=counter.backend)
     theirs, _, _ = build()
     theirs_counter = CountingBackend()
     titan.parallelize(theirs, ac=ac, compile_backend=theirs_counter.backend)
@@ -118,13 +118,13 @@ def test_recipes_that_claim_0_3_0_match_its_own_code_exactly(recipe, ac, model_k
 
 
 def test_the_save_list_is_torchtitans_op_for_op():
-    assert tk.default_save_ops() == frozenset(titan_ac._get_default_save_ops())
+    assert tk.transforms.default_save_ops() == frozenset(titan_ac._get_default_save_ops())
 
 
 def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
     """torchtitan turns Dynamo's LRU cache off and two Dynamo flags on for the rest of the process; a toolkit run
     puts them back."""
-    before = tk.global_state()
+    before = tk.transforms.global_state()
     scenario = tk.Scenario(
         stack="torchtitan",
         torchtitan=FAMILIES["qwen3"],
@@ -134,7 +134,7 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
         steady_steps=0,
     )
     report = tk.run(scenario)
-    assert tk.global_state() == before, state_diff(before, tk.global_state())
+    assert tk.transforms.global_state() == before, state_diff(before, tk.transforms.global_state())
     assert report.ok and report.numerics.grads_match, report.numerics
     assert report.scenario.stack == "torchtitan" and report.scenario.fsdp == "blocks"
     assert report.compile.orders == {"layers.0": "compile(AC(x))", "layers.1": "compile(AC(x))"}
@@ -142,7 +142,7 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
         "torchtitan qwen3_moe | AC selective_op | compile blocks (aot_eager, fullgraph) | FSDP blocks: ok"
     )
     assert "layers.0.moe.routed_experts.inner_experts" in {
-        n for n, _ in tk.named_modules(titan.build(FAMILIES["qwen3"]))
+        n for n, _ in tk.transforms.named_modules(titan.build(FAMILIES["qwen3"]))
     }
     assert tk.Scenario.from_json(scenario.to_json()) == scenario
 

@@ -410,14 +410,14 @@ def main_reference(cfg, compiled: bool) -> dict:
 def toolkit_recipe(cfg, compiled: bool):
     model = tk.build_model(cfg)
     if compiled:
-        tk.apply_recipe(model, "torchtitan_main")
+        tk.transforms.apply_recipe(model, "torchtitan_main")
     else:
         tk.apply_ac(model, tk.ACConfig.remat_selective())
     batch = tk.make_batch(cfg)
-    report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.loss_fn(out, batch.labels), cold=True)
+    report = tk.measure(model, batch.tokens, loss_fn=lambda out: tk.models.loss_fn(out, batch.labels), cold=True)
     with torch_settings(model), Truth(model) as truth:
         truth_bytes = truth.bytes(model(batch.tokens))
-    tk.reset(model)
+    tk.transforms.reset(model)
     return report, truth_bytes
 
 
@@ -470,4 +470,4 @@ def test_the_reference_is_mains_model_step_for_step():
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref["grads"][name], rtol=1e-5, atol=1e-6)
     assert int(model.layers["0"].moe.router.tokens_per_expert_E.sum()) == ref["counted_tokens"]
-    tk.reset(model)
+    tk.transforms.reset(model)

@@ -16,7 +16,8 @@ from _helpers import extra, gloo_world_of_one
 from test_bugs import STANDALONE
 
 import toolkit as tk
-from toolkit import bugs, catalogue
+from toolkit import bugs
+from toolkit.analysis import catalogue
 from toolkit.analysis.classification import classify
 
 

@@ -232,16 +232,17 @@ def test_a_recipe_gets_the_same_model_in_the_explorer_as_in_the_matrix():
 
 
 def test_the_scenario_estimated_at_a_full_size_the_user_picks():
-    """The button estimates the controls' scenario with the picked layer of `tk.LAYER_SHAPES` on fake tensors: under
-    full AC a Qwen3-30B-A3B layer keeps the final norm's tensors and the block's input, the sizes its shape gives."""
+    """The button estimates the controls' scenario with the picked layer of `tk.estimation.LAYER_SHAPES` on fake
+    tensors: under full AC a Qwen3-30B-A3B layer keeps the final norm's tensors and the block's input, the sizes its
+    shape gives."""
     import toolkit as tk
     from toolkit.estimation.estimates import CUDA_BLOCK
 
     ex = Explorer()
-    assert list(ex.full_size.options) == list(tk.LAYER_SHAPES)
+    assert list(ex.full_size.options) == list(tk.estimation.LAYER_SHAPES)
     ex.controls["ac_mode"].value, ex.full_size.value = "full", "qwen3_30b_a3b_layer"
     ex.estimate_button.click()
-    est, cfg = ex.estimate_result, tk.LAYER_SHAPES["qwen3_30b_a3b_layer"]
+    est, cfg = ex.estimate_result, tk.estimation.LAYER_SHAPES["qwen3_30b_a3b_layer"]
     T, D = cfg.batch * cfg.seq_len, cfg.dim
     ids = -(-(T + 1) * 8 // CUDA_BLOCK) * CUDA_BLOCK  # the token ids: a view of the batch's S + 1 int64 ids
     assert est.saved_by_module == {"norm": T * D * (4 + 4 + 2) + T * 4, "tok_embeddings": T * D * 2 + ids}

@@ -203,7 +203,7 @@ TOOLKIT_CELLS = [
 
 @pytest.mark.parametrize("ac,scope,order", TOOLKIT_CELLS, ids=["-".join(c) for c in TOOLKIT_CELLS])
 def test_toolkit_cells_get_the_same_verdict_and_cases_from_measure(ac, scope, order):
-    """`tk.run(Scenario(...))` and the same model built with `tk.build_model`, `tk.prepare` and measured by
+    """`tk.run(Scenario(...))` and the same model built with `tk.build_model`, `tk.transforms.prepare` and measured by
     `tk.measure` (as a user who calls the toolkit's transforms does): the same verdict, explanation and cases."""
     cfg = tk.ModelConfig(n_layers=2, experts_impl="for_loop")
     options = {"memory_budget": 0.3} if ac == "memory_budget" else {}
@@ -212,12 +212,14 @@ def test_toolkit_cells_get_the_same_verdict_and_cases_from_measure(ac, scope, or
         scope=scope, backend="aot_eager", order=order if ac != "none" and scope == "blocks" else None
     )
     ours = tk.run(tk.Scenario(model=cfg, ac=ac_cfg, compile=comp, steady_steps=0))
-    model = tk.prepare(tk.build_model(cfg), ac=ac_cfg, compile=comp)
+    model = tk.transforms.prepare(tk.build_model(cfg), ac=ac_cfg, compile=comp)
     batch = tk.make_batch(cfg)
     try:
-        theirs = tk.measure(model, batch.tokens, loss_fn=lambda logits: tk.loss_fn(logits, batch.labels), cold=True)
+        theirs = tk.measure(
+            model, batch.tokens, loss_fn=lambda logits: tk.models.loss_fn(logits, batch.labels), cold=True
+        )
     finally:
-        tk.reset(model)
+        tk.transforms.reset(model)
     a, b = classify(ours), classify(theirs)
     assert (b.label, b.explanation, b.cases) == (a.label, a.explanation, a.cases)
     assert theirs.saved.total_bytes == ours.saved.total_bytes

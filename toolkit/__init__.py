@@ -6,101 +6,81 @@ Layers, each importing only the ones before it: `compat` (every private torch AP
 `analysis` (classify, catalogue, matrix, sweep) → `bugs` (bug notebooks, repro bundles) and `notebook` (display,
 widgets, setup) → `cli`.
 
-Importing the package does nothing but define it: no torch, no signal handler, no setting. The public API
-(`toolkit._api.__all__`) is imported on first use of any of its names (torch and the toolkit: seconds); the command
-line's own handling (Ctrl-C) is set by its entry point, `toolkit.__main__`.
+Importing the package does nothing but define it: no torch, no signal handler, no setting. The public face
+(`__all__`, from `toolkit._api`) is imported on first use of any of its names (torch and the toolkit: seconds); the
+command line's own handling (Ctrl-C) is set by its entry point, `toolkit.__main__`.
 """
 
 __version__ = "0.2.0"  # read by pyproject.toml (setuptools reads it without importing the package)
 
-# The public API: names from `toolkit._api`, the subpackages a user reaches through `tk.` (`compat`, `bugs`,
-# `analysis`), and the notebook front end (ipywidgets, plotly), imported apart from the rest when first used.
+# The public face: the names a user calls, and nothing else (no subpackage, nothing private). Each comes from
+# `toolkit._api`, or from the notebook front end (ipywidgets, plotly), imported apart from the rest when first used.
+# Everything else is reached through its layer, as in any package: `tk.transforms.prepare`, `tk.bugs.confirm`,
+# `tk.notebook.display`, `tk.estimation.LAYER_SHAPES` (a subpackage is imported on first use of its name).
 __all__ = [
-    "compat",
+    "__version__",
     "ConfigError",
-    "ACConfig",
-    "PolicyDecision",
-    "SelectiveOpPolicy",
-    "apply_ac",
-    "default_save_ops",
-    "record_policy_decisions",
-    "remove_ac",
-    "CompileConfig",
-    "apply_compile",
-    "remove_compile",
-    "Batch",
+    # the model and its batch
     "ModelConfig",
     "build_model",
-    "loss_fn",
     "make_batch",
+    # the transforms, on any model
+    "ACConfig",
+    "CompileConfig",
+    "apply_ac",
+    "apply_compile",
     "train_step",
-    "canonical_name",
-    "get_module",
-    "named_modules",
-    "unwrap",
-    "naming",
-    "RECIPES",
-    "apply_recipe",
-    "prepare",
-    "reset",
-    "applied",
-    "global_state",
-    "torch_settings",
-    "Report",
-    "Scenario",
-    "measure",
-    "run",
-    "PRESETS",
-    "preset",
-    "presets",
-    "report",
-    "setup_notebook",
-    "catalogue",
-    "classify",
-    "matrix",
-    "sweep",
-    "bugs",
-    "repro",
-    "estimate",
-    "Estimate",
-    "LAYER_SHAPES",
-    "plan",
-    "run_distributed",
-    "DistributedReport",
+    # a stack's model in place of the toolkit's
     "TorchtitanConfig",
     "TransformersConfig",
-    "analysis",
-    "display",
-    "widgets",
+    # one step, measured
+    "Scenario",
+    "Report",
+    "run",
+    "measure",
+    "run_distributed",
+    # across steps: the case behind a Report, a sweep, will it fit, a bug to file
+    "classify",
+    "sweep",
+    "estimate",
+    "plan",
+    "repro",
+    # in a notebook
+    "setup_notebook",
     "explore",
-    "__version__",
 ]
-# The notebook front end's names: a module, or `module:attribute`.
-_LAZY = {
-    "display": "toolkit.notebook.display",
-    "widgets": "toolkit.notebook.widgets",
-    "explore": "toolkit.notebook.widgets:explore",
-}
-
-
 def __getattr__(name: str):
-    # Only the public names resolve here: any other (`from . import cli` inside the package asks this first) is left
-    # to the import system at once, so that no import of a submodule imports the whole API.
-    if name not in __all__:
-        raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
     import importlib
     import importlib.util
 
-    if name in _LAZY:
-        module, _, attribute = _LAZY[name].partition(":")
-        value = importlib.import_module(module)
-        value = getattr(value, attribute) if attribute else value
-    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")  # a public subpackage: `tk.compat`, `tk.bugs`
-    else:
+    if name == "explore":
+        # The Explorer needs the notebook stack (ipywidgets, plotly): imported apart, never with the rest of the face.
+        value = importlib.import_module("toolkit.notebook").widgets.explore
+    elif name in __all__:
         value = getattr(importlib.import_module("toolkit._api"), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # A layer, reached as in any package (`tk.transforms`): that subpackage alone, never the whole API.
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'toolkit' has no attribute {name!r}{_moved(name)}")
     globals()[name] = value
     return value
+
+
+# The layers whose `__all__` a name left out of the public face may be found in (each imports torch: only on an error).
+_LAYERS = ("transforms", "models", "measurement", "estimation", "execution", "analysis", "notebook")
+
+
+def _moved(name: str) -> str:
+    # A name the public face once had (0.2 had 58) says where it lives now, so that old code gets its fix.
+    if name.startswith("_"):
+        return ""
+    import importlib
+
+    for layer in _LAYERS:
+        if name in getattr(importlib.import_module(f"{__name__}.{layer}"), "__all__", ()):
+            return f"; it is toolkit.{layer}.{name} (the public face is toolkit.__all__)"
+    return ""
 
 
 def __dir__() -> list[str]:

@@ -44,6 +44,8 @@ EXTRAS: dict[str, Extra] = {
         Extra("submitit", 'pip install -e ".[cluster]"', "sweeps on Slurm (--executor submitit)"),
         Extra("ray", 'pip install -e ".[cluster]"', "sweeps on Ray (--executor ray)"),
         Extra("tlparse", 'pip install -e ".[trace]"', "rendering a bug bundle's TORCH_TRACE"),
+        Extra("ipywidgets", 'pip install -e ".[notebook]"', "the Explorer (tk.explore) and the notebooks' widgets"),
+        Extra("plotly", 'pip install -e ".[notebook]"', "the figures of toolkit.notebook.display and the Explorer"),
     )
 }
 
@@ -51,7 +53,10 @@ EXTRAS: dict[str, Extra] = {
 def available(module: str) -> bool:
     """`module` is installed: found on the path, not imported (cheap: test skips and notebooks ask before running).
     Whether an installed torch_remat is usable, its `api` complete, is `compat.available("torch_remat")`."""
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a module in sys.modules without a spec
+        return False
 
 
 def version(module: str) -> str | None:

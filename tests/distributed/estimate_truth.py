@@ -45,16 +45,16 @@ def main(out: str) -> int:
         tokens, labels = tk.make_batch(cfg)
 
         def step():
-            tk.loss_fn(model(tokens), labels).backward()
+            tk.models.loss_fn(model(tokens), labels).backward()
 
-        with tk.torch_settings(model):
+        with tk.transforms.torch_settings(model):
             step()  # the first step compiles
             model.zero_grad(set_to_none=True)
             truth = Truth(model)
             with patch_sac_contexts(truth, policies), truth:
                 output = model(tokens)
                 sizes = truth.sizes(output)
-            tk.loss_fn(output, labels).backward()
+            tk.models.loss_fn(output, labels).backward()
             del output
             model.zero_grad(set_to_none=True)
             raw, outliving = cpu_peaks(step)

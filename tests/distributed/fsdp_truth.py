@@ -39,14 +39,14 @@ def main(out: str) -> int:
     for ac in ("none", "full", "selective_op"):
         for backend in (None, "aot_eager"):
             model, batch = sharded(ac, backend)
-            with tk.torch_settings(model):
+            with tk.transforms.torch_settings(model):
                 truth = Truth(model)
                 with patch_sac_contexts(truth, policies), truth:
                     output = model(batch.tokens)
                     true_bytes = truth.bytes(output)
-                tk.loss_fn(output, batch.labels).backward()
+                tk.models.loss_fn(output, batch.labels).backward()
                 del output
-            report = tk.measure(model, batch.tokens, loss_fn=lambda o: tk.loss_fn(o, batch.labels))
+            report = tk.measure(model, batch.tokens, loss_fn=lambda o: tk.models.loss_fn(o, batch.labels))
             rows.append(
                 {
                     "ac": ac,

@@ -1,8 +1,7 @@
 """Analysis of Reports: classification, the catalogue of known cases, and the composability matrix.
 
-Analysis of Reports: classification into works / errors / silent failures, the catalogue of known cases, and the
-composability matrix — its grid (`cells`), results (`matrix`), views (`views`) and sweeps (`sweeps`, on the
-`executors`).
+Classification sorts a Report into works / errors / silent failures and names its known cases; the matrix is a grid
+(`cells`), its results (`matrix`), views (`views`) and sweeps (`sweeps`, on the `executors`).
 """
 
 from . import catalogue

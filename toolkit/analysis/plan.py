@@ -237,7 +237,8 @@ def plan(
             "plan",
             "scenario",
             f"a plan sizes the toolkit's own model on fake tensors; {scenario.stack}'s code cannot be built there yet.",
-            "pass a tk.ModelConfig shaped like your model (tk.LAYER_SHAPES has three), or measure with tk.run.",
+            "pass a tk.ModelConfig shaped like your model (toolkit.estimation.LAYER_SHAPES has three), or measure with"
+            " tk.run.",
         )
     if world_size > 1 and scenario.fsdp == "none":
         scenario = scenario.replace(fsdp="blocks")
@@ -245,9 +246,15 @@ def plan(
     if setups is None:
         setups = candidates(("aot_eager", "inductor") if inductor else ("aot_eager",))
     else:
-        check_instance("plan", "setups", setups, tuple, "pass a tuple of tk.Setup(...), or None.")
+        check_instance("plan", "setups", setups, tuple, "pass a tuple of toolkit.analysis.plan.Setup(...), or None.")
         for s in setups:
-            check_instance("plan", "setups", s, Setup, "pass a tuple of tk.Setup(ac=..., scope=..., backend=...).")
+            check_instance(
+                "plan",
+                "setups",
+                s,
+                Setup,
+                "pass a tuple of toolkit.analysis.plan.Setup(ac=..., scope=..., backend=...).",
+            )
     t0 = time.perf_counter()
     release = torch_release()
     known_on = verdicts(release)

@@ -556,7 +556,7 @@ def estimate(
         "scenario",
         scenario,
         (Scenario, ModelConfig),
-        f"pass a Scenario, a ModelConfig, or a name of tk.LAYER_SHAPES ({', '.join(LAYER_SHAPES)}).",
+        f"pass a Scenario, a ModelConfig, or a name of tk.estimation.LAYER_SHAPES ({', '.join(LAYER_SHAPES)}).",
     )
     check_bool("estimate", "cuda_rounding", cuda_rounding)
     if ac is not None:

@@ -30,7 +30,9 @@ def run(
     In process, `run` forgets Dynamo's compiled graphs before and after (its model's code objects are shared
     with every earlier run, whose cache entries would count as recompiles); `isolate=True` leaves this process
     untouched."""
-    check_instance("run", "scenario", scenario, Scenario, "pass a tk.Scenario(...) (or a preset: tk.preset(name)).")
+    check_instance(
+        "run", "scenario", scenario, Scenario, "pass a tk.Scenario(...) (or a preset: tk.measurement.preset(name))."
+    )
     check_bool("run", "isolate", isolate)
     check_seconds("run", "timeout_s", timeout_s)
     if on_stage is not None and not callable(on_stage):

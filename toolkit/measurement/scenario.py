@@ -46,7 +46,7 @@ class Scenario:
     compile: CompileConfig = field(default_factory=CompileConfig)
     """What to compile (ignored when `recipe` is set)."""
     recipe: str | None = None
-    """A name from `toolkit.RECIPES`, applied instead of `ac` + `compile`."""
+    """A name from `toolkit.transforms.RECIPES`, applied instead of `ac` + `compile`."""
     recipe_backend: str = "aot_eager"
     """Compile backend the recipe uses."""
     name: str = ""

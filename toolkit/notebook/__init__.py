@@ -1,7 +1,7 @@
 """The notebook front end: `display`, the Explorer (`widgets`) and `setup_notebook()`, loaded on use.
 
-The notebook front end: figures with plain-text twins (`display`), the Explorer widget (`widgets`), and
-`setup_notebook()`; `display` and `widgets` are imported when first used.
+`display` draws figures with plain-text twins; `display` and `widgets` (ipywidgets, plotly) are imported when first
+used, so that the instrument runs without the notebook stack.
 """
 
 from .setup import setup_notebook
@@ -9,9 +9,18 @@ from .setup import setup_notebook
 __all__ = ["display", "setup_notebook", "widgets"]
 
 
+# What each front-end module needs beyond the instrument: the `notebook` extra, which README's install brings.
+_NEEDS = {"display": ("plotly",), "widgets": ("ipywidgets", "plotly")}
+
+
 def __getattr__(name: str):
-    if name in ("display", "widgets"):
+    if name in _NEEDS:
         import importlib
 
+        from .._extras import missing
+
+        why = missing(_NEEDS[name])
+        if why is not None:
+            raise ModuleNotFoundError(f"toolkit.notebook.{name} {why}")
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

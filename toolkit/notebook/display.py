@@ -335,7 +335,7 @@ def compile_text(reports: Mapping[str, Report]) -> str:
 
 
 def decisions_text(decisions, ops: tuple[str, ...] = ("mm", "scaled_dot_product", "topk", "_grouped_mm")) -> str:
-    """A SAC policy's decisions (from `toolkit.record_policy_decisions()`), for the ops worth reading."""
+    """A SAC policy's decisions (from `toolkit.transforms.record_policy_decisions()`), for the ops worth reading."""
     lines = [f"{'#':>3}  {'op':<60}{'rhs shape':<12}{'decision':<18}reason"]
     n = 0
     for d in decisions:

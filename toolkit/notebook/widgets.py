@@ -3,7 +3,8 @@
 Everything is drivable headless: set the controls' `.value`, call `run()`, read `report`, `classification`,
 `stage_text` (the status line: `done: fell_back_to_eager [silent failure] — …`), `status.value`, `summary.value`;
 `compare()` returns the comparison's text twin; `estimate()` estimates the scenario at the full size picked in
-`full_size` (`tk.LAYER_SHAPES`) on fake tensors, into `estimated`. Callbacks write into widgets and never print.
+`full_size` (`toolkit.estimation.LAYER_SHAPES`) on fake tensors, into `estimated`. Callbacks write into widgets and
+never print.
 """
 
 from __future__ import annotations

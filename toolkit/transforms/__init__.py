@@ -1,7 +1,7 @@
 """Transforms applied from outside the model: AC, compile, recipes, and the torch settings they need.
 
-Transforms applied from outside the model: AC (`apply_ac`, SAC policies), compile (`apply_compile`), recipes, and the
-global torch settings they need.
+AC is `apply_ac` with its SAC policies (`policies`), compile `apply_compile`; `naming` finds a model's modules whoever
+built it; `settings` holds the global torch settings a transform needs, scoped to the step.
 """
 
 from .ac import ACConfig, apply_ac, blocks, remove_ac

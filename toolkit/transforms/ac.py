@@ -847,7 +847,7 @@ def apply_ac(model: nn.Module, cfg: ACConfig) -> nn.Module:
         raise RuntimeError(
             "activation checkpointing is already applied to this model "
             f"({'mode=' + repr(rec.ac.mode) if rec.ac is not None else 'CheckpointWrapper found'}); "
-            "call toolkit.remove_ac(model) first."
+            "call toolkit.transforms.remove_ac(model) first."
         )
     if rec.compile is not None:
         raise RuntimeError(
@@ -883,7 +883,8 @@ def remove_ac(model: nn.Module) -> nn.Module:
         return model
     if rec.compile is not None:
         raise RuntimeError(
-            "call toolkit.remove_compile(model) before remove_ac(model): compiled code may hold the wrappers."
+            "call toolkit.transforms.remove_compile(model) before remove_ac(model): compiled code may hold the"
+            " wrappers."
         )
     if rec.ac_patched:
         _undo(model, rec, [("patched", name) for name in rec.ac_patched])

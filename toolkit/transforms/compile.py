@@ -392,7 +392,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         raise TypeError(f"apply_compile needs a CompileConfig, got {type(cfg).__name__}")
     rec = applied(model)
     if rec.compile is not None or has_compiled(model):
-        raise RuntimeError("this model is already compiled; call toolkit.remove_compile(model) first.")
+        raise RuntimeError("this model is already compiled; call toolkit.transforms.remove_compile(model) first.")
     check_ac_compile(rec.ac, cfg)
     targets = resolve_scope(model, cfg.scope)
     _check_grouped_mm(model, targets)

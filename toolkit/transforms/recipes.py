@@ -112,7 +112,9 @@ def _sac(mode: str = "selective_op") -> ACConfig:
 def _start(model: nn.Module, name: str) -> None:
     rec = applied(model)
     if rec.ac is not None or rec.compile is not None or has_checkpoint(model) or has_compiled(model):
-        raise RuntimeError(f"recipe {name!r} needs a model without AC or compile; call toolkit.reset(model) first.")
+        raise RuntimeError(
+            f"recipe {name!r} needs a model without AC or compile; call toolkit.transforms.reset(model) first."
+        )
     blocks(model)  # a model without `layers` is refused here, naming the field
 
 
