@@ -49,6 +49,8 @@ __all__ = [
     "setup_notebook",
     "explore",
 ]
+
+
 def __getattr__(name: str):
     import importlib
     import importlib.util
