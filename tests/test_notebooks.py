@@ -132,3 +132,35 @@ def test_each_notebook_that_needs_an_optional_package_says_so_in_its_setup_call(
         if 'stack="torchtitan"' in code:
             assert "torchtitan" in needs[path.name], path.name
     assert needs["08_torchtitan_in_the_loop.ipynb"] == '"torchtitan",'
+
+
+TEACHING = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _links(markdown: str) -> list[str]:
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", markdown) if not t.startswith(("http://", "https://", "#"))]
+
+
+def test_the_instructors_kit_walks_every_teaching_notebook_and_its_links_resolve():
+    """notebooks/README.md (the 90-minute path, the install check, the glossary) names every teaching notebook, and
+    every file it links exists: a renamed notebook cannot leave the kit pointing nowhere."""
+    kit = (ROOT / "notebooks" / "README.md").read_text()
+    linked = _links(kit)
+    assert [p.name for p in TEACHING if p.name not in linked] == []
+    assert [t for t in linked if not (ROOT / "notebooks" / t).exists()] == []
+    # The install check's commands are the command line's own.
+    for command in re.findall(r"^python -m toolkit (\w+)", kit, flags=re.M):
+        assert command in ("env", "demo", "lab", "cases", "matrix", "plan", "run"), command
+
+
+@pytest.mark.parametrize("path", TEACHING, ids=lambda p: p.name)
+def test_each_teaching_notebook_ends_saying_what_comes_next(path):
+    """The last cell is a **Next:** link to the following notebook (the last one: the central list and the bug
+    notebooks), and every file it links exists."""
+    last = cells(path)[-1]
+    text = "".join(last["source"])
+    assert last["cell_type"] == "markdown" and text.startswith("**Next:** "), text[:200]
+    targets = _links(text)
+    following = TEACHING[TEACHING.index(path) + 1 :]
+    assert targets and (not following or targets[0] == following[0].name), targets
+    assert [t for t in targets if not (path.parent / t).exists()] == []
