@@ -44,11 +44,24 @@ def _modules() -> dict[str, pathlib.Path]:
     return out
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` but the bodies of `if TYPE_CHECKING:` (their `else:` runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def _imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
-    """Every toolkit module `name` imports, at the top or inside a function (a deferred import is still one)."""
+    """Every toolkit module `name` imports, at the top or inside a function (a deferred import is still one); not the
+    names imported under `if TYPE_CHECKING:`, which only the type checker reads."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         targets = []
         if isinstance(node, ast.ImportFrom):
             if node.level:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ._escape import UNSAFE, unsafe
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T")
 
 
 class ConfigError(ValueError):
@@ -291,7 +296,7 @@ def refuse_callables(cls: type, data: dict[str, Any]) -> None:
             )
 
 
-def from_dict(cls: type, data: dict[str, Any]):
+def from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
     """Rebuild a config from `to_dict` output: unknown keys and callables' marks are an error naming the key; JSON
     lists become the field's tuple or frozenset."""
     check_object(cls.__name__, data, "{...} as to_dict() writes it")
@@ -315,7 +320,8 @@ class PlainData:
     """`replace`, `to_dict` and `from_dict` for a frozen config dataclass: a copy with changes, and its JSON record."""
 
     def replace(self, **changes: Any) -> Any:
-        return dataclasses.replace(self, **changes)
+        # Every subclass is a dataclass, which PlainData itself is not.
+        return dataclasses.replace(typing.cast("DataclassInstance", self), **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import torch
 
@@ -21,6 +21,10 @@ from ..models import ModelConfig
 from ..stacks import foreign, of_block
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.recipes import RECIPES
+
+if TYPE_CHECKING:
+    from ..models.config import ExpertsImpl
+    from ..stacks.user import UserStack
 
 BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
 # The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
@@ -59,12 +63,13 @@ class Cell:
 
     def model_config(self) -> ModelConfig:
         """The block kind's model; a recipe cell's as the recipe needs it (`Recipe.model_config`)."""
+        # Else a "moe:IMPL" block: ModelConfig checks IMPL.
         model = (
             ModelConfig(moe_layers="none")
             if self.block == "dense"
             else ModelConfig(moe_layers="none", residual_dropout=0.1)
             if self.block == DROPOUT_BLOCK
-            else ModelConfig(experts_impl=self.block.split(":", 1)[1])
+            else ModelConfig(experts_impl=cast("ExpertsImpl", self.block.split(":", 1)[1]))
         )
         return RECIPES[self.recipe].model_config(model, fsdp=self.fsdp) if self.recipe else model
 
@@ -75,7 +80,7 @@ class Cell:
                 .scenario()
                 .replace(name=self.label, instrument=False, measure_memory=False, steady_steps=0)
             )
-        common = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
+        common: dict[str, Any] = dict(name=self.label, steady_steps=1, fsdp=self.fsdp)
         # "MODE+offload": the mode with each checkpoint call inside save_on_cpu (transformers' offload=True).
         mode, offload = self.ac.removesuffix(OFFLOAD), self.ac.endswith(OFFLOAD)
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
@@ -290,6 +295,6 @@ def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     if release is not None:  # transformers: another release is another measurement
         key[scenario.stack] = release
     if scenario.stack == "user":  # an edited model is another measurement
-        key["source"] = scenario.stack_impl.source_digest(scenario.model)
+        key["source"] = cast("UserStack", scenario.stack_impl).source_digest(scenario.model)
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -67,6 +67,7 @@ def classify(report: Report, refs: dict[str, Report] | None = None) -> Classific
     elif report.outcome == "error":
         flags.append("error")
         e = report.error
+        assert e is not None  # an "error" outcome holds the error it ended on (Report.from_dict refuses one without)
         d = report.checkpoint_error
         if d is not None:
             # Torch's message names a position; say what diverged and why, from what the probes saw.

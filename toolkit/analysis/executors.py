@@ -20,13 +20,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, cast
 
 from .._config import ConfigError, check_int
 from ..execution import run
 from ..execution.isolate import crashed_report, kill_live
 from ..measurement import Report, Scenario
 from .cells import Cell
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 EXECUTORS = ("local", "submitit", "ray")
 
@@ -97,7 +100,8 @@ class LocalExecutor(Executor):
                 pool = WarmPool()
                 try:
                     pool.start()
-                    one = lambda job: pool.run(job.scenario(), job.timeout_s, threads)  # noqa: E731
+                    # Only once the pool started, and `pool` is not reset after: never None when `one` runs.
+                    one = lambda job: cast(WarmPool, pool).run(job.scenario(), job.timeout_s, threads)  # noqa: E731
                 except (RuntimeError, OSError) as e:  # the cells still run, each in a fresh Python
                     print(f"warning: {e}; running each cell in a fresh Python instead", file=sys.stderr)
                     pool = None
@@ -386,12 +390,15 @@ _CLASSES: dict[str, type[Executor]] = {"local": LocalExecutor, "submitit": Submi
 def _check_options(executor: str, options: dict[str, Any]) -> None:
     """An option the chosen executor does not read would be dropped without a word (`partition=` on the local
     executor): refuse it, naming the executor that reads it."""
-    own = {f.name for f in dataclasses.fields(_CLASSES[executor])} - {"workers", "warm", "runner"}
+    chosen = cast("type[DataclassInstance]", _CLASSES[executor])  # every executor class but the base is a dataclass
+    own = {f.name for f in dataclasses.fields(chosen)} - {"workers", "warm", "runner"}
     for name in options:
         if name in own:
             continue
         readers = [
-            n for n, cls in _CLASSES.items() if n != executor and name in {f.name for f in dataclasses.fields(cls)}
+            n
+            for n, cls in _CLASSES.items()
+            if n != executor and name in {f.name for f in dataclasses.fields(cast("type[DataclassInstance]", cls))}
         ]
         where = f"an option of executor={readers[0]!r}" if readers else "not an option of any executor"
         mine = ", ".join(sorted(own)) or "none besides workers and warm"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..instrument.records import fmt_bytes, fmt_measured_bytes
 from ..measurement import Report
@@ -25,6 +25,7 @@ class Row:
     cell: Cell
     report: Report
     classification: Classification | None = None
+    """Set for every row by the MatrixResult holding it: its readers there assert or cast it to a Classification."""
     bare: Report | None = None
     """The same cell rerun bare, with none of the probes (`Cell.bare`): set for a failing cell by the sweep."""
 
@@ -84,10 +85,10 @@ class MatrixResult(MatrixViews):
         rows = [
             r
             for r in self.rows
-            if (label is None or r.classification.label == label)
+            if (label is None or cast(Classification, r.classification).label == label)
             and (block is None or r.cell.block == block)
             and (ac is None or r.cell.ac == ac)
-            and (case is None or case in r.classification.cases)
+            and (case is None or case in cast(Classification, r.classification).cases)
         ]
         out = MatrixResult.__new__(MatrixResult)
         out.rows, out.environment, out.others = rows, self.environment, self.others
@@ -96,6 +97,7 @@ class MatrixResult(MatrixViews):
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:
+            assert r.classification is not None
             out[r.classification.label] = out.get(r.classification.label, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: SEVERITY.index(kv[0])))
 
@@ -104,13 +106,14 @@ class MatrixResult(MatrixViews):
         groups = []
         for label in SEVERITY:
             rows = sorted(
-                (r for r in self.rows if r.classification.label == label),
+                (r for r in self.rows if cast(Classification, r.classification).label == label),
                 key=lambda r: (r.cell.block, r.cell.ac, r.cell.compile_label),
             )
             if not rows:
                 continue
             out = []
             for r in rows:
+                assert r.classification is not None
                 rep, ok = r.report, r.report.outcome == "ok"
                 out.append(
                     {
@@ -134,15 +137,18 @@ class MatrixResult(MatrixViews):
         classification, and how many cells show it on each other torch release measured."""
         seen: dict[str, list[Row]] = {}
         for r in self.rows:
+            assert r.classification is not None
             for cid in r.classification.cases:
                 seen.setdefault(cid, []).append(r)
         out = []
         for cid, rows in seen.items():
             labels: dict[str, int] = {}
             for r in rows:
+                assert r.classification is not None
                 labels[r.classification.label] = labels.get(r.classification.label, 0) + 1
             elsewhere = {
-                t: sum(1 for r in o.rows if cid in r.classification.cases) for t, o in sorted(self.others.items())
+                t: sum(1 for r in o.rows if cid in cast(Classification, r.classification).cases)
+                for t, o in sorted(self.others.items())
             }
             out.append({"case": catalogue.get(cid), "rows": rows, "labels": labels, "other_releases": elsewhere})
         return sorted(out, key=lambda e: (-len(e["rows"]), int(e["case"].id.lstrip("C"))))
@@ -159,6 +165,7 @@ class MatrixResult(MatrixViews):
             if a is None:
                 continue
             what = []
+            assert a.classification is not None and r.classification is not None
             if a.classification.label != r.classification.label:
                 what.append(f"classified {a.classification.label} vs {r.classification.label}")
             if a.report.ok and r.report.ok and a.report.saved.total_bytes != r.report.saved.total_bytes:
@@ -194,7 +201,7 @@ class MatrixResult(MatrixViews):
 
     def label_of(self, cell: Cell) -> str | None:
         r = self.row_of(cell)
-        return r.classification.label if r is not None else None
+        return cast(Classification, r.classification).label if r is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -205,7 +212,7 @@ class MatrixResult(MatrixViews):
                     "key": r.key,
                     "cell": r.cell.to_dict(),
                     "label": r.cell.label,
-                    "classification": dataclasses.asdict(r.classification),
+                    "classification": dataclasses.asdict(cast(Classification, r.classification)),
                     "report": _compact(r.report),
                     **(
                         {"bare": {"reproduces": r.bare_verdict, "report": _compact(r.bare)}}
@@ -222,6 +229,7 @@ class MatrixResult(MatrixViews):
         `recompiles` may have graph breaks too): what the legend adds to each main count."""
         out: dict[str, int] = {}
         for r in self.rows:
+            assert r.classification is not None
             for flag in r.classification.flags:
                 if flag != r.classification.label:
                     out[flag] = out.get(flag, 0) + 1
@@ -255,6 +263,7 @@ class ReleaseChange:
 def release_change(mine: Row, theirs: Row) -> ReleaseChange | None:
     """How `theirs` (the same cell on another release) differs from `mine`, or None when it classifies the same and
     saves the same bytes."""
+    assert mine.classification is not None and theirs.classification is not None
     a, b = mine.report, theirs.report
     label = theirs.classification.label
     saved = b.saved.total_bytes if b.ok else None

@@ -17,7 +17,7 @@ import json
 import pathlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .. import _files, compat
 from .._config import ConfigError, check_bytes, check_instance, check_int
@@ -27,6 +27,9 @@ from ..measurement.scenario import Scenario
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
 from .catalogue import torch_release
+
+if TYPE_CHECKING:
+    from ..transforms.compile import Scope
 
 Status = Literal["fits", "over budget", "broken", "not estimable"]
 
@@ -55,8 +58,10 @@ class Setup:
 
     def scenario(self, base: Scenario) -> Scenario:
         ac = ACConfig(mode=self.ac)
+        # The setup's names, the config's words (CompileConfig checks them at run time).
+        order = cast('Literal["compile_outside", "ac_outside"] | None', self.order)
         compile = (
-            CompileConfig(scope=self.scope, backend=self.backend, order=self.order)
+            CompileConfig(scope=cast("Scope", self.scope), backend=self.backend, order=order)
             if self.scope != "none"
             else CompileConfig()
         )
@@ -358,7 +363,7 @@ def _of(est: Estimate) -> _Sized:
 
 
 def _row(s: Setup, sized: dict, broken: dict, budget: int) -> PlanRow:
-    common = dict(setup=s.label, ac=s.ac, scope=s.scope, order=s.order, backend=s.backend)
+    common: dict[str, Any] = dict(setup=s.label, ac=s.ac, scope=s.scope, order=s.order, backend=s.backend)
     if s in broken:
         cases, why = broken[s]
         return PlanRow(**common, status="broken", cases=cases, why=why)

@@ -115,11 +115,11 @@ LINE_CAP = _files.RECORD_CAP
 """The longest line read as a record: a longer one is skipped, never held whole."""
 
 
-def _lines(p: pathlib.Path) -> Iterable[tuple[int, bytes | None]]:
+def _lines(p: pathlib.Path) -> Iterable[tuple[int, bytes | str | None]]:
     """(number from 1, the line) for each line of `p`, read a line at a time; None for a line over `LINE_CAP` (its
-    bytes are skipped unread). A file ending in `.xz` is read decompressed (a committed central list's records).
-    A path that is not a regular file (a FIFO, `/dev/zero` behind a symlink) is a ConfigError: it could block or
-    never end."""
+    bytes are skipped unread); a str, last, where an archive turns unreadable (what it said). A file ending in `.xz`
+    is read decompressed (a committed central list's records). A path that is not a regular file (a FIFO, `/dev/zero`
+    behind a symlink) is a ConfigError: it could block or never end."""
     import lzma
     import stat
 

@@ -14,7 +14,7 @@ import os
 import pathlib
 import sys
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import torch
 
@@ -26,7 +26,7 @@ from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import get
 from ..transforms.compile import BACKENDS
 from .cells import Cell, cell_key, full_cells, model_cells, quick_cells, stack_cells, valid
-from .classification import EXPLAIN, SEVERITY, classify
+from .classification import EXPLAIN, SEVERITY, Classification, classify
 from .executors import Executor, Job, make
 from .matrix import MatrixResult, Row
 from .progress import Progress
@@ -59,7 +59,7 @@ def environment() -> dict[str, Any]:
 STACKS = (*STACK_NAMES, "all")
 
 
-def default_cells(*, quick: bool, backends: tuple[str, ...], stack: str | tuple[str, ...]) -> list[Cell]:
+def default_cells(*, quick: bool, backends: str | tuple[str, ...], stack: str | tuple[str, ...]) -> list[Cell]:
     """The cells of a sweep: the quick or full toolkit sweep, torchtitan's or transformers' own models, several of
     them (a tuple of names) or all. An optional stack's package is checked for before anything runs."""
     stacks = (stack,) if isinstance(stack, str) else tuple(stack)
@@ -126,7 +126,9 @@ def sweep(
     check_bool("sweep", "warm", warm)
     if runner is not None and not callable(runner):
         raise ConfigError("sweep", "runner", f"{runner!r} is not callable.", "pass a function Scenario -> Report.")
-    ignored = [("stack", stack, "toolkit")] if cells is not None or model is not None else []
+    ignored: list[tuple[str, object, object]] = (
+        [("stack", stack, "toolkit")] if cells is not None or model is not None else []
+    )
     if cells is not None:
         ignored += [("quick", quick, True), ("backends", backends, ("aot_eager",))]
     for name, value, default in ignored:
@@ -171,9 +173,10 @@ def sweep(
     device = environment()["device"]
     keys = _keys(cells, device)
     with folder:
-        records, skipped = read_results(folder.results) if out is not None else ({}, [])
+        # `folder` is a Folder wherever `out` is given (a line skipped, a result read, a record written).
+        records, skipped = read_results(cast(Folder, folder).results) if out is not None else ({}, [])
         if skipped:
-            print(f"matrix: {skipped_text(folder.results, skipped)}", file=sys.stderr, flush=True)
+            print(f"matrix: {skipped_text(cast(Folder, folder).results, skipped)}", file=sys.stderr, flush=True)
         # A cell with a result at its key was built and measured: only the others are checked for being buildable.
         runnable = [c for c in cells if c in keys and (keys[c] in records or valid(c) is None)]
         done = {k: (r["_cell"], r["_report"]) for k, r in records.items()}
@@ -181,20 +184,24 @@ def sweep(
         if progress and pending:
             print(
                 f"matrix: {len(pending)} of {len(runnable)} cells to run on {ex.describe()}"
-                + (f", {len(runnable) - len(pending)} from {folder.results}" if len(pending) < len(runnable) else ""),
+                + (
+                    f", {len(runnable) - len(pending)} from {cast(Folder, folder).results}"
+                    if len(pending) < len(runnable)
+                    else ""
+                ),
                 file=sys.stderr,
                 flush=True,
             )
         bar = Progress(len(runnable), len(runnable) - len(pending), enabled=progress)
 
         def measure(jobs: list[Job]) -> None:
-            for job, report in ex.run(jobs, folder.path if out else None):
+            for job, report in ex.run(jobs, cast(Folder, folder).path if out else None):
                 done[job.key] = (job.cell, report)
                 if out is not None:
                     rec = {"key": job.key, "cell": job.cell.to_dict(), "report": report.to_dict(), "limit_s": timeout_s}
                     if report.outcome == "timeout":
                         rec["timeouts"] = _timeouts(records.get(job.key), timeout_s) + 1
-                    folder.append(rec)
+                    cast(Folder, folder).append(rec)
                 bar.finish(job.cell, classify(report).label)
 
         try:
@@ -207,7 +214,7 @@ def sweep(
             _other_releases(records, set(runnable), {keys[c] for c in runnable}),
         )
         if bare:
-            failing = [r for r in result.rows if r.classification.label in BARE_RERUN]
+            failing = [r for r in result.rows if cast(Classification, r.classification).label in BARE_RERUN]
             bare_keys = {r.cell: cell_key(replace(r.cell, bare=True).scenario(), device) for r in failing}
             todo = [
                 Job(bare_keys[r.cell], replace(r.cell, bare=True), timeout_s)
@@ -287,13 +294,14 @@ def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
     for label, n in result.counts().items():
         lines.append((f"  {label:20} {n:4d}  {EXPLAIN[label]}", False))
     bad = sorted(
-        (r for r in result.rows if r.classification.label != "works"),
-        key=lambda r: (r.classification.severity, r.cell.label),
+        (r for r in result.rows if cast(Classification, r.classification).label != "works"),
+        key=lambda r: (cast(Classification, r.classification).severity, r.cell.label),
     )
     if bad:
         lines.append((f"\nnot works ({len(bad)}):", False))
     for r in bad:
         cl = r.classification
+        assert cl is not None
         cases = f"  [{', '.join(cl.cases)}]" if cl.cases else ""
         lines.append((f"  {cl.label:20} {r.cell.label}{cases}", False))
         reason = " ".join(cl.explanation.split())
@@ -307,12 +315,16 @@ def summary_lines(result: MatrixResult) -> list[tuple[str, bool]]:
             )
         )
     changes = result.torch_changes()
-    relabeled = [(r, {t: c for t, c in there.items() if c.label != r.classification.label}) for r, there in changes]
+    relabeled = [
+        (r, {t: c for t, c in there.items() if c.label != cast(Classification, r.classification).label})
+        for r, there in changes
+    ]
     relabeled = [(r, there) for r, there in relabeled if there]
     if relabeled:
         lines.append((f"\nchanged from another torch release ({len(relabeled)}):", False))
         for r, there in relabeled:
             was = ", ".join(f"{c.label} on {t}" for t, c in there.items())
+            assert r.classification is not None
             lines.append((f"  {r.classification.label:20} {r.cell.label}  (was {was})", True))
     if len(changes) > len(relabeled):
         n = len(changes) - len(relabeled)
@@ -356,7 +368,7 @@ def settled(
     for r in result.rows:
         if _needs_run(records.get(r.key), timeout_s, retry_timeouts):
             return False
-        if bare and r.classification.label in BARE_RERUN:
+        if bare and cast(Classification, r.classification).label in BARE_RERUN:
             key = cell_key(replace(r.cell, bare=True).scenario(), device)
             if _needs_run(records.get(key), timeout_s, retry_timeouts):
                 return False

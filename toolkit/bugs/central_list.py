@@ -157,10 +157,10 @@ def _cells_changed(a: str, b: str, old: Any, new: Any) -> list[str]:
             lines.append(f"| {la} | {lb} | {len(cells)} | {ids} | {_escape.markdown(sorted(cells)[0])} |")
     if saved:
         lines += ["", "| the op whose saved bytes moved most, and why | cells | for example |", "| --- | --- | --- |"]
-        for why, cells in sorted(saved.items(), key=lambda e: (-len(e[1]), e[0])):
-            label, x, y = sorted(cells)[0]
+        for why, moved in sorted(saved.items(), key=lambda e: (-len(e[1]), e[0])):
+            label, x, y = sorted(moved)[0]
             example = f"{_escape.markdown(label)}: {fmt_bytes(x)} → {fmt_bytes(y)}"
-            lines.append(f"| {_escape.markdown(why)} | {len(cells)} | {example} |")
+            lines.append(f"| {_escape.markdown(why)} | {len(moved)} | {example} |")
     return lines
 
 

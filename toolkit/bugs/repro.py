@@ -213,6 +213,7 @@ def export(
     _check_targets(targets, overwrite)
     model_copy = targets.get(MODEL_SUFFIX)
     if source is not None:  # the bundle names its own copy, relative to itself
+        assert model_copy is not None  # _targets names it for a user model
         scenario = scenario.replace(model=scenario.model.replace(build=f"{model_copy.name}:{source[1]}"))
     py, ipynb, env = targets[".py"], targets[".ipynb"], targets[".env.json"]
     try:
@@ -226,6 +227,7 @@ def export(
         ) from None
     setup, check = _script(report, scenario, case, model_copy.name if model_copy is not None else None)
     if source is not None:
+        assert model_copy is not None  # as above
         _files.write_text(model_copy, _files.read_capped(source[0], "repro.export", "scenario"))
     _files.write_text(py, setup + check)  # each file whole or not at all
     nb = nbformat.v4.new_notebook()

@@ -175,7 +175,7 @@ class _StandIns:
         return ref is not None and not ref.expired()
 
 
-def _remat_placeholder_targets(make: Callable, is_placeholder: Callable) -> list[tuple[Any, str, Any]]:
+def _remat_placeholder_targets(make: Callable | None, is_placeholder: Callable | None) -> list[tuple[Any, str, Any]]:
     """torch_remat (0.2.2)'s three placeholder functions, each paired with its stand-in: `make` for the maker and
     `is_placeholder` for both `_is_placeholder`s (the one in `_api` and the one `_view` imported)."""
     import importlib

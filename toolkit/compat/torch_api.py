@@ -10,7 +10,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -459,7 +459,8 @@ def lru_cache_enabled() -> bool | None:
 
 def set_lru_cache(enabled: bool) -> None:
     if features._found["lru_cache"].ok:
-        torch._C._dynamo.eval_frame._set_lru_cache(bool(enabled))
+        # Private, and missing from torch's eval_frame.pyi; the `lru_cache` probe found it.
+        torch._C._dynamo.eval_frame._set_lru_cache(bool(enabled))  # type: ignore[attr-defined, unused-ignore]  # in the stub from 2.15
 
 
 def lru_setter_target() -> tuple[Any, str]:
@@ -562,7 +563,7 @@ def in_place_compiled(m: nn.Module) -> bool:
 def wrap_in_place_compiled_call(m: nn.Module, wrap: Callable[[Callable], Callable]) -> Callable[[], None]:
     """Wrap `m`'s in-place compiled call; returns the undo."""
     original = m._compiled_call_impl
-    m._compiled_call_impl = wrap(original)
+    m._compiled_call_impl = wrap(cast(Callable, original))  # set: callers check `in_place_compiled(m)` first
 
     def undo() -> None:
         m._compiled_call_impl = original

@@ -8,14 +8,13 @@ from __future__ import annotations
 import dataclasses
 
 from .. import compat
+from ..instrument.records import Memory, Numerics
 from ..instrument.step import Stage, StepResult
 from ..measurement.explain import explain, is_checkpoint_error
 from ..measurement.report import (
     CompileInfo,
     Distributed,
     ErrorInfo,
-    Memory,
-    Numerics,
     Recompute,
     Report,
     Saved,

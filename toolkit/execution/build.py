@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from torch import nn
 
 from .._config import ConfigError
-from ..instrument.step import Stage
 from ..measurement.scenario import Scenario
 from ..stacks import Built
 
@@ -29,7 +30,7 @@ def build(scenario: Scenario, *, sharded: bool) -> Built:
     return scenario.stack_impl.build(scenario, sharded=sharded)
 
 
-def transform(scenario: Scenario, model: nn.Module, stage: Stage) -> dict[str, str]:
+def transform(scenario: Scenario, model: nn.Module, stage: Callable[[str], None]) -> dict[str, str]:
     """AC, compile (or a recipe), then FSDP, by the stack's own code in its own order; returns the compile orders
     (compile(AC(x)) / AC(compile(x))) per compile target."""
     return scenario.stack_impl.transform(scenario, model, stage)

@@ -88,7 +88,8 @@ def serve(fd: int) -> None:
     children: dict[int, int] = {}
     try:
         while True:
-            readable, _, _ = select.select([ctrl, wake_r], [], [])
+            watched: list[socket.socket | int] = [ctrl, wake_r]  # typed: the list's inferred join is `object`
+            readable, _, _ = select.select(watched, [], [])
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)

@@ -11,7 +11,7 @@ import contextlib
 import math
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -21,9 +21,9 @@ from .._config import MAX_STEADY_STEPS, ConfigError, check_bool, check_int, chec
 from ..compat import tree_leaves
 from ..instrument import numerics as _numerics
 from ..instrument.capture import capture_warnings
+from ..instrument.records import Numerics
 from ..instrument.step import Stage, StepResult, measured_step, restoring_model_state, restoring_process_state
 from ..measurement.report import (
-    Numerics,
     Report,
     ScenarioRecord,
     Transforms,
@@ -172,7 +172,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             called = scenario.stack_impl.called(model)  # torch.compile(model)'s wrapper: no probe hook inside it
             measured_step(
                 called,
-                lambda: built.call(model),
+                lambda: built.call(cast(nn.Module, model)),  # set above; None only after the step, in `finally`
                 built.loss_of,
                 built.inputs,
                 built.device,
@@ -200,6 +200,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
             elif world > 1:
                 a.numerics = _numerics.not_compared(steps.loss, f"FSDP-sharded over {world} ranks: each holds a shard")
             else:
+                assert steps.loss is not None and ref_loss is not None  # set by the step and with ref_grads
                 a.numerics = _numerics.compare(
                     steps.loss,
                     steps.grads,
@@ -348,6 +349,7 @@ def measure(
                 "draw otherwise (cold=True reads every graph)",
             )
         elif ref_result is not None:
+            assert steps.loss is not None  # measured_step sets it before it returns
             a.numerics = _numerics.compare(
                 steps.loss, steps.grads, ref_result[0], ref_result[1], _numerics.param_dtype(model), ref_result[2]
             )

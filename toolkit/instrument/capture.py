@@ -13,7 +13,7 @@ class _LogCapture(logging.Handler):
         super().__init__(logging.WARNING)
         self.sink = sink
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         try:
             self.sink.append(f"{record.name}: {record.getMessage().strip()}")
         except Exception:

@@ -8,7 +8,7 @@ in every FLOP count of a transformer). Two kernels a step on a CPU runs are not 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 
@@ -34,19 +34,21 @@ def _cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, *
     return counts[0](_shape(q), _shape(k), _shape(v)) if counts else 0
 
 
-def _cpu_attention_backward(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, **__) -> int:
+def _cpu_attention_backward(
+    g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, **__: Any
+) -> int:
     counts = compat.sdpa_flop_counts()
     return counts[1](_shape(g), _shape(q), _shape(k), _shape(v)) if counts else 0
 
 
-_OWN = {
+_OWN: dict[str, Callable[..., int]] = {
     "_grouped_mm": _grouped_mm,
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward,
 }
 
 
-def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
+def flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
     """The op's FLOPs (0 for an op no formula counts: pointwise, views, copies); None where its shapes are symbolic
     and data-dependent (a compiled graph's unbacked sizes): counting must never guard on them, nor fail the step."""
     torchs = compat.flop_formula(func)
@@ -54,7 +56,8 @@ def flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
     if torchs is None and own is None:
         return 0
     try:
-        n = torchs(*args, **kwargs, out_val=out) if torchs else own(*args, **kwargs)
+        # `own` is set whenever `torchs` is not (the early return above)
+        n = torchs(*args, **kwargs, out_val=out) if torchs else cast("Callable[..., int]", own)(*args, **kwargs)
     except (TypeError, ValueError, IndexError, AttributeError, RuntimeError):  # shapes a formula cannot read
         return None
     return n if isinstance(n, int) else None  # a SymInt: left uncounted rather than guarded on

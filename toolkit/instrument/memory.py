@@ -53,7 +53,7 @@ def cpu_step(step: Callable[[Callable[[], None]], None]) -> tuple[int, int] | No
         return None
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    def mark():
+    def mark() -> None:
         with record_function("toolkit::forward_end"):
             pass
 
@@ -97,9 +97,9 @@ def cuda_step(
     torch.cuda.synchronize(device)
     start = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    held = {}
+    held: dict[str, int] = {}
 
-    def mark():
+    def mark() -> None:
         torch.cuda.synchronize(device)
         held["v"] = torch.cuda.memory_allocated(device) - start
 
@@ -110,6 +110,7 @@ def cuda_step(
         step(mark)
         torch.cuda.synchronize(device)
         if record:
+            assert snapshot_path is not None  # `record` is falsy without a path
             compat.cuda_dump_snapshot(snapshot_path)
     finally:
         if record:

@@ -30,7 +30,14 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return (1e-4, 1e-5) if dtype == torch.float32 else (5e-2, 5e-2)
 
 
-def compare(loss: float, got: dict, ref_loss: float, ref_grads: dict, dtype: torch.dtype, reference: str) -> Numerics:
+def compare(
+    loss: float,
+    got: dict[str, torch.Tensor],
+    ref_loss: float,
+    ref_grads: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    reference: str,
+) -> Numerics:
     rtol, atol = tolerance(dtype)
     worst, worst_diff, ok = "", 0.0, True
     for name, ref in ref_grads.items():
@@ -122,7 +129,7 @@ def unless_the_forward_drew_otherwise(n: Numerics, reference: Reference, dtype: 
     )
 
 
-def not_compared(loss: float, why: str) -> Numerics:
+def not_compared(loss: float | None, why: str) -> Numerics:
     return Numerics(loss=loss, grads_match=None, reference=why)
 
 
@@ -164,13 +171,13 @@ def eager_copy(model: nn.Module) -> tuple[nn.Module | None, str]:
 
 def reference_run(
     ref: nn.Module, forward: Callable[..., Any], loss_of: Callable[[Any], torch.Tensor]
-) -> tuple[float, dict, str]:
+) -> tuple[float, dict[str, torch.Tensor], str]:
     """Run `forward` (which calls `ref`) under `force_eager`, so no compiled code or cache entry is touched, with
     function-form non-reentrant checkpoints running as plain calls; returns loss, grads and what the reference was."""
     ref.zero_grad(set_to_none=True)
     with torch.compiler.set_stance("force_eager"), compat.non_reentrant_checkpoints_disabled() as disabled:
         loss = loss_of(forward())
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
     what = (
         "eager: a deep copy without checkpointing"
         if disabled
@@ -212,14 +219,14 @@ def first_non_finite(
     found: list[str] = []
     running: list[str] = []
 
-    def before(module, args, kwargs):
+    def before(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         name = names[id(module)]
         if not found and running and _non_finite((args, kwargs)):
             # Finite until its caller's own code ran: the value was made there, between the caller's submodules.
             found.append(f"the forward of {running[-1]} itself (its own ops, before it calls {name})")
         running.append(name)
 
-    def after(module, args, output):
+    def after(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         running.pop()
         if not found and _non_finite(output):
             found.append(f"the output of {names[id(module)]}")

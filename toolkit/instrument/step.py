@@ -47,7 +47,7 @@ def no_tasks_left_on_error(older: torch.Tensor) -> Any:
     except BaseException:
         # Best effort: the failure that got here is what the caller reports, never an error of the drain itself.
         with contextlib.suppress(Exception):
-            older.backward()
+            older.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         raise
 
 
@@ -157,7 +157,7 @@ def measured_step(
                 stage("backward")
                 t_bwd = time.perf_counter()
                 with probes.phase_scope("backward") if probes is not None else contextlib.nullcontext():
-                    loss.backward()
+                    loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         except Exception:
             # Kept for the Report (a CheckpointError is explained from it); the step's failure stands.
             if probes is not None:
@@ -183,14 +183,17 @@ def measured_step(
     else:
         return out  # a bare run: nothing else to measure
 
-    def sync():
+    def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    assert out.census is not None  # set by the probed forward, which finished
     output_saved = out.census.output_saved
-    output_bytes = {}
+    output_bytes: dict[str, int] = {}
 
-    def bare_step(mark=lambda: None, times=None):
+    def bare_step(
+        mark: Callable[[], None] = lambda: None, times: list[tuple[float, float, float]] | None = None
+    ) -> None:
         model.zero_grad(set_to_none=True)
         with settings(), no_tasks_left_on_error(older):
             t = time.perf_counter()
@@ -203,7 +206,7 @@ def measured_step(
             loss = loss_of(res)
             del res
             t_b = time.perf_counter()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
             sync()
             if times is not None:
                 times.append((t_f - t, time.perf_counter() - t_b, time.perf_counter() - t))

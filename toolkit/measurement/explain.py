@@ -8,7 +8,7 @@ own message still gives the position and the metadata that diverged (`seen_by="m
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -17,7 +17,7 @@ from ..instrument.probes.tracker import ROUTING_OPS
 from .report import CheckpointDivergence, DivergedTensor, RoutingChange
 
 
-def is_checkpoint_error(err: BaseException | None) -> bool:
+def is_checkpoint_error(err: BaseException | None) -> TypeGuard[torch.utils.checkpoint.CheckpointError]:
     return isinstance(err, torch.utils.checkpoint.CheckpointError)
 
 
@@ -125,6 +125,7 @@ def explain(err: BaseException, view: CheckpointView | None) -> CheckpointDiverg
             seen_by="message",
         )
     rec, gid = last
+    assert view is not None  # `last` is read from it
     fwd, again = rec.forward, rec.recomputes.get(gid, [])
     differing = [i for i, (a, b) in enumerate(zip(fwd, again)) if not _same(a, b)]
     if msg["positions"]:
@@ -190,6 +191,7 @@ def _cause(
     )
     runs_again = rec.compiled_recompute.get(gid, 0)
     if switched:
+        assert forward is not None and recompute is not None  # `switched` holds only then
         side, other = (
             ("the forward", "the recompute") if forward.op == COMPILED_OP else ("the recompute", "the forward")
         )

@@ -26,6 +26,9 @@ from ..instrument.records import (  # the instrument's records, which a Report h
 )
 from ..transforms.naming import within
 
+if typing.TYPE_CHECKING:
+    from .scenario import Scenario
+
 SCHEMA_VERSION = 2
 Outcome = Literal["ok", "error", "crashed", "timeout"]
 SEVERITY = (
@@ -99,7 +102,7 @@ class ScenarioRecord:
             config=d,
         )
 
-    def to_scenario(self):
+    def to_scenario(self) -> Scenario:
         """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""
         from .._config import ConfigError
         from .scenario import Scenario
@@ -489,9 +492,9 @@ class Report:
         return silent[0][0] if silent else "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+        return typing.cast("dict[str, Any]", _plain(self))  # a dataclass is written as a dict
 
-    def to_json(self, **kwargs) -> str:
+    def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **({"indent": 2} | kwargs))
 
     @classmethod
@@ -534,7 +537,7 @@ class Report:
         scen = data.get("scenario")
         if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
             data["scenario"] = _legacy_scenario(scen)  # schema 1: the Scenario dict itself
-        return _build(cls, data)
+        return typing.cast("Report", _build(cls, data))  # not None: data is a dict
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -579,7 +582,7 @@ def _plain(obj: Any) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]:
+def _hints(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field[Any], ...]]:
     """A Report class's resolved field types and fields, once per class (resolving them is most of reading a
     results.jsonl)."""
     return typing.get_type_hints(cls), dataclasses.fields(cls)
@@ -623,7 +626,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return None
         raise _not_schema(where, value, "a value (this field is never null in a record)")
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
+        return _build(typing.cast(type, tp), value, where)  # a field's type: a class, never an instance
     if origin is typing.Union or origin is types.UnionType:
         for a in args:
             if a is type(None):
@@ -749,8 +752,8 @@ def format_report(r: Report) -> str:
     if d.world_size > 1 or d.collectives:
         calls = ", ".join(f"{k} x{v}" for k, v in d.collectives.items())
         lines.append(f"  rank {d.rank} of {d.world_size}" + (f"; collectives: {calls}" if calls else ""))
-    for b in r.blind_spots:
-        lines.append(f"  cannot see: {b.split(' (', 1)[0]}")
+    for spot in r.blind_spots:
+        lines.append(f"  cannot see: {spot.split(' (', 1)[0]}")
     for w in others[:3]:
         lines.append(f"  warning: {w.splitlines()[0][:140]}")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .._config import (
     MAX_RANKS,
@@ -170,7 +170,7 @@ class Scenario:
 
     @property
     def model_config(self) -> Any:
-        changes = {}
+        changes: dict[str, Any] = {}
         if self.device is not None:
             changes["device"] = self.device
         if self.seed is not None:
@@ -181,7 +181,7 @@ class Scenario:
     def label(self) -> str:
         return self.name or self.stack_impl.label(self)
 
-    def replace(self, **changes) -> "Scenario":
+    def replace(self, **changes: Any) -> "Scenario":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,6 +226,7 @@ class Scenario:
         check_choice("Scenario", "stack", data.get("stack", "toolkit"), STACKS)
         st = get(data.get("stack", "toolkit"))
         model_type = st.config_type if st.config_field == "model" else ModelConfig
+        sub: Any  # a config class with a from_dict classmethod (Stack.config_type says only `type`)
         for name, sub in (("model", model_type), ("ac", ACConfig), ("compile", CompileConfig)):
             if name not in data:
                 continue
@@ -245,7 +246,7 @@ class Scenario:
                 )
             data[name] = sub.from_dict(value)
         if st.config_field != "model" and isinstance(data.get(st.config_field), dict):
-            data[st.config_field] = st.config_type.from_dict(data[st.config_field])
+            data[st.config_field] = cast(Any, st.config_type).from_dict(data[st.config_field])  # see `sub` above
         return cls(**data)
 
     def to_json(self) -> str:

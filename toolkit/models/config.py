@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._config import (
     ConfigError,
@@ -17,6 +17,9 @@ from .._config import (
     literal_choices,
     to_dict,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 ExpertsImpl = Literal["for_loop", "grouped_mm", "masked", "nonzero"]
 TokenCount = Literal["scatter", "histc", "bincount"]
@@ -356,7 +359,7 @@ class ModelConfig:
         return bool(self.attention_dropout or self.residual_dropout or (self.router_noise and self.has_moe))
 
     @property
-    def torch_dtype(self):
+    def torch_dtype(self) -> torch.dtype:
         import torch
 
         return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]
@@ -376,10 +379,10 @@ class ModelConfig:
             "n_experts": n_moe * D * self.n_experts,
         }
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = to_dict(self)
         for name in _LATER_FIELDS:  # absent while unset, as before they existed: stored results keep their keys
             if d[name] == getattr(ModelConfig, name):
@@ -387,7 +390,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         check_object("ModelConfig", data, '{"n_layers": 4, "experts_impl": "for_loop"}')
         if isinstance(data.get("moe_layers"), list):
             data = {**data, "moe_layers": tuple(data["moe_layers"])}

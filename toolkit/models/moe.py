@@ -17,6 +17,8 @@ main's patterns apply unchanged), the fixed kept regions `routing_decision` and 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -120,6 +122,8 @@ class TokenChoiceTopKRouter(nn.Module):
 
     In main's layout the gate computes in float32 (`RouterGateLinear`'s fp32 output) and the router owns the
     `tokens_per_expert_E` buffer and returns a routing map; in 0.3.0's it returns the counts per expert."""
+
+    tokens_per_expert_E: torch.Tensor  # a buffer, in main's layout only (registered in `__init__`)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -451,7 +455,7 @@ class MoE(nn.Module):
         self.layout = cfg.layout
         self.router = TokenChoiceTopKRouter(cfg)
         if cfg.layout == "torchtitan_0_3_0":
-            self.routed_experts = RoutedExperts(cfg)
+            self.routed_experts: RoutedExperts | MainRoutedExperts = RoutedExperts(cfg)
         elif cfg.layout == "torchtitan_main":
             self.routed_experts = MainRoutedExperts(cfg)
         else:
@@ -484,12 +488,13 @@ class MoE(nn.Module):
             else ("expert_bias_E", "tokens_per_expert_E")
         )
 
-    def routed_experts_module(self) -> nn.Module:
+    def routed_experts_module(self) -> _Experts | MainRoutedExperts:
         """The module holding the expert weights (`routed_experts.inner_experts`, main's `routed_experts`, or
         `experts`)."""
+        # `layout` decides which of the modules `__init__` built.
         if self.layout == "torchtitan_0_3_0":
-            return self.routed_experts.inner_experts
-        return self.routed_experts if self.layout == "torchtitan_main" else self.experts
+            return cast(RoutedExperts, self.routed_experts).inner_experts
+        return cast(MainRoutedExperts, self.routed_experts) if self.layout == "torchtitan_main" else self.experts
 
     @property
     def expert_bias_buffer(self) -> torch.Tensor | None:
@@ -533,7 +538,8 @@ class MoE(nn.Module):
         """Draws in 0.3.0's order and shapes whatever the layout (main's fused weights take the same values), so
         one seed gives the same model in every layout."""
         if self.layout == "torchtitan_main":
-            w13, w2 = self.routed_experts.w13.weight, self.routed_experts.w2.weight
+            routed = cast(MainRoutedExperts, self.routed_experts)  # main's layout built these
+            w13, w2 = routed.w13.weight, routed.w2.weight
             w1_EFD, w2_EDF, w3_EFD = torch.empty_like(w13[:, 0]), torch.empty_like(w2), torch.empty_like(w13[:, 1])
             for p in (w1_EFD, w2_EDF, w3_EFD):
                 nn.init.trunc_normal_(p, std=std)

@@ -10,7 +10,8 @@ before each bare op that reads a region's output. RoPE and the loss are main's `
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +176,8 @@ class Transformer(nn.Module):
     """`tok_embeddings` → `layers.{i}` (a ModuleDict keyed "0", "1", …) → `norm` → `lm_head` (`output` in the
     2025 layout)."""
 
+    rope: torch.Tensor  # a buffer (registered in `__init__`)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -197,7 +200,7 @@ class Transformer(nn.Module):
         nn.init.normal_(self.tok_embeddings.weight)
         # Attribute access goes through the AC / compile wrappers (they forward `__getattr__`), so this also
         # works after transforms; the order of the draws is what makes a seed give bit-identical weights.
-        for block in self.layers.values():
+        for block in cast(Iterable[TransformerBlock], self.layers.values()):
             if block.attention.fused:
                 # 0.3.0's wq, wk, wv draws, laid out as main's wqkv rows (H, 3, Dh): same seed, same model.
                 D, H, Dh = self.config.dim, self.config.n_heads, self.config.head_dim
@@ -220,7 +223,8 @@ class Transformer(nn.Module):
             else:
                 init_feed_forward(block.feed_forward, std)
         nn.init.ones_(self.norm.weight)
-        nn.init.trunc_normal_(self.get_submodule(self.head_name).weight, std=self.config.dim**-0.5)
+        head = cast(nn.Linear, self.get_submodule(self.head_name))  # the output head `__init__` added
+        nn.init.trunc_normal_(head.weight, std=self.config.dim**-0.5)
 
 
 class Batch(NamedTuple):
@@ -254,7 +258,7 @@ def check_fits(cfg: ModelConfig) -> None:
     need = sum(parts.values()) * (2 if cfg.dtype == "bfloat16" else 4)
     if need <= have:
         return
-    field = _largest_cause(cfg) or max(parts, key=parts.get)
+    field = _largest_cause(cfg) or max(parts, key=parts.__getitem__)
     raise ConfigError(
         "ModelConfig",
         field,
@@ -344,7 +348,7 @@ def build_model(cfg: ModelConfig | None = None) -> Transformer:
     model = model.to(device=cfg.device, dtype=cfg.torch_dtype)
     # Buffers that must stay float32 whatever the model dtype: RoPE angles and the balancing statistics.
     model.rope = model.rope.float()
-    for block in model.layers.values():
+    for block in cast(Iterable[TransformerBlock], model.layers.values()):
         if block.moe_enabled:
             for owner in (block.moe, block.moe.router):
                 for name in MoE.buffer_names(cfg.layout):

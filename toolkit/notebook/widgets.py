@@ -419,6 +419,7 @@ class Explorer:
 
     def _show_ready(self) -> None:
         """The status line: what Run would run now, then what the last run ran and found."""
+        assert self.scenario is not None  # called only once a runnable scenario is set
         self.status.value = f"ready: {_esc(self.scenario.label)}{self._last_run}"
 
     # --- actions ------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ imported when first asked for, never by `import toolkit`."""
 from __future__ import annotations
 
 import importlib
+from typing import Literal, overload
 
 from .. import _extras
 from .._extras import Extra
@@ -58,6 +59,10 @@ def of_block(block: str) -> str:
     return next((name for name in STACKS[1:] if get(name).cell_prefix == prefix), "toolkit")
 
 
+@overload
+def extra_of(name: Literal["torchtitan", "transformers"]) -> Extra: ...  # stacks `_MODULES` lists with an Extra
+@overload
+def extra_of(name: str) -> Extra | None: ...
 def extra_of(name: str) -> Extra | None:
     """The optional package that brings stack `name`, with its install line (its registry line), or None for the
     toolkit's own. Kept here, not in `_extras.EXTRAS`, so that adding a stack touches `stacks/` alone."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, cast
 
 import torch
 from torch import nn
@@ -416,7 +416,7 @@ class TorchtitanStack:
 
     def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
         """Each family × its AC modes × eager or its compile (blocks whole, fullgraph) × without / with its FSDP2."""
-        cells = []
+        cells: list[dict[str, Any]] = []
         for backend in backends:
             for block in self.explorer_models:
                 for ac in ("none", "full", "selective_op"):
@@ -527,7 +527,7 @@ class TorchtitanStack:
         )
 
     def transform(self, scenario: Any, model: nn.Module, stage: Callable[[str], None]) -> dict[str, str]:
-        n = len(list(model.layers.children()))
+        n = len(list(cast(nn.Module, model.layers).children()))  # torchtitan's ModuleDict of blocks
         orders = (
             {f"layers.{i}": "compile(AC(x))" for i in range(n)}
             if scenario.compile.enabled and scenario.ac.mode != "none"
@@ -575,7 +575,7 @@ class TorchtitanStack:
         return False  # its tiny models have no dropout and no router noise
 
     def blocks(self, model: nn.Module) -> list[str]:
-        return [f"layers.{key}" for key, _ in model.layers.named_children()]
+        return [f"layers.{key}" for key, _ in cast(nn.Module, model.layers).named_children()]  # its ModuleDict
 
 
 def _default_model(model: Any) -> bool:

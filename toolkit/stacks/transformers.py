@@ -13,7 +13,7 @@ import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from .._config import ConfigError, PlainData, check_choice, check_int
 from ..transforms.policies import per_op_context
 from . import extra_of
 from .base import Built
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CHECKED = ("5.25",)
 """The transformers releases (major.minor) the toolkit was checked against: CI runs the newest patch of each."""
@@ -43,7 +46,7 @@ _WRAPPER = "_toolkit_torch_compile_wrapper"
 the step calls the wrapper as a user would while names, gradients and `undo` stay the model's own."""
 
 
-def runner(model: nn.Module) -> Callable[..., Any]:
+def runner(model: nn.Module) -> nn.Module:
     """What a user calls: `torch.compile(model)`'s wrapper where the stack made one, else the model itself."""
     return model.__dict__.get(_WRAPPER, model)
 
@@ -284,8 +287,9 @@ def apply_ac(model: nn.Module, ac: Any) -> None:
     kwargs = checkpoint_kwargs(model, ac)
     every = ac.layer_every if ac.mode == "selective_layer" else 1
     offload = getattr(ac, "offload", False)
+    hf = cast("PreTrainedModel", model)  # a model `build` made
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(
+        hf.activation_checkpointing_enable(
             activation_checkpointing_kwargs=kwargs, every_n_layers=every, **({"offload": True} if offload else {})
         )
     else:
@@ -296,7 +300,7 @@ def apply_ac(model: nn.Module, ac: Any) -> None:
                 f"transformers {version()} has no {'every_n_layers' if every != 1 else 'offload'}.",
                 "use mode='full' without offload, or transformers 5.25.",
             )
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def apply_compile(model: nn.Module, c: Any) -> dict[str, str]:
@@ -343,7 +347,8 @@ class TransformersStack:
 
     def config_for(self, block: str) -> TransformersConfig:
         parts = block.split(":")  # hf:FAMILY or hf:FAMILY:EXPERTS
-        return TransformersConfig(family=parts[1], **({"experts": parts[2]} if len(parts) > 2 else {}))
+        experts: dict[str, Any] = {"experts": parts[2]} if len(parts) > 2 else {}
+        return TransformersConfig(family=cast(Family, parts[1]), **experts)  # the config checks both names
 
     def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> TransformersConfig:
         base = self.config_for(block)
@@ -356,7 +361,7 @@ class TransformersStack:
         `offload=True` ("full+offload": save_on_cpu around each checkpoint call)."""
         blocks = ("hf:qwen3_moe", "hf:mixtral") if quick else self.SWEEP_BLOCKS
         acs = ("none", "full") if quick else (*AC_MODES, "full+offload")
-        cells = []
+        cells: list[dict[str, Any]] = []
         for backend in backends:
             for block in blocks:
                 for ac in acs:
@@ -456,7 +461,7 @@ class TransformersStack:
 
     def build(self, scenario: Any, *, sharded: bool) -> Built:
         cfg = scenario.model_config
-        model = build(cfg)
+        model = cast("PreTrainedModel", build(cfg))  # transformers' own model
         ids = make_batch(cfg)
         loss_function, vocab = model.loss_function, model.config.vocab_size
 
@@ -492,7 +497,7 @@ class TransformersStack:
     def undo(self, model: nn.Module) -> None:
         model.__dict__.pop(_WRAPPER, None)
         if getattr(model, "is_gradient_checkpointing", False):
-            model.gradient_checkpointing_disable()
+            cast("PreTrainedModel", model).gradient_checkpointing_disable()
         for m in model.modules():
             if compat.in_place_compiled(m):
                 compat.clear_in_place_compile(m)

@@ -20,10 +20,14 @@ import os
 import pathlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from .._config import ConfigError, PlainData, check_choice, check_text
 from .base import Built
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 PREFIX = "user"
 AC_MODES = ("none", "full", "selective_op", "selective_layer", "memory_budget")
@@ -105,11 +109,12 @@ def load(build: str) -> Callable[[], Any]:
             mod_name = "_toolkit_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
             module = sys.modules.get(mod_name)
             if module is None:
-                spec = importlib.util.spec_from_file_location(mod_name, path)
+                # A .py file's location always gives a spec with a loader.
+                spec = cast("ModuleSpec", importlib.util.spec_from_file_location(mod_name, path))
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[mod_name] = module
                 try:
-                    spec.loader.exec_module(module)
+                    cast("Loader", spec.loader).exec_module(module)
                 except BaseException:
                     sys.modules.pop(mod_name, None)
                     raise
@@ -140,6 +145,7 @@ def built_parts(result: Any, build: str) -> tuple[Any, tuple, dict, Callable | N
             "return the model (an nn.Module), its inputs, and optionally a function output -> scalar loss.",
         )
     inputs = result[1]
+    args: tuple[Any, ...]
     if isinstance(inputs, Mapping):
         args, kwargs = (), dict(inputs)
     elif isinstance(inputs, (tuple, list)):
@@ -248,7 +254,7 @@ class UserStack:
         """The toolkit's AC modes × eager, the whole model, or each block (both orders where AC and the blocks
         meet) × `backends`; `quick`: none and full AC."""
         acs = ("none", "full") if quick else AC_MODES
-        cells = []
+        cells: list[dict[str, Any]] = []
         for ac in acs:
             cells.append(dict(block=cfg.block, ac=ac))
             for backend in backends:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, cast
 
 import torch
 from torch import nn
@@ -83,6 +83,14 @@ class ACConfig:
     wraps: ClassVar[bool] = False
     """The mode puts modules into CheckpointWrappers."""
 
+    if TYPE_CHECKING:
+        # For the checker only: `__new__` builds the mode's own config from any of the modes' options (an unknown
+        # one is a ConfigError at run time), and every mode's class sets what its mode ignores. Not defined at run
+        # time, where `@dataclass` generates `__init__`.
+        IGNORES: ClassVar[str]
+
+        def __init__(self, *, mode: str = "none", **options: Any) -> None: ...
+
     @property
     def uses_sac(self) -> bool:
         """A selective policy decides op by op (a `context_fn`) for this config."""
@@ -112,7 +120,7 @@ class ACConfig:
     @classmethod
     def own_mode(cls) -> str:
         """The mode this class configures (its `mode` field's only value)."""
-        return cls.__dataclass_fields__["mode"].default
+        return cast(str, cls.__dataclass_fields__["mode"].default)  # each mode's class gives `mode` a default
 
     @classmethod
     def options(cls) -> tuple[str, ...]:

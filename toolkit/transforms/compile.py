@@ -7,7 +7,7 @@ import re
 import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, cast
 
 import torch
 from torch import nn
@@ -406,7 +406,7 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
         )
     _warn_inert_regions(model, targets, orders)
     _warn_nested(targets)
-    undo = []
+    undo: list[tuple[str, Any]] = []  # what `remove_compile` reverses, per kind (`Applied.compile_undo`)
     functions = {}
     if cfg.functions:
         from ..models import local_compile
@@ -430,7 +430,8 @@ def apply_compile(model: nn.Module, cfg: CompileConfig) -> nn.Module:
             obj.forward = torch.compile(obj.forward, **kwargs)
             undo.append(("forward", (obj, previous)))
         else:
-            parent.register_module(attr, torch.compile(obj, **kwargs))
+            # torch.compile of a Module returns an OptimizedModule (a Module); its stub says Callable.
+            parent.register_module(attr, cast(nn.Module, torch.compile(obj, **kwargs)))
             undo.append(("wrapper", (parent, attr, obj)))
     record_compile(record(model), cfg, targets + [f"{f}()" for f in cfg.functions], orders, undo, functions)
     return model

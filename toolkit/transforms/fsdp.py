@@ -10,13 +10,13 @@ import contextlib
 import os
 import socket
 import typing
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal, cast
 
 import torch
 from torch import nn
 
 from .._config import ConfigError, check_bool, check_choice
-from ..models.moe import experts_child
+from ..models.moe import MoE, experts_child
 from .ac import blocks
 from .naming import unwrap
 from .settings import record
@@ -89,24 +89,24 @@ def apply_fsdp(
     if mesh is None:
         mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     dtype = next(model.parameters()).dtype
-    config = dict(
+    config: dict[str, Any] = dict(  # fully_shard's keyword arguments
         mesh=mesh,
         mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False),
     )
     root = unwrap(model)
     if isinstance(getattr(root, "tok_embeddings", None), nn.Module):
-        fully_shard(root.tok_embeddings, **config, reshard_after_forward=True)
+        fully_shard(cast(nn.Module, root.tok_embeddings), **config, reshard_after_forward=True)
     head = next(
         (getattr(root, n) for n in ("lm_head", "output") if isinstance(getattr(root, n, None), nn.Module)), None
     )
     if isinstance(getattr(root, "norm", None), nn.Module) and head is not None:
-        fully_shard([root.norm, head], **config, reshard_after_forward=False)
-    layers = root.layers
+        fully_shard([cast(nn.Module, root.norm), head], **config, reshard_after_forward=False)
+    layers = cast(nn.ModuleDict, root.layers)  # keyed as `blocks` yields them (torchtitan's layout)
     for key, block in blocks(model):
         if mode == "blocks+experts" and getattr(block, "moe_enabled", False):
-            moe = unwrap(block.moe)
+            moe = unwrap(cast(nn.Module, block.moe))
             experts = (
-                moe.routed_experts_module()
+                cast(MoE, moe).routed_experts_module()  # the toolkit's MoE: the only one with this method
                 if hasattr(moe, "routed_experts_module")
                 else (unwrap(c) if (c := experts_child(moe)) is not None else None)
             )

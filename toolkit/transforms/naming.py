@@ -6,7 +6,7 @@ Stable module names and the one home of wrapper checks: see through `CheckpointW
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, cast
 
 from torch import nn
 
@@ -145,7 +145,8 @@ def get_slot(model: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
         raise KeyError(
             f"no module named {name!r}; {'.'.join(head) or 'the model'} has children {', '.join(parent._modules)}"
         )
-    return parent, last, parent._modules[last]
+    # `_modules` allows None (`register_module(name, None)`), which no slot the toolkit names holds.
+    return parent, last, cast(nn.Module, parent._modules[last])
 
 
 def wrapper_chain(m: nn.Module) -> list[str]:

@@ -7,7 +7,7 @@ documented behaviour).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from .._config import ConfigError, check_bool, check_instance
 from .._extras import missing
 from ..models import ModelConfig
 from ..models.moe import EXPERTS_ATTRS
-from .ac import ACConfig, apply_ac, blocks, record_ac, remove_ac
+from .ac import ACConfig, PerSubmoduleAC, apply_ac, blocks, record_ac, remove_ac
 from .compile import (
     AC_OUTSIDE,
     COMPILE_OUTSIDE,
@@ -122,13 +122,13 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
     """torchtitan PR #1895's `apply_compile` rule, including its `isinstance(child, MoE)` test
     (`see_through=True` applies the fix: test the module under any wrapper)."""
     targets, undo = [], []
-    layers = unwrap(model).layers
+    layers = cast(nn.Module, unwrap(model).layers)  # the ModuleDict of blocks (`_start` checked it is there)
     for key, transformer_block in list(layers.named_children()):
         block = unwrap(transformer_block)
         if getattr(block, "moe_enabled", False):
             # #1895 unwraps a block-level CheckpointWrapper but not submodule-level ones.
             inner = (
-                transformer_block._checkpoint_wrapped_module
+                cast(nn.Module, transformer_block._checkpoint_wrapped_module)  # the module a CheckpointWrapper wraps
                 if is_checkpoint_wrapper(transformer_block)
                 else transformer_block
             )
@@ -138,16 +138,21 @@ def _compile_children_1895(model: nn.Module, backend: str, see_through: bool = F
                     for moe_attr, moe_child in list(moe.named_children()):
                         if moe_attr in EXPERTS_ATTRS:
                             continue  # the experts stay eager: FSDP's hooks must not be traced
-                        moe.register_module(moe_attr, torch.compile(moe_child, backend=backend, fullgraph=True))
+                        # torch.compile of a Module returns an OptimizedModule (a Module); its stub says Callable.
+                        moe.register_module(
+                            moe_attr, cast(nn.Module, torch.compile(moe_child, backend=backend, fullgraph=True))
+                        )
                         undo.append(("wrapper", (moe, moe_attr, moe_child)))
                         targets.append(f"layers.{key}.{attr}.{moe_attr}")
                 else:
                     # A CheckpointWrapper(MoE) lands here: the whole MoE is compiled with fullgraph=True (C4).
-                    inner.register_module(attr, torch.compile(child, backend=backend, fullgraph=True))
+                    inner.register_module(attr, cast(nn.Module, torch.compile(child, backend=backend, fullgraph=True)))
                     undo.append(("wrapper", (inner, attr, child)))
                     targets.append(f"layers.{key}.{attr}")
         else:
-            layers.register_module(key, torch.compile(transformer_block, backend=backend, fullgraph=True))
+            layers.register_module(
+                key, cast(nn.Module, torch.compile(transformer_block, backend=backend, fullgraph=True))
+            )
             undo.append(("wrapper", (layers, key, transformer_block)))
             targets.append(f"layers.{key}")
     return targets, undo
@@ -179,9 +184,9 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     """
     name = "torchtitan_2025_09_see_through" if see_through else "torchtitan_2025_09"
     _start(model, name)
-    ac_cfg = _sac("per_submodule")
+    ac_cfg = cast(PerSubmoduleAC, _sac("per_submodule"))  # the config `ACConfig(mode="per_submodule")` builds
     wrapped = []
-    layers = unwrap(model).layers
+    layers = cast(nn.Module, unwrap(model).layers)  # the ModuleDict of blocks (`_start` checked it is there)
     for key, block in blocks(model):
         if getattr(block, "moe_enabled", False):
             for child in ("moe", "attention"):

@@ -19,6 +19,7 @@ Shapes: T tokens, D model dim.
 """
 
 import json
+from typing import cast
 
 import torch
 from torch import nn
@@ -72,8 +73,10 @@ def _step(*, per_submodule: bool) -> dict:
                 wrapped = checkpoint_wrapper(getattr(block, name), preserve_rng_state=False)
                 setattr(block, name, torch.compile(wrapped, backend="aot_eager", fullgraph=True))
         else:
-            blocks[i] = torch.compile(
-                checkpoint_wrapper(block, preserve_rng_state=False), backend="aot_eager", fullgraph=True
+            # torch.compile of a module returns a module (an OptimizedModule); its stub says only a callable.
+            blocks[i] = cast(
+                nn.Module,
+                torch.compile(checkpoint_wrapper(block, preserve_rng_state=False), backend="aot_eager", fullgraph=True),
             )
     x_TD, freqs_TD = torch.randn(T, D, requires_grad=True), torch.randn(T, D)
     h_TD = x_TD

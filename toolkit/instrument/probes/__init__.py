@@ -23,14 +23,14 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import compat
-from ...instrument.records import GraphBreak
+from ...instrument.records import GraphBreak, Kind
 from ...transforms.naming import has_checkpoint
 from . import census as _census
 from . import checkpoint_hooks
@@ -105,7 +105,7 @@ class Probes:
         self.trace = TraceEvents(self.state)
         self.packed: dict[int, Held] = {}
         self.packed_keys: set[int] = set()
-        self.pack_kinds: dict[int, str] = {}
+        self.pack_kinds: dict[int, Kind] = {}
         """Storage key → why it was packed, where not by autograd alone: torch_remat's "checkpoint_input" /
         "remat_save", or "offloaded" (the host copy `save_on_cpu` keeps: transformers' offload=True)."""
 
@@ -116,11 +116,11 @@ class Probes:
             key = compat.storage_key(st)
             why = compat.remat_saved_kind()
             if why is not None:
-                self.pack_kinds.setdefault(key, why)
+                self.pack_kinds.setdefault(key, cast("Kind", why))  # torch_remat's two kinds
             self._held(t, st)
         return t
 
-    def _held(self, t: torch.Tensor, st) -> None:
+    def _held(self, t: torch.Tensor, st: torch.UntypedStorage) -> None:
         """`t` (storage `st`) is kept for backward: counted once, with a record of its own where no op probe saw it
         made (the step's inputs, tensors made before the step)."""
         key = compat.storage_key(st)
@@ -128,26 +128,30 @@ class Probes:
             self.packed_keys.add(key)
             if key not in self.tracker.produced and is_real(t):
                 self.packed[key] = Held(
-                    StorageWeakRef(st), self.state.module(), tuple(t.shape), dtype_name(t), st.nbytes()
+                    StorageWeakRef(st),  # type: ignore[no-untyped-call]  # unannotated in torch
+                    self.state.module(),
+                    tuple(t.shape),
+                    dtype_name(t),
+                    st.nbytes(),
                 )
 
-    def _offload_init(self, init):
+    def _offload_init(self, init: Callable[..., None]) -> Callable[..., Any]:
         """`save_on_cpu.__init__`, its pack hook wrapped to record each host copy as kept for backward ("offloaded"):
         a save_on_cpu inside the step is the innermost saved-tensor hook, so `_pack` never sees what it packs."""
         probes = self
 
         @compat.dynamo_disabled
-        def record(host) -> None:
+        def record(host: Any) -> None:
             if probes.state.phase == "forward" and torch.is_tensor(host) and is_real(host):
                 st = host.untyped_storage()
                 probes.pack_kinds[compat.storage_key(st)] = "offloaded"
                 probes._held(host, st)
 
-        def __init__(hooks, *args, **kwargs):
+        def __init__(hooks: Any, *args: Any, **kwargs: Any) -> None:
             init(hooks, *args, **kwargs)
             pack = hooks.pack_hook
 
-            def pack_to_host(t):
+            def pack_to_host(t: torch.Tensor) -> Any:
                 packed = pack(t)
                 record(packed[1] if isinstance(packed, tuple) else packed)
                 return packed
@@ -181,7 +185,7 @@ class Probes:
             # eager included): disabled recursively, so that neither the hook nor what it calls (`is_real`, …) is
             # compiled — a skipped code object alone still let Dynamo compile its callees, and the instrument's own
             # graphs and recompiles were counted as the model's ('model' scope: 2 graphs, 1 recompile on `is_real`).
-            offload = compat.save_on_cpu_class()
+            offload: type[Any] | None = compat.save_on_cpu_class()
             if offload is not None:
                 stack.enter_context(compat.patched(offload, "__init__", self._offload_init(offload.__init__)))
             else:
@@ -234,10 +238,10 @@ class Probes:
             pack_kinds=self.pack_kinds,
         )
 
-    def checkpoint_view(self, model: nn.Module):
+    def checkpoint_view(self, model: nn.Module) -> CheckpointView:
         """What the probes kept of the step's checkpoint regions, for explaining a CheckpointError (plain records;
         call it after the failing step)."""
-        names = {}
+        names: dict[int, str] = {}
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             t = compat.local_tensor(t)
             if is_real(t):
@@ -295,7 +299,7 @@ class Probes:
         )
 
 
-def _identity(t):
+def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -15,6 +15,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ... import compat
 from ...compat import tree_leaves
 from ...transforms.naming import within
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from .checkpoints import Packed
 
 _NOT_REAL: tuple[type, ...] | None = None
 
@@ -62,7 +67,7 @@ def from_graph_code(depth: int = 12) -> bool:
     run below the dispatch mode. For an op, that frame is among the first Python frames above `__torch_dispatch__`
     (checkpoint's own dispatch modes and torch's disable wrappers sit between); for a checkpoint region that begins,
     a graph's `tag_activation_checkpoint` call sits deeper (`depth` frames are looked at)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return False
@@ -115,7 +120,7 @@ class StepState:
         recompute ends."""
         self.in_pack = 0
         """Inside a checkpoint's pack hook: the ops it dispatches itself are not the model's."""
-        self.pending_packs: list[tuple[list, int]] = []
+        self.pending_packs: list[tuple[list[Packed], int]] = []
         """Packs of an op's inputs (autograd saves them before the op runs), waiting for that op's name."""
         self.checkpoint_options: dict[str, Any] = {}
         """The options of the checkpoint call whose frame is about to be made."""
@@ -149,7 +154,13 @@ class StepState:
         st = t.untyped_storage()
         key = compat.storage_key(st)
         if key not in self.held_inputs:
-            self.held_inputs[key] = Held(StorageWeakRef(st), self.module(), tuple(t.shape), dtype_name(t), st.nbytes())
+            self.held_inputs[key] = Held(
+                StorageWeakRef(st),  # type: ignore[no-untyped-call]  # unannotated in torch
+                self.module(),
+                tuple(t.shape),
+                dtype_name(t),
+                st.nbytes(),
+            )
 
     def module(self) -> str:
         return self.stack[-1] if self.stack else ""

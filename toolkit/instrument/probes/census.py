@@ -13,7 +13,7 @@ from torch import nn
 
 from ... import compat
 from ...compat import tree_leaves
-from ...instrument.records import SavedTensor
+from ...instrument.records import Kind, SavedTensor
 from .base import Held, Produced, is_real
 from .compiled import CompiledSave
 
@@ -61,13 +61,13 @@ def take(
     inputs: Iterable[Any],
     output: Any,
     produced: dict[int, Produced],
-    comm_buffers: set[int] = frozenset(),
+    comm_buffers: set[int] | frozenset[int] = frozenset(),
     compiled: dict[int, CompiledSave],
     packed: dict[int, Held],
     packed_keys: set[int],
     held_inputs: dict[int, Held],
     sac_keys: set[int],
-    pack_kinds: dict[int, str] | None = None,
+    pack_kinds: dict[int, Kind] | None = None,
 ) -> Census:
     """Every storage held for backward at the end of the forward, once: what the probes recorded of each
     (`produced` by an op, `compiled` graph saves, `packed` by autograd without a producer, `held_inputs` of
@@ -82,7 +82,7 @@ def take(
     held_params = {k for k in params if k in packed_keys or k in compiled or k in sac_keys}
     rows: dict[int, SavedTensor] = {}
 
-    def add(key: int, module: str, op: str, shape, dtype: str, nbytes: int, kind: str) -> None:
+    def add(key: int, module: str, op: str, shape: tuple[int, ...], dtype: str, nbytes: int, kind: Kind) -> None:
         if nbytes > 0:
             rows[key] = SavedTensor(
                 module=module,
@@ -95,7 +95,7 @@ def take(
             )
 
     for key, s in compiled.items():
-        if s.ref.expired() or key in params:
+        if s.ref.expired() or key in params:  # type: ignore[no-untyped-call]  # unannotated in torch
             continue
         module, op = s.module, s.op
         prod = produced.get(key)
@@ -107,11 +107,11 @@ def take(
         # alive is what the SAC policy cached from the ops the compiled code dispatched.
         add(key, module, op, s.shape, s.dtype, _now(s.ref, s.nbytes), "sac_cache" if key in sac_keys else "compiled")
     for key, prod in produced.items():
-        if key in rows or key in params or prod.ref.expired():
+        if key in rows or key in params or prod.ref.expired():  # type: ignore[no-untyped-call]  # unannotated in torch
             continue
         if key in output_keys and key not in sac_keys and key not in packed_keys:
             continue  # the step's own output, held by the caller rather than for backward
-        kind = (
+        kind: Kind = (
             "sac_cache"
             if key in sac_keys
             else "checkpoint_input"
@@ -127,14 +127,14 @@ def take(
         add(key, prod.module, prod.op, prod.shape, prod.dtype, _now(prod.ref, prod.nbytes), kind)
     for key, h in packed.items():
         # Saved tensors no probe saw being made: the step's inputs, or tensors made before the forward.
-        if key in rows or key in params or h.ref.expired():
+        if key in rows or key in params or h.ref.expired():  # type: ignore[no-untyped-call]  # unannotated in torch
             continue
         kind = "checkpoint_input" if key in held_inputs else pack_kinds.get(key, "autograd")
         op = "input" if key in input_keys else "unknown"
         add(key, h.module, op, h.shape, h.dtype, _now(h.ref, h.nbytes), kind)
     for key, h in held_inputs.items():
         # Checkpoint inputs made before the step (a leaf input passed to `checkpoint`): held to re-run the region.
-        if key in rows or key in params or h.ref.expired() or key in produced:
+        if key in rows or key in params or h.ref.expired() or key in produced:  # type: ignore[no-untyped-call]
             continue
         op = "input" if key in input_keys else "unknown"
         add(key, h.module, op, h.shape, h.dtype, _now(h.ref, h.nbytes), "checkpoint_input")

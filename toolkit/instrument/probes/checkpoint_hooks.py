@@ -23,7 +23,7 @@ class CheckpointCall:
     """One call of the checkpoint generator, whichever form this torch has: the checkpointed `fn`, its inputs,
     and the options; `call(original)` runs the generator with whatever was changed."""
 
-    def __init__(self, sig: inspect.Signature, args: tuple, kwargs: dict):
+    def __init__(self, sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]):
         # 2.14 `_impl(fn, args, kwargs, *, ...)` takes an explicit tuple/dict, 2.13 `(fn, ..., *args, **kwargs)`:
         # both bind to arguments named fn / args / kwargs. Defaults applied, so `.args` never stops early.
         self.bound = sig.bind(*args, **kwargs)
@@ -38,7 +38,7 @@ class CheckpointCall:
         self.bound.arguments["fn"] = value
 
     @property
-    def inputs(self) -> tuple[tuple, dict]:
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         a = self.bound.arguments
         return tuple(a.get("args", ())), dict(a.get("kwargs", {}))
 
@@ -51,7 +51,7 @@ class CheckpointCall:
     def set_option(self, name: str, value: Any) -> None:
         self.bound.arguments[name] = value
 
-    def call(self, original: Callable) -> Any:
+    def call(self, original: Callable[..., Any]) -> Any:
         return original(*self.bound.args, **self.bound.kwargs)
 
 
@@ -70,11 +70,13 @@ class CheckpointObserver:
     def pack_done(self) -> None: ...
 
 
-def _observing_pack(inner: Callable, note: Callable[[torch.Tensor], None], done: Callable[[], None]) -> Callable:
+def _observing_pack(
+    inner: Callable[..., Any], note: Callable[[torch.Tensor], None], done: Callable[[], None]
+) -> Callable[..., Any]:
     """`inner` (a checkpoint's pack hook) with `note(x)` before and `done()` after; torch's own attributes on it
     (2.14's `_checkpoint_internal`) carried over, so torch still recognises the hook as a checkpoint's."""
 
-    def pack_hook(x):
+    def pack_hook(x: torch.Tensor) -> Any:
         note(x)
         try:
             return inner(x)
@@ -83,8 +85,8 @@ def _observing_pack(inner: Callable, note: Callable[[torch.Tensor], None], done:
 
     pack_hook.__dict__.update(getattr(inner, "__dict__", {}))
     # Autograd calls pack hooks from inside compiled frames: Dynamo must neither trace this one nor what it calls
-    # (torch disables Dynamo on the recompute's own hook for that reason).
-    return torch.compiler.disable(pack_hook)
+    # (torch disables Dynamo on the recompute's own hook for that reason). torch leaves `disable` unannotated.
+    return torch.compiler.disable(pack_hook)  # type: ignore[no-untyped-call, no-any-return]
 
 
 @contextlib.contextmanager
@@ -97,38 +99,39 @@ def observed_checkpoint_hooks(observer: CheckpointObserver) -> Iterator[bool]:
         return
     (fwd_owner, fwd_name, forward_cls), (rec_owner, rec_name, recompute_cls) = targets
 
-    class _ForwardHook(forward_cls):
-        def __init__(self, frame):
+    # The classes found at run time are the bases: mypy cannot check a subclass of a value.
+    class _ForwardHook(forward_cls):  # type: ignore[valid-type, misc]
+        def __init__(self, frame: Any) -> None:
             super().__init__(frame)
             self._toolkit_frame = frame
             observer.frame(frame)
-            self.pack_hook = _observing_pack(
+            self.pack_hook: Callable[..., Any] = _observing_pack(
                 self.pack_hook, lambda x: observer.forward_pack(frame, x), observer.pack_done
             )
 
-        def __enter__(self):
+        def __enter__(self) -> Any:
             observer.forward_enter(self._toolkit_frame)
             return super().__enter__()
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: Any) -> Any:
             try:
                 return super().__exit__(*exc)
             finally:
                 observer.forward_exit(self._toolkit_frame)
 
-    class _RecomputeHook(recompute_cls):
-        def __init__(self, target_frame_ref, gid):
+    class _RecomputeHook(recompute_cls):  # type: ignore[valid-type, misc]
+        def __init__(self, target_frame_ref: Callable[[], Any], gid: Any) -> None:
             super().__init__(target_frame_ref, gid)
             self._toolkit_ref, self._toolkit_gid = target_frame_ref, gid
-            self.pack_hook = _observing_pack(
+            self.pack_hook: Callable[..., Any] = _observing_pack(
                 self.pack_hook, lambda x: observer.recompute_pack(target_frame_ref(), gid, x), observer.pack_done
             )
 
-        def __enter__(self):
+        def __enter__(self) -> Any:
             observer.recompute_enter(self._toolkit_ref(), self._toolkit_gid)
             return super().__enter__()
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: Any) -> Any:
             try:
                 return super().__exit__(*exc)
             finally:
@@ -142,7 +145,7 @@ def observed_checkpoint_hooks(observer: CheckpointObserver) -> Iterator[bool]:
         yield True
 
 
-def top_saved_tensors_hooks_are(pack: Callable) -> bool:
+def top_saved_tensors_hooks_are(pack: Callable[..., Any]) -> bool:
     """The innermost saved-tensor hooks a SAC cache would route through (torch >= 2.14) are `pack`'s."""
     hooks = compat.current_saved_tensors_hooks()
     if hooks is None:
@@ -151,7 +154,7 @@ def top_saved_tensors_hooks_are(pack: Callable) -> bool:
     return getattr(hook, "__func__", hook) is pack
 
 
-def keep_sac_legacy_under(call: CheckpointCall, pack: Callable) -> None:
+def keep_sac_legacy_under(call: CheckpointCall, pack: Callable[..., Any]) -> None:
     """A SAC region under the toolkit's own saved-tensor hooks (`pack`) keeps torch's legacy behaviour — SAC's
     cache bypasses them — by passing `respect_saved_tensors_hooks=False` explicitly where the caller left None:
     the same behaviour as None, without 2.14's FutureWarning about our hooks (C42)."""
@@ -164,7 +167,7 @@ def keep_sac_legacy_under(call: CheckpointCall, pack: Callable) -> None:
 
 
 @contextlib.contextmanager
-def sac_bypasses_hooks_of(pack: Callable) -> Iterator[None]:
+def sac_bypasses_hooks_of(pack: Callable[..., Any]) -> Iterator[None]:
     """While active, SAC regions under `pack`'s saved-tensor hooks keep the legacy behaviour explicitly."""
     target = compat.checkpoint_generator_target()
     if target is None or not compat.available("respect_saved_tensors_hooks"):
@@ -189,7 +192,7 @@ def recompute_bookkeeping(enter: Callable[[], None], leave: Callable[[], None]) 
     `detach` of each recomputed tensor) and torch_remat's replay of a kept region (its saved inputs re-derived as
     views, its outputs loaded). Both patches call the originals unchanged."""
 
-    def bracket(fn: Callable) -> Callable:
+    def bracket(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def inside(*args: Any, **kwargs: Any) -> Any:
             enter()
@@ -204,7 +207,7 @@ def recompute_bookkeeping(enter: Callable[[], None], leave: Callable[[], None]) 
         bracket(lambda: None).__code__
     )  # Dynamo must not trace the bracket (backward may call it under a frame)
     with contextlib.ExitStack() as stack:
-        cls = compat.recompute_hook_class()
+        cls: type[Any] | None = compat.recompute_hook_class()
         if cls is not None:
             original_init = cls.__init__
 

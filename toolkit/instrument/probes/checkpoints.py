@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
@@ -87,7 +88,7 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
         self.last_op = last_op
         self.last_outputs = last_outputs
         self.records: list[FrameRecord] = []
-        self.by_frame: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.by_frame: weakref.WeakKeyDictionary[Any, FrameRecord] = weakref.WeakKeyDictionary()
         self.last_recompute: tuple[FrameRecord, Any] | None = None
         """The region recomputed last, and its graph task: the one a CheckpointError is about."""
 
@@ -113,10 +114,10 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
                 state.pending_packs.append((packs, len(packs)))
         packs.append(meta)
 
-    def pack_done(self):
+    def pack_done(self) -> None:
         self.state.in_pack -= 1
 
-    def frame(self, frame):
+    def frame(self, frame: Any) -> None:
         opts = self.state.checkpoint_options
         region = opts.get("region")
         rec = FrameRecord(
@@ -126,26 +127,26 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
         self.by_frame[frame] = rec
         self.records.append(rec)
 
-    def forward_enter(self, frame):
+    def forward_enter(self, frame: Any) -> None:
         state = self.state
         rec = self.by_frame.get(frame)
         state.frames.append(rec)
         # (While compiling, AOT runs a traced checkpoint to trace it: the graph's tags say what it covers.)
         state.checkpoint_begins(rec.owner if rec is not None else None)
 
-    def forward_exit(self, frame):
+    def forward_exit(self, frame: Any) -> None:
         self.state.compiled_saves = {}
         if self.state.frames:
             self.state.frames.pop()
 
-    def forward_pack(self, frame, x):
+    def forward_pack(self, frame: Any, x: torch.Tensor) -> None:
         rec = self.by_frame.get(frame)
         if rec is not None and self.state.phase == "forward":
             self._pack(rec.forward, x)
         else:
             self.state.in_pack += 1
 
-    def recompute_enter(self, frame, gid):
+    def recompute_enter(self, frame: Any, gid: Any) -> None:
         rec = self.by_frame.get(frame) if frame is not None else None
         if rec is not None:
             rec.recomputes.setdefault(gid, [])
@@ -153,12 +154,12 @@ class FrameObserver(checkpoint_hooks.CheckpointObserver):
             self.last_recompute = (rec, gid)
         self.state.recomputes.append((rec, gid))
 
-    def recompute_exit(self, frame, gid):
+    def recompute_exit(self, frame: Any, gid: Any) -> None:
         self.state.compiled_saves = {}
         if self.state.recomputes:
             self.state.recomputes.pop()
 
-    def recompute_pack(self, frame, gid, x):
+    def recompute_pack(self, frame: Any, gid: Any, x: torch.Tensor) -> None:
         rec = self.by_frame.get(frame) if frame is not None else None
         if rec is not None:
             self._pack(rec.recomputes.setdefault(gid, []), x)
@@ -172,7 +173,11 @@ class Checkpoints:
     keep its legacy behaviour, which is what it does by default, so torch >= 2.14 does not warn about our hooks)."""
 
     def __init__(
-        self, state: StepState, names: dict[int, str], record: Callable[[int, Produced], None], own_pack: Callable
+        self,
+        state: StepState,
+        names: dict[int, str],
+        record: Callable[[int, Produced], None],
+        own_pack: Callable[..., Any],
     ):
         self.state = state
         self.names = names
@@ -194,12 +199,12 @@ class Checkpoints:
                 stack.enter_context(compat.patched(owner, name, self._generator(original, sig)))
             else:
                 self.blind.add("checkpoint_generator")
-            cls = compat.sac_mode_class()
+            cls: type[Any] | None = compat.sac_mode_class()
             if cls is not None:
                 stack.enter_context(compat.patched(cls, "__init__", self._sac_init(cls.__init__)))
             else:
                 self.blind.add("sac_mode")
-            reentrant = compat.reentrant_checkpoint_class()
+            reentrant: type[Any] | None = compat.reentrant_checkpoint_class()
             if reentrant is not None:
                 forward = staticmethod(self._reentrant_forward(reentrant.forward))
                 stack.enter_context(compat.patched(reentrant, "forward", forward))
@@ -209,10 +214,10 @@ class Checkpoints:
             self.observing = stack.enter_context(checkpoint_hooks.observed_checkpoint_hooks(self.observer))
             yield
 
-    def _generator(self, original, sig):
+    def _generator(self, original: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Any]:
         probes = self
 
-        def generator(*args, **kwargs):
+        def generator(*args: Any, **kwargs: Any) -> Any:
             call = checkpoint_hooks.CheckpointCall(sig, args, kwargs)
             if probes.state.phase == "forward":
                 # The function form included: its inputs are held to re-run it, and backward must be watched.
@@ -235,10 +240,10 @@ class Checkpoints:
 
         return generator
 
-    def _reentrant_forward(self, original):
+    def _reentrant_forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         probes = self
 
-        def forward(ctx, run_function, preserve_rng_state, *args):
+        def forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool, *args: Any) -> Any:
             # Under Dynamo this is traced, not run: the original alone, so the graph is the one a user gets.
             if torch.compiler.is_compiling():
                 return original(ctx, run_function, preserve_rng_state, *args)
@@ -261,7 +266,7 @@ class Checkpoints:
 
         return forward
 
-    def _region_of(self, fn) -> str | None:
+    def _region_of(self, fn: Any) -> str | None:
         """The canonical name of the module a checkpoint call runs (a module, or one's bound method), if any."""
         bound = None
         while isinstance(fn, functools.partial):  # transformers 5.x: `partial(forward, layer, **kwargs)`
@@ -271,25 +276,25 @@ class Checkpoints:
         owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", bound)
         return self.names.get(id(owner)) if isinstance(owner, nn.Module) else None
 
-    def _recompute_wrapper(self, fn):
+    def _recompute_wrapper(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
         name = self.names.get(id(owner)) if isinstance(owner, nn.Module) else None
         return functools.partial(_recompute, self.state, fn, name)
 
-    def _sac_init(self, original):
+    def _sac_init(self, original: Callable[..., None]) -> Callable[..., None]:
         probes = self
 
-        def sac_init(mode, *args, **kwargs):
+        def sac_init(mode: Any, *args: Any, **kwargs: Any) -> None:
             original(mode, *args, **kwargs)
             if probes.state.phase == "forward":
                 probes.sac_storages.append(mode.storage)
 
         return sac_init
 
-    def _get_rng_state(self, original):
+    def _get_rng_state(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         probes = self
 
-        def get_rng_state(*args, **kwargs):
+        def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
             # Checkpoint regions stash the RNG state to replay it in recompute; no dispatch mode sees it made.
             out = original(*args, **kwargs)
             if probes.state.phase == "forward":
@@ -298,7 +303,7 @@ class Checkpoints:
                 probes.record(
                     key,
                     Produced(
-                        StorageWeakRef(st),
+                        StorageWeakRef(st),  # type: ignore[no-untyped-call]  # unannotated in torch
                         probes.state.module(),
                         "torch.get_rng_state",
                         tuple(out.shape),
@@ -320,7 +325,7 @@ class Checkpoints:
         return keys
 
 
-def _bound_tensors(fn: Any) -> list:
+def _bound_tensors(fn: Any) -> list[torch.Tensor]:
     """Tensors a checkpointed function carries bound in a `functools.partial` (transformers checkpoints
     `partial(forward, layer, **kwargs)`: its position embeddings and mask travel there, held to re-run it)."""
     if not isinstance(fn, functools.partial):
@@ -328,7 +333,7 @@ def _bound_tensors(fn: Any) -> list:
     return [t for t in tree_leaves((fn.args, fn.keywords)) if isinstance(t, torch.Tensor)]
 
 
-def _recompute(state: StepState, fn: Callable, name: str | None, /, *args: Any, **kwargs: Any) -> Any:
+def _recompute(state: StepState, fn: Callable[..., Any], name: str | None, /, *args: Any, **kwargs: Any) -> Any:
     state.recomputing += 1
     if name is not None:
         state.push(name)

@@ -12,7 +12,7 @@ import operator
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -60,7 +60,7 @@ class GraphSaved:
 class GraphRecord:
     region: str
     saved: list[GraphSaved]
-    recompute_ops: Counter
+    recompute_ops: Counter[str]
     """Forward ops the partitioner placed in the backward graph (recomputed there), per run."""
     recompute_known: bool = True
     recompute_flops: int = 0
@@ -103,7 +103,7 @@ class CompiledGraphs:
     records: dict[int, GraphRecord] = field(default_factory=dict)
     saves: dict[int, CompiledSave] = field(default_factory=dict)
     graphs_run: set[int] = field(default_factory=set)
-    region_compiled_runs: Counter = field(default_factory=Counter)
+    region_compiled_runs: Counter[str] = field(default_factory=Counter)
     unattributed: int = 0
     """Graphs with neither a seen partition nor a kept forward graph (warm inductor): saves attributed to the region."""
     blind: set[str] = field(default_factory=set)
@@ -129,10 +129,10 @@ class CompiledGraphs:
                 self.blind.add("aot_saved_state")
             yield
 
-    def _partition_wrapper(self, original, sig):
+    def _partition_wrapper(self, original: Callable[..., Any], sig: inspect.Signature) -> Callable[..., Any]:
         graphs = self
 
-        def partition(*args, **kwargs):
+        def partition(*args: Any, **kwargs: Any) -> Any:
             fw, bw, n = original(*args, **kwargs)
             try:
                 meta = sig.bind(*args, **kwargs).arguments["fw_metadata"]
@@ -146,10 +146,10 @@ class CompiledGraphs:
 
         return partition
 
-    def _save_wrapper(self, original):
+    def _save_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         graphs = self
 
-        def save_from_forward(saved_state, ctx, fw_outs):
+        def save_from_forward(saved_state: Any, ctx: Any, fw_outs: Any) -> Any:
             try:
                 graphs.on_save(saved_state, ctx, fw_outs)
             except (KeyError, TypeError, AttributeError, IndexError, RuntimeError) as e:  # never break the step
@@ -215,7 +215,13 @@ class CompiledGraphs:
             op = gs.op if gs is not None else "compiled"
             if key not in self.saves:
                 self.saves[key] = CompiledSave(
-                    StorageWeakRef(st), module, op, dtype_name(t), tuple(t.shape), region, st.nbytes()
+                    StorageWeakRef(st),  # type: ignore[no-untyped-call]  # unannotated in torch
+                    module,
+                    op,
+                    dtype_name(t),
+                    tuple(t.shape),
+                    region,
+                    st.nbytes(),
                 )
 
     def _kept_graph_record(self, region: str, ctx: Any, meta: Any) -> GraphRecord:
@@ -228,7 +234,8 @@ class CompiledGraphs:
             self.unattributed += 1
             self.blind.add("compiled_fw_graph" if compat.aot_partition_target() is not None else "aot_partition")
             return GraphRecord(region, [], Counter(), recompute_known=False, warm=warm, known_graph=False)
-        outs = list(fw.graph.output_node().args[0])
+        # The output node's one argument is the sequence of the graph's outputs.
+        outs = list(cast("Sequence[Any]", fw.graph.output_node().args[0]))
         saved_nodes = [node for sl in compat.saved_slices(meta) for node in outs[sl]]
         return GraphRecord(
             region,
@@ -295,7 +302,7 @@ def _join(region: str, rel: str) -> str:
     return canonical_name(f"{region}.{rel}" if region and rel else region or rel)
 
 
-def _rel_module(node) -> str:
+def _rel_module(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""
@@ -308,7 +315,7 @@ def _rel_module(node) -> str:
     return canonical_name(".".join(parts))
 
 
-def _base(node):
+def _base(node: torch.fx.Node) -> torch.fx.Node:
     while (
         node.op == "call_function"
         and node.args
@@ -319,7 +326,7 @@ def _base(node):
     return node
 
 
-def _saved_entry(node) -> GraphSaved:
+def _saved_entry(node: object) -> GraphSaved:
     if not isinstance(node, torch.fx.Node):
         return GraphSaved("", "compiled")
     base = _base(node)
@@ -328,7 +335,7 @@ def _saved_entry(node) -> GraphSaved:
     return GraphSaved(_rel_module(base) or _rel_module(node), str(base.target))
 
 
-def _graph_flops(gm, *, recomputed_only: bool = False) -> int:
+def _graph_flops(gm: torch.fx.GraphModule, *, recomputed_only: bool = False) -> int:
     """FLOPs of a partitioned graph's ops (of those the partitioner tagged as forward ops placed in a backward graph,
     with `recomputed_only`), from the shapes its nodes carry (`meta["val"]`); an op with data-dependent sizes
     counts nothing (it is never guarded on: the count must not change the compile it reads)."""
@@ -347,15 +354,15 @@ def _val(a: Any) -> Any:
     return a.meta.get("val", a) if isinstance(a, torch.fx.Node) else a
 
 
-def _recompute_ops(bw) -> Counter:
-    recompute = Counter()
+def _recompute_ops(bw: torch.fx.GraphModule) -> Counter[str]:
+    recompute: Counter[str] = Counter()
     for node in bw.graph.nodes:
         if node.op == "call_function" and node.meta.get("partitioner_tag") == "is_forward":
             recompute[str(node.target)] += 1
     return recompute
 
 
-def _checkpointed_in(fw) -> tuple[str, ...]:
+def _checkpointed_in(fw: torch.fx.GraphModule) -> tuple[str, ...]:
     """The modules (relative) whose forward ops in `fw` ran under a checkpoint the graph traced. Only checkpoint's own
     tagging sets `ac_graph_id`; the partitioner also sets `recompute` on ops of its own choosing (MUST_SAVE), so that
     alone says nothing. An op outside any submodule ("") says nothing about which module was wrapped."""
@@ -367,11 +374,11 @@ def _checkpointed_in(fw) -> tuple[str, ...]:
     return tuple(sorted(found - {""}))
 
 
-def _random_in(gm) -> tuple[str, ...]:
+def _random_in(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     """The ops of a graph that draw from torch's global RNG (`nondeterministic_seeded`, with a nonzero dropout
     probability). In a backward graph each is a forward op recomputed, drawing new numbers: whether the partitioner
     tagged it as a forward op or not (a budget's recompute is not always tagged), a backward has none of its own."""
-    out = []
+    out: list[str] = []
     for node in gm.graph.nodes:
         target = node.target
         if node.op == "call_function" and torch.Tag.nondeterministic_seeded in (getattr(target, "tags", ()) or ()):
@@ -381,8 +388,8 @@ def _random_in(gm) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _graph_record(region: str, fw, bw, n_fwd_outputs: int) -> GraphRecord:
-    outs = fw.graph.output_node().args[0]
+def _graph_record(region: str, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, n_fwd_outputs: int) -> GraphRecord:
+    outs = cast("Sequence[Any]", fw.graph.output_node().args[0])  # the sequence of the graph's outputs
     saved = [
         _saved_entry(node)
         for node in outs[n_fwd_outputs:]

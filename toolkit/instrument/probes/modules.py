@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Iterator
+from typing import Any, Callable, Iterator, cast
 
 from torch import nn
 
@@ -22,9 +22,9 @@ class Modules:
         self.state = state
         self.names = module_names(model)
         self.region_names: list[str] = []
-        self.region_runs: Counter = Counter()
+        self.region_runs: Counter[tuple[str, str]] = Counter()
         """(region, phase) → calls."""
-        self.compiled_reruns: Counter = Counter()
+        self.compiled_reruns: Counter[str] = Counter()
         """Compiled regions whose forward ran again in backward (AC(compile(x)))."""
 
     def regions(self) -> dict[str, nn.Module]:
@@ -51,7 +51,16 @@ class Modules:
                 if inside_region(m):
                     continue
                 if compat.in_place_compiled(m):
-                    undo.append(compat.wrap_in_place_compiled_call(m, lambda fn, _n=name: self._region_call(_n, fn)))
+                    # The cast types the lambda: mypy cannot infer one with a bound default against its context.
+                    undo.append(
+                        compat.wrap_in_place_compiled_call(
+                            m,
+                            cast(
+                                "Callable[[Callable[..., Any]], Callable[..., Any]]",
+                                lambda fn, _n=name: self._region_call(_n, fn),
+                            ),
+                        )
+                    )
                 else:
                     handles.append(m.register_forward_pre_hook(lambda mod, args, _n=name: self._enter(_n)))
                     handles.append(
@@ -91,8 +100,8 @@ class Modules:
         if state.regions and state.regions[-1] == name:
             state.regions.pop()
 
-    def _region_call(self, name, fn):
-        def call(*args, **kwargs):
+    def _region_call(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
             self._enter(name)
             try:
                 return fn(*args, **kwargs)
@@ -101,7 +110,7 @@ class Modules:
 
         return call
 
-    def _checkpoint_pre(self, name, args) -> None:
+    def _checkpoint_pre(self, name: str, args: Any) -> None:
         self.state.push(name)
         if self.state.phase == "forward":
             for t in tree_leaves(args):

@@ -25,7 +25,7 @@ class TraceEvents(logging.Handler):
         self.backward_recompiles: list[str] = []
         """Recompile reasons of frames compiled while backward ran (a checkpoint's recompute among them)."""
         self.compile_s = 0.0
-        self.region_graphs: Counter = Counter()
+        self.region_graphs: Counter[str] = Counter()
         self.blind: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:

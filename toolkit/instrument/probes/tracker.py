@@ -21,7 +21,7 @@ ROUTING_OPS = ("aten.topk.default",)
 COUNT_OPS = ("aten.bincount.default", "aten.histc.default")
 
 
-def op_name(func) -> str:
+def op_name(func: Any) -> str:
     name = _op_names.get(func)
     if name is None:
         name = _op_names[func] = str(func)
@@ -40,7 +40,7 @@ class _OpInfo(NamedTuple):
 _infos: dict[Any, _OpInfo] = {}
 
 
-def _info(func, name: str) -> _OpInfo:
+def _info(func: Any, name: str) -> _OpInfo:
     info = _infos.get(func)
     if info is None:
         tags = getattr(func, "tags", ()) or ()
@@ -61,7 +61,7 @@ def _fingerprint(out: Any) -> int:
         for t in tensors(out):
             if is_real(t) and t.numel():
                 data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-                crc = zlib.crc32(data, crc)
+                crc = zlib.crc32(data, crc)  # type: ignore[arg-type]  # numpy's stubs give ndarray no buffer below 3.12
     return crc
 
 
@@ -74,7 +74,7 @@ def _keys(value: Any) -> list[int]:
     return []
 
 
-class Tracker(TorchDispatchMode):
+class Tracker(TorchDispatchMode):  # type: ignore[no-untyped-call]  # unannotated in torch
     """Records each output storage of an eager op with the module running it (forward), and counts the ops
     dispatched while a recompute runs (backward). Compiled graphs' own ops are not seen (see `compiled.py`)."""
 
@@ -87,18 +87,18 @@ class Tracker(TorchDispatchMode):
         return True
 
     def __init__(self, state: StepState):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # unannotated in torch
         self.state = state
         self.produced: dict[int, Produced] = {}
-        self.recompute_by_op: Counter = Counter()
-        self.recompute_by_module: Counter = Counter()
-        self.bookkeeping_by_op: Counter = Counter()
+        self.recompute_by_op: Counter[str] = Counter()
+        self.recompute_by_module: Counter[str] = Counter()
+        self.bookkeeping_by_op: Counter[str] = Counter()
         """Ops the recompute machinery dispatches for itself (not the model's forward ops run again)."""
         self.forward_flops = 0
         """FLOPs of the eager forward ops (matmuls, attention, convolutions: `instrument.flops`)."""
         self.recompute_flops = 0
         """FLOPs of the forward ops an eager recompute ran again."""
-        self.collectives: Counter = Counter()
+        self.collectives: Counter[str] = Counter()
         """Collective ops dispatched eagerly (FSDP's all-gathers / reduce-scatters, EP's all-to-alls), by phase."""
         self.comm_buffers: set[int] = set()
         """Storages a collective read or wrote in the forward. Once the collective is done, its process group may
@@ -110,13 +110,15 @@ class Tracker(TorchDispatchMode):
         """Storage keys of the last op's outputs."""
         self.watched: set[int] = set()
         """Older tensors a checkpoint region wrote in place in the forward: reads of them in a recompute are noted."""
-        self.draws: Counter = Counter()
+        self.draws: Counter[tuple[str, int]] = Counter()
         """(op, fingerprint) of every random draw the forward made eagerly, counted (not by module: torch_remat
         replays a block with no module hooks running, so a recompute's module is not the forward's)."""
         self.redrawn: list[tuple[str, str]] = []
         """(module, op) of each draw a recompute made that no forward draw of that op matches: new randomness."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         state = self.state
         name = op_name(func)
@@ -153,12 +155,17 @@ class Tracker(TorchDispatchMode):
                 st = t.untyped_storage()
                 key = compat.storage_key(st)
                 old = produced.get(key)
-                if old is None or old.ref.expired():
+                if old is None or old.ref.expired():  # type: ignore[no-untyped-call]  # unannotated in torch
                     if module is None:
                         stack = state.stack
                         module = stack[-1] if stack else ""
                     produced[key] = Produced(
-                        StorageWeakRef(st), module, op_name(func), tuple(t.shape), dtype_name(t), st.nbytes()
+                        StorageWeakRef(st),  # type: ignore[no-untyped-call]  # unannotated in torch
+                        module,
+                        op_name(func),
+                        tuple(t.shape),
+                        dtype_name(t),
+                        st.nbytes(),
                     )
         elif state.in_recompute:
             if state.bookkeeping:
@@ -169,7 +176,7 @@ class Tracker(TorchDispatchMode):
                 self.recompute_flops += flops(func, args, kwargs or {}, out) or 0
         return out
 
-    def _draw(self, func, name: str, args, kwargs, out) -> None:
+    def _draw(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """A random op's draw, fingerprinted: remembered in the forward, checked against those in a recompute (the
         same module, op and numbers: the RNG was restored; other numbers: the recompute drew new randomness)."""
         state = self.state
@@ -183,7 +190,7 @@ class Tracker(TorchDispatchMode):
             else:
                 self.redrawn.append((state.module(), name))
 
-    def _in_checkpoint(self, func, name: str, args, kwargs, out) -> None:
+    def _in_checkpoint(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """What could make a region's recompute differ from its forward, as the ops go by (`FrameRecord`)."""
         state, info = self.state, _info(func, name)
         module = state.module()
@@ -202,7 +209,8 @@ class Tracker(TorchDispatchMode):
                 )
                 for key in _keys(value):
                     old = self.produced.get(key)
-                    if old is None or old.ref.expired():  # it existed before the step: state, not an activation
+                    # It existed before the step: state, not an activation (StorageWeakRef is unannotated in torch).
+                    if old is None or old.ref.expired():  # type: ignore[no-untyped-call]
                         rec.mutated.setdefault(key, (module, name))
                         self.watched.add(key)
             if routing is not None:
