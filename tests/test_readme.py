@@ -1,5 +1,5 @@
 """README's claims, run as a reader would: its demo table against `demo`, every `python -m toolkit` command it shows,
-and every Python snippet.
+and every Python snippet — README's and those of the pages it links (docs/*.md, notebooks/README.md), read as one.
 
 Commands run in a scratch folder. Sweeps (`matrix …`) run with `--dry-run` appended — they check their options,
 cells and files and say what they would run; CI's first stage runs README's main job itself — and paths under
@@ -25,7 +25,9 @@ from _helpers import extra
 from toolkit._extras import available
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# README first (its snippets run first, in one namespace), then the pages it links; the central list is generated.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md"]
+README = "\n\n".join(page.read_text() for page in PAGES)
 FENCED = re.compile(r"```(\w*)\n(.*?)```", re.S)
 
 
@@ -221,6 +223,15 @@ def test_readmes_python_snippets_run():
     code = "\n".join(snippets)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
+    # Each `# line 1: VERDICT — …` comment names the verdict of a Report printed there, in order.
+    said = [part.split(" — ", 1)[0].strip() for part in code.split("# line 1: ")[1:]]
+    firsts = [
+        line.split(": ", 1)[1].split(" ", 1)[0]
+        for line in out.stdout.splitlines()
+        if ": " in line and not line.startswith(" ")
+    ]
+    firsts = [f for f in firsts if f in ("ok", "error") or "_" in f]
+    assert said and said == firsts[: len(said)], (said, out.stdout[-3000:])
 
 
 def test_readmes_transformers_snippet_runs_and_says_what_it_says():
@@ -250,3 +261,12 @@ def test_readmes_torchtitan_snippet_runs(tmp_path):
     assert first and out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("ok") >= 2 and "2 ranks" in out.stdout, out.stdout[-3000:]
     assert (tmp_path / "sc.json").exists()
+
+
+def test_the_releases_page_names_the_releases_compat_checks():
+    """docs/releases.md opens with the checked releases: the same list as `toolkit.compat.CHECKED_ON`, not typed twice
+    apart from it."""
+    from toolkit.compat import CHECKED_ON
+
+    first = (ROOT / "docs" / "releases.md").read_text().split("\n\n")[1]
+    assert tuple(re.findall(r"\*\*(\d+\.\d+\.\d+)\*\*", first)) == CHECKED_ON, first
