@@ -12,7 +12,8 @@ from typing import Any
 from .._config import check_instance
 from .._escape import terminal
 from ..instrument.records import fmt_bytes, short_paths
-from ..measurement.report import SEVERITY, Report
+from ..measurement.report import Report
+from ..measurement.verdict import SEVERITY
 from ..transforms.ac import MODES
 from . import catalogue
 

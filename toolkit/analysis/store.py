@@ -22,7 +22,7 @@ from typing import Any, Iterable, NamedTuple
 from .. import _files
 from .._config import ConfigError, check_int, check_seconds
 from ..measurement import Report
-from ..measurement.report import OUTCOMES
+from ..measurement.schema import OUTCOMES
 from .cells import Cell
 
 RESULTS = "results.jsonl"

@@ -1,60 +1,28 @@
-"""`Report`: what one measured step showed, as frozen dataclasses with JSON and a plain-text twin.
-
-`Report`: everything one measured training step showed, as frozen dataclasses with a JSON contract and a plain-text
-twin.
-"""
+"""`Report`: what one measured step showed, as frozen dataclasses; its JSON is `schema`'s, its text `text`'s and its
+verdict `verdict`'s."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._config import ConfigError, check_object
+from .._config import ConfigError
 from .._escape import terminal
 from ..instrument.records import (  # the instrument's records, which a Report holds
     GraphBreak,
     Memory,
     Numerics,
     SavedTensor,
-    fmt_bytes,
-    fmt_measured_bytes,
 )
 from ..transforms.naming import within
+from .schema import SCHEMA_VERSION, Outcome, plain, read, recipe_ac_mode
+from .text import EXPLAINED, format_report
+from .verdict import silent_failures, verdict
 
 if typing.TYPE_CHECKING:
     from .scenario import Scenario
-
-SCHEMA_VERSION = 2
-Outcome = Literal["ok", "error", "crashed", "timeout"]
-SEVERITY = (
-    "grads_differ",
-    "crashed",
-    "timeout",
-    "error",
-    "fell_back_to_eager",
-    "module_left_unwrapped",
-    "sac_not_applied",
-    "ac_saves_nothing",
-    "recompiles",
-    "graph_breaks",
-    "works",
-)
-"""Every verdict a step can get, most severe first: the one order line 1, `classify` and the matrix read."""
-OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
-INPUT_WARNING = "InputWarning: "
-"""How a captured `_config.InputWarning` starts in `Report.warnings` (`f"{category}: {message}"`)."""
-
-
-def _recipe_ac_mode(recipe: str) -> str:
-    """The AC mode a recipe applies ("recipe" for a name this toolkit does not know)."""
-    from ..transforms.recipes import RECIPES
-
-    return RECIPES[recipe].ac_mode if recipe in RECIPES else "recipe"
 
 
 @dataclass(frozen=True)
@@ -81,7 +49,7 @@ class ScenarioRecord:
 
     def __post_init__(self) -> None:
         if self.recipe and self.ac_mode == "recipe":  # written before recipes carried their AC mode
-            object.__setattr__(self, "ac_mode", _recipe_ac_mode(self.recipe))
+            object.__setattr__(self, "ac_mode", recipe_ac_mode(self.recipe))
 
     @classmethod
     def of(cls, scenario: Any) -> "ScenarioRecord":
@@ -93,7 +61,7 @@ class ScenarioRecord:
             name=scenario.label,
             measured="scenario",
             recipe=scenario.recipe,
-            ac_mode=_recipe_ac_mode(scenario.recipe) if scenario.recipe else scenario.ac.mode,
+            ac_mode=recipe_ac_mode(scenario.recipe) if scenario.recipe else scenario.ac.mode,
             compile_scope="recipe" if scenario.recipe else scope,
             backend=scenario.recipe_backend if scenario.recipe else (c.backend_name if c.enabled else "eager"),
             stack=scenario.stack,
@@ -104,7 +72,6 @@ class ScenarioRecord:
 
     def to_scenario(self) -> Scenario:
         """The Scenario this record came from (ConfigError for a user's module or a config holding callables)."""
-        from .._config import ConfigError
         from .scenario import Scenario
 
         if self.measured != "scenario" or not self.config:
@@ -236,27 +203,6 @@ class Transforms:
         return tuple(m for m in self.checkpointed if any(within(m, u) for u in self.unresolved))
 
 
-def _names(names: tuple[str, ...], n: int = 6) -> str:
-    """`layers.0, layers.1 …`: the first `n` canonical names ("" is the model)."""
-    return ", ".join(x or "<model>" for x in names[:n]) + (" …" if len(names) > n else "")
-
-
-def _fell_back_text(c: CompileInfo) -> str:
-    """`compile requested, but layers.0, layers.1 ran eagerly (0 graphs)`; for checkpoints Dynamo gave up inside a
-    region whose graphs otherwise ran: `… these checkpointed layers ran eagerly, outside the graph: model.layers.0`."""
-    parts = []
-    # A checkpoint inside a region that had no graph at all is said by that region's name already.
-    inside = tuple(e for e in c.eager_checkpoints if not any(within(e, r) for r in c.regions_without_graphs))
-    if c.regions_without_graphs or not inside:
-        parts.append(f"{_names(c.regions_without_graphs) or 'every region'} ran eagerly")
-    if inside:
-        parts.append(
-            f"these checkpointed layers ran eagerly, outside the graph: {_names(inside)} (a graph break inside each "
-            "checkpoint)"
-        )
-    return f"compile requested, but {'; '.join(parts)} ({c.graphs} graphs)"
-
-
 @dataclass(frozen=True)
 class Distributed:
     rank: int = 0
@@ -298,8 +244,6 @@ CAUSES: dict[str, str] = {
     "unknown": "not identified from what the probes saw",
 }
 """The likely causes a CheckpointError explanation can name, most specific first (`CheckpointDivergence.cause`)."""
-EXPLAINED = ("CheckpointError explained:", "CheckpointError likely cause:")
-"""How the warnings a CheckpointError explanation puts first begin."""
 
 
 @dataclass(frozen=True)
@@ -441,103 +385,25 @@ class Report:
 
     @property
     def silent_failures(self) -> tuple[tuple[str, str], ...]:
-        """`(label, why)` of each silent failure this Report shows on its own, most severe first: gradients that
-        differ from the reference (a recompute that drew new random numbers always does), compile that fell back to
-        eager, a memory budget that no partitioner read. The one rule `classify` and the summary's first line both
-        read (the failures that need reference runs, a policy with no effect, are `classify`'s)."""
-        if not self.ok:
-            return ()
-        out = []
-        n, redrawn = self.numerics, self.recompute.redrawn
-        if redrawn or (n.compared and not n.grads_match):
-            why = []
-            if redrawn:
-                why.append(
-                    f"recompute re-drew random numbers: {', '.join(redrawn[:3])}" + (" …" if len(redrawn) > 3 else "")
-                )
-            if n.compared and not n.grads_match:
-                why.append(f"max |dgrad| {n.grad_diff_text} in {n.worst_param} vs {n.reference or 'the reference'}")
-            out.append(("grads_differ", "; ".join(why)))
-        c = self.compile
-        if c.fell_back_to_eager:
-            out.append(("fell_back_to_eager", _fell_back_text(c)))
-        if c.memory_budget is not None and c.aot_autograd is False:
-            # No partitioner read the budget: what it asked to recompute is saved (C66), whoever set it.
-            out.append(
-                (
-                    "ac_saves_nothing",
-                    f"activation_memory_budget {c.memory_budget:g} was set, but the graphs compiled without "
-                    "AOTAutograd (the `eager` backend): no partitioner reads the budget, so nothing is recomputed",
-                )
-            )
-        unwrapped = self.transforms.left_unwrapped
-        if unwrapped:
-            names = ", ".join(unwrapped[:6]) + (" …" if len(unwrapped) > 6 else "")
-            out.append(
-                (
-                    "module_left_unwrapped",
-                    f"AC was asked to checkpoint {names}, but {'it' if len(unwrapped) == 1 else 'they'} ran with no "
-                    f"checkpoint around {'it' if len(unwrapped) == 1 else 'them'}",
-                )
-            )
-        return tuple(sorted(out, key=lambda f: SEVERITY.index(f[0])))
+        """`(label, why)` of each silent failure this Report shows on its own, most severe first (`verdict`)."""
+        return silent_failures(self)
 
     @property
     def verdict(self) -> str:
-        """The first line's word: the outcome when the step did not end ("error", "crashed", "timeout"), else the most
-        severe silent failure it shows, else "ok"."""
-        if not self.ok:
-            return self.outcome
-        silent = self.silent_failures
-        return silent[0][0] if silent else "ok"
+        """The first line's word: the outcome when the step did not end, else its most severe silent failure, else
+        "ok" (`verdict.verdict`)."""
+        return verdict(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return typing.cast("dict[str, Any]", _plain(self))  # a dataclass is written as a dict
+        return typing.cast("dict[str, Any]", plain(self))  # a dataclass is written as a dict
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **({"indent": 2} | kwargs))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
-        """Rebuild from `to_dict` output: a record that is not one (no outcome, an unknown outcome, no saved or
-        environment section, a schema newer than this toolkit's) is a ConfigError naming the field, never a Report
-        that reads as ok with zeros."""
-        check_object("Report", data, '{"outcome": "ok", "saved": {...}, ...} as Report.to_json() writes it')
-        for key in ("outcome", "saved", "environment"):
-            if key not in data:
-                raise ConfigError(
-                    "Report", key, "is missing: this is not a Report record.", "pass Report.to_json()'s output."
-                )
-        if data["outcome"] not in OUTCOMES:
-            raise ConfigError(
-                "Report",
-                "outcome",
-                f"{data['outcome']!r} is not one of {', '.join(OUTCOMES)}.",
-                "pass a Report record.",
-            )
-        version = data.get("schema_version", 1)
-        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-            raise ConfigError(
-                "Report",
-                "schema_version",
-                f"{version!r} is not a schema this toolkit reads (1 to {SCHEMA_VERSION}).",
-                "read it with the toolkit that wrote it, or measure again.",
-            )
-        for key in ("saved", "environment"):
-            if not isinstance(data[key], dict):
-                raise ConfigError("Report", key, f"is {data[key]!r}, not an object.", "pass a Report record.")
-        if data["outcome"] != "ok" and not isinstance(data.get("error"), dict):
-            raise ConfigError(
-                "Report",
-                "error",
-                f"is {data.get('error')!r}, but outcome {data['outcome']!r} needs the error it ended on.",
-                "pass a Report record as Report.to_json() writes it.",
-            )
-        data = dict(data)
-        scen = data.get("scenario")
-        if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
-            data["scenario"] = _legacy_scenario(scen)  # schema 1: the Scenario dict itself
-        return typing.cast("Report", _build(cls, data))  # not None: data is a dict
+        """Rebuild from `to_dict` output; a record that is not one is a ConfigError naming the field (`schema.read`)."""
+        return read(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -547,218 +413,3 @@ class Report:
 
     def __str__(self) -> str:
         return format_report(self)
-
-
-def _legacy_scenario(d: dict[str, Any]) -> dict[str, Any]:
-    if d.get("measured") == "user module" or "model" not in d:
-        return {"name": d.get("name", ""), "measured": "module", "ac_mode": "unknown"}
-    comp = d.get("compile") or {}
-    scope = comp.get("scope", "none")
-    scope = scope if isinstance(scope, str) else ",".join(scope)
-    recipe = d.get("recipe")
-    return {
-        "name": d.get("name", ""),
-        "measured": "scenario",
-        "recipe": recipe,
-        "ac_mode": _recipe_ac_mode(recipe) if recipe else (d.get("ac") or {}).get("mode", "none"),
-        "compile_scope": "recipe" if recipe else scope,
-        "backend": d.get("recipe_backend", "aot_eager")
-        if recipe
-        else (comp.get("backend", "aot_eager") if scope != "none" else "eager"),
-        "config": d,
-    }
-
-
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, float) and obj != obj:
-        return None  # NaN is not JSON
-    return obj
-
-
-@functools.cache
-def _hints(cls: type) -> tuple[dict[str, Any], tuple[dataclasses.Field[Any], ...]]:
-    """A Report class's resolved field types and fields, once per class (resolving them is most of reading a
-    results.jsonl)."""
-    return typing.get_type_hints(cls), dataclasses.fields(cls)
-
-
-def _build(cls: type, data: Any, where: str = "") -> Any:
-    if data is None:
-        return None
-    where = where or cls.__name__
-    if not isinstance(data, dict):
-        raise _not_schema(where, data, "an object")
-    hints, fields = _hints(cls)
-    kwargs = {}
-    for f in fields:
-        if f.name not in data:
-            continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
-    return cls(**kwargs)
-
-
-_MAX_COUNT = 1 << 63
-"""Every integer a Report holds is a count, a size in bytes, a rank or a line: from 0 to what an int64 holds."""
-
-
-def _not_schema(where: str, value: Any, what: str) -> ConfigError:
-    owner, _, field_ = where.partition(".")
-    shown = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else f"a {len(str(value))}-digit number"
-    return ConfigError(owner, field_, f"{shown[:80]} is not {what}.", "pass a record as Report.to_json() writes it.")
-
-
-def _convert(tp: Any, value: Any, where: str) -> Any:
-    """`value` read as type `tp`, or a ConfigError naming the field (`Saved.total_bytes`): the one check of a
-    Report's schema, so that a record read from a file is what a measurement would have written (a string where bytes
-    belong, a negative or 300-digit count, a list where a table belongs, a kind or outcome that is none of its type's
-    values are refused, not shown as if measured)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if value is None:
-        if tp is float:
-            return float("nan")  # NaN is written as null (JSON has no NaN)
-        if (origin is typing.Union or origin is types.UnionType) and type(None) in args or tp is Any:
-            return None
-        raise _not_schema(where, value, "a value (this field is never null in a record)")
-    if dataclasses.is_dataclass(tp):
-        return _build(typing.cast(type, tp), value, where)  # a field's type: a class, never an instance
-    if origin is typing.Union or origin is types.UnionType:
-        for a in args:
-            if a is type(None):
-                continue
-            return _convert(a, value, where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise _not_schema(where, value, "a list")
-        inner = args[0] if args else Any
-        return tuple(_convert(inner, v, f"{where}[]") for v in value)
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise _not_schema(where, value, "an object")
-        return {k: _convert(args[1], v, f"{where}[]") for k, v in value.items()} if args else dict(value)
-    if origin is Literal:
-        if not any(value == a and type(value) is type(a) for a in args):  # 1 == True, but 1 is no such value
-            raise _not_schema(where, value, f"one of {', '.join(map(repr, args))}")
-        return value
-    if tp is bool and not isinstance(value, bool):
-        raise _not_schema(where, value, "true or false")
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_COUNT):
-        raise _not_schema(where, value, f"a count from 0 to {_MAX_COUNT - 1}")
-    if tp is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise _not_schema(where, value, "a number")
-    if tp is str and not isinstance(value, str):
-        raise _not_schema(where, value, "text")
-    return value
-
-
-# --- plain text -----------------------------------------------------------------------------------------
-
-
-def _top(d: dict[str, int], n: int = 6) -> str:
-    items = sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
-    more = len(d) - len(items)
-    return ", ".join(f"{k or '<model>'} {fmt_bytes(v)}" for k, v in items) + (f", +{more} more" if more > 0 else "")
-
-
-def format_report(r: Report) -> str:
-    """A deterministic summary: rounded numbers, no timings, no addresses (what nbval compares)."""
-    lines = []
-    title = terminal(r.scenario.name) or "scenario"  # a Report read from a file may carry anything
-    silent = r.silent_failures
-    # The verdict leads: a step that ran to its end with wrong gradients is not "ok" on the first line.
-    lines.append(
-        f"{title}: {r.outcome}" if not silent else f"{title}: {silent[0][0]} [silent failure] — {silent[0][1]}"
-    )
-    if r.error is not None:
-        lines.append(f"  error at {r.error.stage}: {r.error.type}: {r.error.message.splitlines()[0][:200]}")
-    if r.checkpoint_error is not None:
-        lines += [f"  {line}" for line in r.checkpoint_error.lines()]
-    # An input that ran but did nothing of what it says (InputWarning) leads, before any number it may explain.
-    inputs = [w for w in r.warnings if w.startswith(INPUT_WARNING)]
-    for w in inputs:
-        lines.append(f"  input: {w[len(INPUT_WARNING) :].splitlines()[0][:300]}")
-    others = [w for w in _shown_warnings(r) if not w.startswith(INPUT_WARNING)]
-    if r.outcome in ("crashed", "timeout") and r.error is None:
-        return "\n".join(lines)
-    measured = bool(r.saved.tensors) or bool(r.memory.method) or r.numerics.loss is not None
-    if not measured:
-        if r.compile.requested and r.compile.orders:
-            lines.append("  compile orders: " + ", ".join(sorted(set(r.compile.orders.values()))))
-        for w in others[:3]:
-            lines.append(f"  warning: {w.splitlines()[0][:140]}")
-        return "\n".join(lines)
-    s = r.saved
-    lines.append(
-        f"  saved for backward: {fmt_bytes(s.total_bytes)} in {len(s.tensors)} tensors "
-        f"(+{fmt_bytes(s.params_bytes)} params/buffers)"
-    )
-    if s.by_kind:
-        lines.append("    by kind: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(s.by_kind.items())))
-    if s.by_module:
-        lines.append("    by module: " + _top(s.by_module))
-    if s.by_op:
-        lines.append("    by op: " + _top(s.by_op))
-    rc = r.recompute
-    rerun = ", ".join(f"{k} x{v}" for k, v in sorted(rc.compiled_reruns.items()))
-    lines.append(
-        f"  recomputed in backward: {rc.ops} ops"
-        + (f" (+{rc.bookkeeping} of the checkpoint's own)" if rc.bookkeeping else "")
-        + (f"; compiled regions re-run: {rerun}" if rerun else "")
-        + (f"; {rc.in_compiled_backward} forward ops inside compiled backward" if rc.in_compiled_backward else "")
-    )
-    c = r.compile
-    if c.requested:
-        warm = f" ({c.warm_graphs} compiled before the step)" if c.warm_graphs else ""
-        lines.append(
-            f"  compile: {c.graphs} graphs{warm}, {c.graph_breaks} graph breaks, {len(c.recompiles)} recompiles"
-            + (
-                "; FELL BACK TO EAGER in " + _names((*c.regions_without_graphs, *c.eager_checkpoints), 99)
-                if c.fell_back_to_eager
-                else ""
-            )
-        )
-        if c.memory_budget is not None:
-            lines.append(f"    activation_memory_budget {c.memory_budget:g} (read from torch's config in the step)")
-        if c.compiled_later:
-            lines.append(f"    a later step compiled {c.compiled_later} more graphs (not counted above)")
-        for b in c.breaks[:5]:
-            lines.append(f"    break at {b.place}: {b.reason.splitlines()[0][:120]}")
-    else:
-        lines.append("  compile: not requested")
-    m = r.memory
-    if m.method:
-        lines.append(
-            f"  memory ({m.device}, {m.method}): peak {fmt_measured_bytes(m.peak_bytes)}, "
-            f"held after forward {fmt_measured_bytes(m.held_after_forward_bytes)}"
-        )
-    n = r.numerics
-    if n.loss is not None:
-        if n.compared:
-            lines.append(
-                f"  numerics: loss {n.loss:.4f}; vs {n.reference or 'the reference'}: |dloss| "
-                f"{'-' if n.loss_diff is None else format(n.loss_diff, '.1e')}, "
-                f"max |dgrad| {n.grad_diff_text} -> {'match' if n.grads_match else 'MISMATCH'}"
-            )
-        else:
-            lines.append(
-                f"  numerics: loss {n.loss:.4f}; gradients not compared" + (f" ({n.reference})" if n.reference else "")
-            )
-    d = r.distributed
-    if d.world_size > 1 or d.collectives:
-        calls = ", ".join(f"{k} x{v}" for k, v in d.collectives.items())
-        lines.append(f"  rank {d.rank} of {d.world_size}" + (f"; collectives: {calls}" if calls else ""))
-    for spot in r.blind_spots:
-        lines.append(f"  cannot see: {spot.split(' (', 1)[0]}")
-    for w in others[:3]:
-        lines.append(f"  warning: {w.splitlines()[0][:140]}")
-    return "\n".join(lines)
-
-
-def _shown_warnings(r: Report) -> list[str]:
-    """The warnings the summary lists: a CheckpointError's explanation has its own lines above them."""
-    return [w for w in r.warnings if not (r.checkpoint_error is not None and w.startswith(EXPLAINED))]
