@@ -343,7 +343,7 @@ class UserStack:
 
     def transform(self, scenario: Any, model: Any, stage: Callable[[str], None]) -> dict[str, str]:
         from ..transforms import apply_ac, apply_compile
-        from ..transforms.settings import applied
+        from ..transforms.applied import applied
 
         stage("ac")
         apply_ac(model, scenario.ac)
@@ -355,7 +355,7 @@ class UserStack:
         return model
 
     def applied(self, model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        from ..transforms.settings import applied
+        from ..transforms.applied import applied
 
         rec = applied(model)
         return tuple(rec.ac_wrapped), tuple(rec.compiled)

@@ -5,11 +5,13 @@ built it; `settings` holds the global torch settings a transform needs, scoped t
 """
 
 from .ac import ACConfig, apply_ac, blocks, remove_ac
+from .applied import Applied, applied
 from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
 from .naming import canonical_name, get_module, named_modules, unwrap
 from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_save_ops, record_policy_decisions
 from .recipes import RECIPES, Recipe, apply_recipe, prepare, reset
-from .settings import Applied, applied, global_state, torch_settings, train_step
+from .settings import global_state, torch_settings
+from .training import train_step
 
 __all__ = [
     "ACConfig",

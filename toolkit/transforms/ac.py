@@ -32,10 +32,10 @@ from .._config import (
     to_dict,
     warn_input,
 )
+from .applied import Applied, applied, forget, record
 from .naming import canonical_name, get_module, get_slot, has_checkpoint, inside, named_modules, unwrap
 from .policies import custom_context, per_op_context, save_ops_context
 from .remat import REMAT_FULL, REMAT_SELECTIVE
-from .settings import Applied, applied, forget, record
 
 ACMode = Literal[
     "none",

@@ -18,8 +18,8 @@ from torch import nn
 from .._config import ConfigError, check_bool, check_choice
 from ..models.moe import MoE, experts_child
 from .ac import blocks
+from .applied import record
 from .naming import unwrap
-from .settings import record
 
 FsdpMode = Literal["none", "blocks", "blocks+experts"]
 FSDP_MODES: tuple[str, ...] = typing.get_args(FsdpMode)

@@ -17,6 +17,7 @@ from .._extras import missing
 from ..models import ModelConfig
 from ..models.moe import EXPERTS_ATTRS
 from .ac import ACConfig, PerSubmoduleAC, apply_ac, blocks, record_ac, remove_ac
+from .applied import applied, record
 from .compile import (
     AC_OUTSIDE,
     COMPILE_OUTSIDE,
@@ -27,7 +28,7 @@ from .compile import (
     remove_compile,
 )
 from .naming import has_checkpoint, has_compiled, inside, is_checkpoint_wrapper, unwrap, within
-from .settings import applied, record, reset_compiler
+from .settings import reset_compiler
 
 
 def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileConfig | None = None) -> nn.Module:
