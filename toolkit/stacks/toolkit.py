@@ -11,8 +11,8 @@ from torch import nn
 from .._config import ConfigError
 from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..transforms import apply_ac, apply_compile
-from ..transforms.ac import blocks
 from ..transforms.applied import applied
+from ..transforms.blocks import blocks
 from ..transforms.fsdp import apply_fsdp
 from ..transforms.recipes import apply_recipe, reset
 from .base import Built

@@ -4,8 +4,9 @@ AC is `apply_ac` with its SAC policies (`policies`), compile `apply_compile`; `n
 built it; `settings` holds the global torch settings a transform needs, scoped to the step.
 """
 
-from .ac import ACConfig, apply_ac, blocks, remove_ac
+from .ac import ACConfig, apply_ac, remove_ac
 from .applied import Applied, applied
+from .blocks import blocks
 from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
 from .naming import canonical_name, get_module, named_modules, unwrap
 from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_save_ops, record_policy_decisions

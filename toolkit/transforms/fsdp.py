@@ -17,8 +17,8 @@ from torch import nn
 
 from .._config import ConfigError, check_bool, check_choice
 from ..models.moe import MoE, experts_child
-from .ac import blocks
 from .applied import record
+from .blocks import blocks
 from .naming import unwrap
 
 FsdpMode = Literal["none", "blocks", "blocks+experts"]

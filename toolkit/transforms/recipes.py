@@ -16,8 +16,9 @@ from .._config import ConfigError, check_bool, check_instance
 from .._extras import missing
 from ..models import ModelConfig
 from ..models.moe import EXPERTS_ATTRS
-from .ac import ACConfig, PerSubmoduleAC, apply_ac, blocks, record_ac, remove_ac
+from .ac import ACConfig, PerSubmoduleAC, apply_ac, record_ac, remove_ac
 from .applied import applied, record
+from .blocks import blocks
 from .compile import (
     AC_OUTSIDE,
     COMPILE_OUTSIDE,
