@@ -461,7 +461,7 @@ def test_a_standalone_repro_gives_this_releases_verdict(case_id, monkeypatch):
         pytest.skip(found.reason)
     if case_id == "C42":
         assert found.reproduced == found.observed["has_argument"], found
-    expected = catalogue.get(case_id).verified.get(bugs.torch_release())
+    expected = catalogue.get(case_id).verified.get(catalogue.torch_release())
     if expected is not None:
         assert ("reproduced" if found.reproduced else "not reproduced") == expected or (
             expected == "fixed" and not found.reproduced
