@@ -1,18 +1,17 @@
-"""The known AC × compile × MoE composability cases, loaded from `catalogue.json`, with signature matching."""
+"""The known AC × compile × MoE composability cases, loaded from `catalogue.json`, and their tables; what a
+signature matches is `signatures`', what this machine recorded `findings`'."""
 
 from __future__ import annotations
 
 import functools
-import json
-import math
-import os
 import pathlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from .. import _escape
 from .._config import ConfigError
+from .findings import findings, torch_release
+from .signatures import REPORT_KEYS, report_shows, shows
 
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 
@@ -33,38 +32,6 @@ THEMES = (
     "stacks",
 )
 """What a case is about, in the order the central list's page groups them (each case has one)."""
-
-_REPORT_KEYS = {
-    "classification",
-    "recipe",
-    "stacks",
-    "ac_modes",
-    "backends",
-    "grads_finite",
-    "order",
-    "error_contains",
-    "break_reason_contains",
-    "recompute_op_contains",
-    "warning_contains",
-    "fsdp",
-    "max_graph_breaks",
-    "recompile_reason_contains",
-    "redrawn_contains",
-    "redrawn_none",
-    "packages",
-    "eager_checkpoints",
-    "memory_budget",
-    "saved_kinds",
-    "aot_autograd",
-    "fsdp_inside",
-}
-
-
-def _shows(text: str, patterns) -> bool:
-    """Does `text` contain one of `patterns`? A pattern starting with "re:" is a regular expression, for a bug whose
-    wording changes between torch releases (C14: "Expected inputs of BF16 type" in 2.13, "Expected mat_a to be
-    BFloat16 …" in 2.14): match what the bug is, not how one release phrases it."""
-    return any(re.search(p[3:], text) if p.startswith("re:") else p in text for p in patterns)
 
 
 @dataclass(frozen=True)
@@ -110,7 +77,7 @@ class Case:
             if key not in observed or observed[key] != value:
                 return False
         for key, texts in (contains or {}).items():
-            if not _shows(str(observed.get(key, "")), texts):
+            if not shows(str(observed.get(key, "")), texts):
                 return False
         return True
 
@@ -124,90 +91,7 @@ class Case:
         if not sig:
             return False
         base = {k: v for k, v in sig.items() if k != "any_of"}
-        return any(_report_shows({**base, **alt}, classification, report) for alt in sig.get("any_of") or [{}])
-
-
-def _report_shows(sig: dict[str, Any], classification: str, report) -> bool:
-    """One set of report keys against a classified report."""
-    if not set(sig) & _REPORT_KEYS:
-        return False  # only observations (`matches_observed`) can show this one
-    if "classification" in sig and sig["classification"] != classification:
-        return False
-    scen = report.scenario
-    if "recipe" in sig and scen.recipe != sig["recipe"]:
-        return False
-    if "stacks" in sig and scen.stack not in sig["stacks"]:
-        return False
-    # Observations: what the step showed, the same whoever built the model.
-    if "packages" in sig and not set(sig["packages"]) & set(report.packages):
-        return False
-    if "eager_checkpoints" in sig and bool(report.compile.eager_checkpoints) != sig["eager_checkpoints"]:
-        return False
-    if "memory_budget" in sig and (report.compile.memory_budget is not None) != sig["memory_budget"]:
-        return False
-    if "saved_kinds" in sig and not any(report.saved.by_kind.get(kind) for kind in sig["saved_kinds"]):
-        return False
-    if "aot_autograd" in sig and report.compile.aot_autograd != sig["aot_autograd"]:
-        return False  # None (nothing compiled in the step) matches neither
-    if "ac_modes" in sig and not _ac_mode_shows(sig["ac_modes"], report):
-        return False
-    if "backends" in sig and scen.backend not in sig["backends"]:
-        return False
-    if "grads_finite" in sig:  # a NaN / inf gradient (C64) is not a numerical difference (C11)
-        d = report.numerics.max_grad_diff
-        if (d is not None and math.isfinite(d)) != sig["grads_finite"]:
-            return False
-    if "fsdp" in sig and scen.fsdp not in sig["fsdp"]:
-        return False
-    if "fsdp_inside" in sig:  # FSDP2 units inside a compiled region / a checkpointed module, read off the model
-        t = report.transforms
-        inside = {"compiled": t.fsdp_in_compiled, "checkpoint": t.fsdp_in_checkpoint}
-        if not any(inside[where] for where in sig["fsdp_inside"]):
-            return False
-    if "max_graph_breaks" in sig and report.compile.graph_breaks > sig["max_graph_breaks"]:
-        return False
-    if "recompile_reason_contains" in sig and not _shows(
-        " ".join(report.compile.recompiles), sig["recompile_reason_contains"]
-    ):
-        return False
-    if "order" in sig and sig["order"] not in set(report.compile.orders.values()):
-        return False
-    if "error_contains" in sig:
-        text = f"{report.error.type} {report.error.message}" if report.error else ""
-        if not _shows(text, sig["error_contains"]):
-            return False
-    if "break_reason_contains" in sig:
-        reasons = " ".join(b.reason for b in report.compile.breaks)
-        if not _shows(reasons, sig["break_reason_contains"]):
-            return False
-    if "recompute_op_contains" in sig:
-        ops = " ".join(report.recompute.by_op)
-        if not _shows(ops, sig["recompute_op_contains"]):
-            return False
-    if "warning_contains" in sig and not _shows(" ".join(report.warnings), sig["warning_contains"]):
-        return False
-    redrawn = report.recompute.redrawn  # one entry per random op a recompute drew again: matched entry by entry
-    if "redrawn_contains" in sig and not any(_shows(r, sig["redrawn_contains"]) for r in redrawn):
-        return False
-    if "redrawn_none" in sig and bool(redrawn) == sig["redrawn_none"]:
-        return False
-    return True
-
-
-def _ac_mode_shows(modes, report) -> bool:
-    """The AC mode a signature names: the one configured where the toolkit configured it, else (a model measured as
-    it came, `ac_mode` "unknown") what the step showed: checkpoints with a selective policy match the selective modes,
-    checkpoints without one the others."""
-    mode = report.scenario.ac_mode
-    if mode != "unknown":
-        return mode in modes
-    from ..transforms.ac import MODES
-
-    t = report.transforms
-    if t.selective:
-        return any(MODES[m].SELECTIVE for m in modes if m in MODES)
-    # torch's plain checkpoint (remat's regions and a memory budget are not seen as checkpoints here)
-    return bool(t.under_checkpoint) and bool(set(modes) & {"full", "reentrant", "selective_layer"})
+        return any(report_shows({**base, **alt}, classification, report) for alt in sig.get("any_of") or [{}])
 
 
 @functools.lru_cache(maxsize=1)
@@ -228,12 +112,12 @@ def cases() -> tuple[Case, ...]:
                 "catalogue.json", f"{c['id']}.theme", f"{c.get('theme')!r} is not a theme.", f"use one of {THEMES}."
             )
         for alt in (c.get("signature") or {}).get("any_of") or ():
-            if unknown := set(alt) - _REPORT_KEYS:
+            if unknown := set(alt) - REPORT_KEYS:
                 raise ConfigError(
                     "catalogue.json",
                     f"{c['id']}.signature.any_of",
                     f"an alternative names {sorted(unknown)}, which no report carries.",
-                    f"use only report keys: {', '.join(sorted(_REPORT_KEYS))}.",
+                    f"use only report keys: {', '.join(sorted(REPORT_KEYS))}.",
                 )
         out.append(
             Case(
@@ -300,88 +184,6 @@ def filter(
 def match(classification: str, report) -> list[Case]:
     """The catalogued cases whose signature this classified report shows."""
     return [c for c in cases() if c.matches(classification, report)]
-
-
-def torch_release(version: str | None = None) -> str:
-    """`2.13.0+cpu` → `2.13.0`: the key of the `verified` table and of recorded findings."""
-    if version is None:
-        import torch
-
-        version = torch.__version__
-    return version.split("+")[0]
-
-
-def findings_path() -> pathlib.Path:
-    """Where `record` appends findings: `$TOOLKIT_FINDINGS`, else `~/.cache/toolkit/findings.jsonl`; a folder there
-    is refused (ConfigError), before anything is read or written."""
-    path = pathlib.Path(
-        os.environ.get("TOOLKIT_FINDINGS") or pathlib.Path.home() / ".cache" / "toolkit" / "findings.jsonl"
-    )
-    if path.is_dir():
-        raise ConfigError(
-            "TOOLKIT_FINDINGS",
-            "",
-            f"{str(path)!r} is a folder, not a findings file.",
-            f"point TOOLKIT_FINDINGS at a file, e.g. {str(path / 'findings.jsonl')!r}, or unset it.",
-        )
-    return path
-
-
-def record(finding) -> None:
-    """Append a `toolkit.bugs.Finding` whose verdict is new for its torch version (one JSON line)."""
-    from .. import _files
-
-    path = findings_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _files.append_line(path, json.dumps(finding.to_json(), sort_keys=True))  # synced; a torn tail is skipped
-    except OSError as e:
-        raise ConfigError(
-            "TOOLKIT_FINDINGS", "", f"cannot write {str(path)!r} ({e.strerror or e}).", "point it at a writable file."
-        ) from None
-
-
-def findings(case_id: str | None = None) -> dict[str, dict[str, str]]:
-    """Recorded verdicts: case id → {torch release: "reproduced" / "not reproduced"}; the latest run wins. A torn last
-    line (an interrupted append) is skipped; any other line that is not a finding (not UTF-8, not JSON, or without
-    its case, torch and verdict) is refused, naming the file and line."""
-    from .. import _files
-
-    out: dict[str, dict[str, str]] = {}
-    path = findings_path()
-    if not path.exists():
-        return out
-    # A regular file, read up to 64 MiB (a finding is a line of ~100 bytes): a FIFO or /dev/zero is refused, not read.
-    lines = _files.read_bytes_capped(path, "TOOLKIT_FINDINGS", "", 64 << 20).splitlines()
-    for n, raw in enumerate(lines, 1):
-        try:
-            f = _files.loads(raw.decode("utf-8"), "TOOLKIT_FINDINGS", "", name=f"line {n}")
-        except ConfigError:
-            if n == len(lines):
-                continue  # the last line, torn by an interrupted append
-            f = None
-        except UnicodeDecodeError:
-            f = None
-        if (
-            not isinstance(f, dict)
-            or not isinstance(f.get("case"), str)
-            or not re.fullmatch(r"C\d{1,4}", f["case"])
-            or not isinstance(f.get("torch"), str)
-            or not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}(\+[\w.]{1,40})?", f["torch"])
-            or not isinstance(f.get("reproduced"), bool)
-        ):  # the case and the release are shown in tables and Markdown: their form is checked, not only their type
-            raise ConfigError(
-                "TOOLKIT_FINDINGS",
-                "",
-                f"{str(path)!r} line {n} holds {raw.decode('utf-8', 'replace')[:60]!r}, not a finding (an object "
-                'with "case" like "C12", "torch" like "2.14.1" and "reproduced" true or false).',
-                "delete that line (cases --check and the bug notebooks append findings), or point TOOLKIT_FINDINGS "
-                "at another file.",
-            )
-        if case_id is None or f["case"] == case_id:
-            release = torch_release(f["torch"])
-            out.setdefault(f["case"], {})[release] = "reproduced" if f["reproduced"] else "not reproduced"
-    return out
 
 
 def versions(case: Case, *, with_findings: bool = True, recorded: dict[str, dict[str, str]] | None = None) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..analysis import catalogue
+from ..analysis import catalogue, findings
 from ..analysis.catalogue import torch_release
 from ..analysis.classification import classify
 from ..instrument.records import short_paths
@@ -127,7 +127,7 @@ def confirm(
             f"its signature {json.dumps(c.signature)}.\n{finding}"
         )
     if record and catalogued not in (("reproduced",) if reproduced else ("fixed", "not reproduced")):
-        catalogue.record(finding)
+        findings.record(finding)
     return finding
 
 
