@@ -33,6 +33,7 @@ from . import channel
 # Imported before the first fork, so a child finds them loaded (what a compiled cell would import on its own).
 PREIMPORT = (
     "toolkit.execution.local",
+    "toolkit.execution.any_module",
     "torch._dynamo",
     "torch._dynamo.backends.debugging",
     "torch._functorch.aot_autograd",

@@ -11,7 +11,8 @@ from typing import Callable
 from .._config import MAX_THREADS, ConfigError, check_bool, check_instance, check_int, check_seconds
 from ..measurement.report import Report
 from ..measurement.scenario import Scenario
-from .local import measure, run_here
+from .any_module import measure
+from .local import run_here
 
 
 def run(
