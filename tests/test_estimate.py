@@ -16,7 +16,8 @@ import toolkit as tk
 from toolkit.estimation.estimates import CUDA_BLOCK
 from toolkit.models import loss_fn
 from toolkit.transforms import policies
-from toolkit.transforms.recipes import apply_recipe, reset
+from toolkit.transforms.prepare import reset
+from toolkit.transforms.recipes import apply_recipe
 from toolkit.transforms.settings import torch_settings
 
 # A checkpoint stashes the CPU RNG state (a 5056-byte CPU tensor) per call: real CPU runs count it, and so does the

@@ -59,7 +59,8 @@ from ..transforms import ACConfig, apply_ac, apply_compile
 from ..transforms.compile import resolve_scope
 from ..transforms.fsdp import apply_fsdp
 from ..transforms.naming import module_names, within
-from ..transforms.recipes import apply_recipe, reset
+from ..transforms.prepare import reset
+from ..transforms.recipes import apply_recipe
 from ..transforms.settings import torch_settings
 
 CUDA_BLOCK = 512

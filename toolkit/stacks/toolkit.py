@@ -14,7 +14,8 @@ from ..transforms import apply_ac, apply_compile
 from ..transforms.applied import applied
 from ..transforms.blocks import blocks
 from ..transforms.fsdp import apply_fsdp
-from ..transforms.recipes import apply_recipe, reset
+from ..transforms.prepare import reset
+from ..transforms.recipes import apply_recipe
 from .base import Built
 
 

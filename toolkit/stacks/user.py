@@ -362,7 +362,7 @@ class UserStack:
 
     def undo(self, model: Any) -> None:
         from ..transforms.blocks import name_blocks
-        from ..transforms.recipes import reset
+        from ..transforms.prepare import reset
 
         reset(model, dynamo=False)
         name_blocks(model, None)

@@ -10,7 +10,8 @@ from .blocks import blocks
 from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
 from .naming import canonical_name, get_module, named_modules, unwrap
 from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_save_ops, record_policy_decisions
-from .recipes import RECIPES, Recipe, apply_recipe, prepare, reset
+from .prepare import prepare, reset
+from .recipes import RECIPES, Recipe, apply_recipe
 from .settings import global_state, torch_settings
 from .training import train_step
 
