@@ -127,9 +127,9 @@ def main() -> int:
         rows.append(row)
         ratio = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
         print(
-            f"{name:44} {gpu.outcome:6} peak {tk.measurement.report.fmt_bytes(row['gpu_peak']):>10} "
+            f"{name:44} {gpu.outcome:6} peak {tk.measurement.fmt_bytes(row['gpu_peak']):>10} "
             f"(x{ratio(row['peak_ratio'])} CPU)  "
-            f"saved {tk.measurement.report.fmt_bytes(row['gpu_saved']):>10} (x{ratio(row['saved_ratio'])} CPU)  "
+            f"saved {tk.measurement.fmt_bytes(row['gpu_saved']):>10} (x{ratio(row['saved_ratio'])} CPU)  "
             f"vs estimate peak x{ratio(row['est_peak_ratio'])} saved x{ratio(row['est_saved_ratio'])}  "
             f"grads {'match' if row['gpu_grads_match'] else 'DIFFER'}  {row['gpu_graphs']} graphs  "
             f"attention {','.join(row['attention_ops']) or '-'}"

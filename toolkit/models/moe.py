@@ -1,8 +1,4 @@
-"""Token-choice top-k MoE laid out like torchtitan's (0.3.0, main or 2025), with main's remat regions.
-
-Token-choice top-k MoE laid out like torchtitan 0.3.0's (router, routed experts = token dispatcher + inner experts,
-shared experts), like torchtitan main's (fused `w13` + `w2` grouped linears) or like its 2025 layout (`moe.experts`),
-with main's remat regions declared in the code.
+"""Token-choice top-k MoE in torchtitan 0.3.0's, main's (fused `w13`, `w2`) or 2025's layout, with main's remat regions.
 
 Shape legend (suffixes on tensor names):
     B batch, S sequence, D model dim, T = B·S tokens, E routed experts, K top-k,
@@ -491,7 +487,6 @@ class MoE(nn.Module):
     def routed_experts_module(self) -> _Experts | MainRoutedExperts:
         """The module holding the expert weights (`routed_experts.inner_experts`, main's `routed_experts`, or
         `experts`)."""
-        # `layout` decides which of the modules `__init__` built.
         if self.layout == "torchtitan_0_3_0":
             return cast(RoutedExperts, self.routed_experts).inner_experts
         return cast(MainRoutedExperts, self.routed_experts) if self.layout == "torchtitan_main" else self.experts

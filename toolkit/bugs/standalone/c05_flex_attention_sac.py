@@ -178,7 +178,7 @@ def _sac_around_compiled_flex(device, dtype, backend, wrap: bool) -> dict:
     block, x_BSD = _setup(device, dtype)
     ref = _reference(block, x_BSD)
     block.flex_fn = torch.compile(flex_attention, backend=counter)
-    ops: list[tuple[str, bool]] = []
+    ops = []
     context_fn = _context_fn(ops)
     # The option is read when Inductor compiles, i.e. at the first call.
     with torch._inductor.config.patch(wrap_inductor_compiled_regions=wrap):
@@ -204,7 +204,7 @@ def _compile_sac_block(device, dtype, backend) -> dict:
     block, x_BSD = _setup(device, dtype)
     ref = _reference(block, x_BSD)
     block.flex_fn = torch.compile(flex_attention, backend=backend)
-    ops: list[tuple[str, bool]] = []
+    ops = []
     context_fn = _context_fn(ops)
     counter = CompileCounterWithBackend(backend)
     model = torch.compile(SACBlock(block, context_fn), backend=counter, fullgraph=True)

@@ -18,7 +18,6 @@ Shape suffixes: T tokens (T1 = 48 in region 1, T2 = 40 in region 2), D model dim
 import functools
 import json
 import re
-from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -74,15 +73,13 @@ def _run(fn, *, sac: bool, backend: str = "inductor", lru: bool = True, mark_dyn
     leaves = ws + xs
 
     sum(fn(x_TD, *ws).sum() for x_TD in xs).backward()
-    ref = [cast(torch.Tensor, t.grad).clone() for t in leaves]
+    ref = [t.grad.clone() for t in leaves]
     for t in leaves:
         t.grad = None
 
     torch._dynamo.utils.counters.clear()
-    kwargs: dict[str, Any] = (
-        {"context_fn": functools.partial(create_selective_checkpoint_contexts, _policy)} if sac else {}
-    )
-    torch._C._dynamo.eval_frame._set_lru_cache(lru)  # type: ignore[attr-defined, unused-ignore]  # private: in the stub from 2.15
+    kwargs = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _policy)} if sac else {}
+    torch._C._dynamo.eval_frame._set_lru_cache(lru)
     try:
         with torch._inductor.config.patch(wrap_inductor_compiled_regions=(backend == "inductor")):
             compiled = torch.compile(fn, backend=backend)
@@ -99,12 +96,8 @@ def _run(fn, *, sac: bool, backend: str = "inductor", lru: bool = True, mark_dyn
             except RuntimeError as e:
                 error = _msg(e)
     finally:
-        torch._C._dynamo.eval_frame._set_lru_cache(True)  # type: ignore[attr-defined, unused-ignore]  # private: in the stub from 2.15
-    grads_match = (
-        None
-        if error
-        else all(torch.allclose(cast(torch.Tensor, t.grad), r, rtol=1e-4, atol=1e-5) for t, r in zip(leaves, ref))
-    )
+        torch._C._dynamo.eval_frame._set_lru_cache(True)
+    grads_match = None if error else all(torch.allclose(t.grad, r, rtol=1e-4, atol=1e-5) for t, r in zip(leaves, ref))
     return {"error": error, "grads_match": grads_match, "graphs": graphs}
 
 

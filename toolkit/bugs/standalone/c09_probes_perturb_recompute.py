@@ -109,7 +109,7 @@ def _step(mode_factory, *, forward_under_mode: bool) -> dict:
     ref = _eager_grads(mlp, x_TD)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(mlp, backend=counter)
-    fwd_ops: list[str] = []
+    fwd_ops = []
     context_fn = functools.partial(create_selective_checkpoint_contexts, functools.partial(_policy, fwd_ops))
     mode = mode_factory()
     with warnings.catch_warnings():

@@ -29,8 +29,6 @@ T, D, E, K = 64, 32, 4, 2
 class CountingRouter(nn.Module):
     """Top-k routing that counts tokens per expert into a buffer, in place, during the forward."""
 
-    tokens_per_expert: torch.Tensor  # the buffer registered in __init__
-
     def __init__(self, count_inside: bool = True):
         super().__init__()
         self.gate = nn.Linear(D, E, bias=False)

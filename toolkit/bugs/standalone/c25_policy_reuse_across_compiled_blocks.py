@@ -48,7 +48,6 @@ backend runs).
 
 import functools
 import json
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +64,7 @@ N_BLOCKS = 4
 # torchtitan-style "force recompute" by weight shape: the mm against w1 ([D, H] after the transpose) is recomputed
 # instead of saved. Saving it costs one [T, H] activation, hence 4 saved tensors instead of 3 (x, w1, w2).
 RECOMPUTE_W1 = frozenset({(D, H)})
-NOTHING: frozenset[tuple[int, int]] = frozenset()
+NOTHING = frozenset()
 
 
 class MLP(nn.Module):
@@ -161,7 +160,7 @@ def _run(policies_for) -> dict:
         h_TD = b.mlp(h_TD)
     h_TD.sum().backward()
     params = [p for b in blocks for p in b.parameters()] + [x_TD]
-    ref = [cast(torch.Tensor, p.grad).clone() for p in params]
+    ref = [p.grad.clone() for p in params]
     for p in params:
         p.grad = None
 
@@ -172,7 +171,7 @@ def _run(policies_for) -> dict:
         saved.append(n)
     policy_calls = list(calls)
     h_TD.sum().backward()
-    grads_match = all(torch.allclose(cast(torch.Tensor, p.grad), r, rtol=1e-5, atol=1e-6) for p, r in zip(params, ref))
+    grads_match = all(torch.allclose(p.grad, r, rtol=1e-5, atol=1e-6) for p, r in zip(params, ref))
 
     isolated = []
     for b in blocks:

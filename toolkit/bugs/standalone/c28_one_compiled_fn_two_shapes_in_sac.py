@@ -72,7 +72,7 @@ def _run(*, warm: bool, lru: bool = True) -> dict:
         if not warm:
             torch._dynamo.reset()  # the checkpointed step is the first to compile, as in a training run
         torch._dynamo.utils.counters.clear()
-        torch._C._dynamo.eval_frame._set_lru_cache(lru)  # type: ignore[attr-defined, unused-ignore]  # private: in the stub from 2.15
+        torch._C._dynamo.eval_frame._set_lru_cache(lru)
         try:
             out = checkpoint(
                 block,
@@ -93,7 +93,7 @@ def _run(*, warm: bool, lru: bool = True) -> dict:
             except RuntimeError as e:
                 return {"error": _msg(e), "graphs": graphs, "grads_match": None}
         finally:
-            torch._C._dynamo.eval_frame._set_lru_cache(True)  # type: ignore[attr-defined, unused-ignore]  # private: in the stub from 2.15
+            torch._C._dynamo.eval_frame._set_lru_cache(True)
 
 
 def bug() -> dict:

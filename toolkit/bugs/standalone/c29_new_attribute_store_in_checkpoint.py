@@ -31,8 +31,6 @@ T, D = 32, 64
 class State:
     """Stands in for a module-level `threading.local()`: state that lives outside the model."""
 
-    mesh_stack: list[str]  # an annotation only: an instance starts without the attribute
-
 
 def _msg(e: BaseException) -> str:
     first = (str(e).splitlines() or [""])[0]

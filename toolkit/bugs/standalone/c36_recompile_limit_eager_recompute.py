@@ -184,7 +184,7 @@ def variant_compile_outside() -> dict:
 def variant_limit_only() -> dict:
     """recompile_limit=1 and a new shape, nothing else: Dynamo runs the refused frame eagerly in the forward and in the
     recompute alike (no switch, no error); with fail_on_recompile_limit_hit the forward raises."""
-    out: dict[str, str | None] = {}
+    out = {}
     for name, fail in (("default", False), ("fail_on_limit", True)):
         torch._dynamo.reset()
         compiled = torch.compile(mlp, backend="aot_eager")

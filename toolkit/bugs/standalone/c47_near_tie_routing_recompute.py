@@ -25,7 +25,6 @@ Shape suffixes: T tokens, D model dim, E experts, K top-k, H expert hidden dim, 
 
 import json
 import re
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -118,9 +117,7 @@ class Block(nn.Module):
         self.policy = policy
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        kwargs: dict[str, Any] = (
-            {"context_fn": lambda: create_selective_checkpoint_contexts(self.policy)} if self.policy else {}
-        )
+        kwargs = {"context_fn": lambda: create_selective_checkpoint_contexts(self.policy)} if self.policy else {}
         return x_TD + checkpoint(self.moe, x_TD, use_reentrant=False, early_stop=False, **kwargs)
 
 

@@ -23,7 +23,6 @@ import functools
 import json
 import re
 import socket
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -110,7 +109,7 @@ def _step(*, selective: bool, experts_unit: bool) -> dict:
     torch.manual_seed(0)
     model = Model()
     context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
-    kwargs: dict[str, Any] = {"context_fn": context_fn} if selective else {}
+    kwargs = {"context_fn": context_fn} if selective else {}
     model.layers[0] = checkpoint_wrapper(model.layers[0], preserve_rng_state=False, **kwargs)
     error = None
     with _OneRank():

@@ -19,7 +19,6 @@ Shapes: T tokens, D model dim.
 """
 
 import json
-from typing import cast
 
 import torch
 from torch import nn
@@ -73,10 +72,8 @@ def _step(*, per_submodule: bool) -> dict:
                 wrapped = checkpoint_wrapper(getattr(block, name), preserve_rng_state=False)
                 setattr(block, name, torch.compile(wrapped, backend="aot_eager", fullgraph=True))
         else:
-            # torch.compile of a module returns a module (an OptimizedModule); its stub says only a callable.
-            blocks[i] = cast(
-                nn.Module,
-                torch.compile(checkpoint_wrapper(block, preserve_rng_state=False), backend="aot_eager", fullgraph=True),
+            blocks[i] = torch.compile(
+                checkpoint_wrapper(block, preserve_rng_state=False), backend="aot_eager", fullgraph=True
             )
     x_TD, freqs_TD = torch.randn(T, D, requires_grad=True), torch.randn(T, D)
     h_TD = x_TD

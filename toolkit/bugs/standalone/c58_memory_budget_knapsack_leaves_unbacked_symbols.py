@@ -28,7 +28,6 @@ Shape suffixes: T tokens, D model dim, F expert hidden dim, E experts.
 
 import json
 import re
-from typing import cast
 
 import torch
 import torch._functorch.config
@@ -82,7 +81,7 @@ def _step(
     x_TD = torch.randn(T, D, requires_grad=True)
     counts_E = torch.tensor(COUNTS_E)
     experts(x_TD, counts_E).sum().backward()
-    ref = [cast(torch.Tensor, p.grad).clone() for p in experts.parameters()] + [cast(torch.Tensor, x_TD.grad).clone()]
+    ref = [p.grad.clone() for p in experts.parameters()] + [x_TD.grad.clone()]
     experts.zero_grad(set_to_none=True)
     x_TD.grad = None
 
@@ -104,8 +103,7 @@ def _step(
         # A cache hit skips the fake-tensor propagation that raises: turned off so that the result does not depend
         # on what ran before on this machine.
         torch._inductor.config.patch(fx_graph_cache=False),
-        # torch.fx.experimental._config has no TYPE_CHECKING stub for its config module's patch (dynamo's has one).
-        torch.fx.experimental._config.patch(soft_pending_unbacked_not_found_error=soft),  # type: ignore[attr-defined]
+        torch.fx.experimental._config.patch(soft_pending_unbacked_not_found_error=soft),
     ):
         if spy is not None:
             torch._functorch.partitioners.estimate_runtime = estimate
@@ -116,7 +114,7 @@ def _step(
             return {"error": _msg(e)}
         finally:
             torch._functorch.partitioners.estimate_runtime = original
-    grads = cast(list[torch.Tensor], [p.grad for p in experts.parameters()] + [x_TD.grad])
+    grads = [p.grad for p in experts.parameters()] + [x_TD.grad]
     return {"error": None, "grads_match": all(torch.allclose(g, r, rtol=1e-4, atol=1e-5) for g, r in zip(grads, ref))}
 
 

@@ -40,8 +40,6 @@ NEEDS = "cpu"
 class Block(nn.Module):
     """A router-like block: scores per expert, a running count of them kept in a buffer (no grad)."""
 
-    counts_E: torch.Tensor  # the buffer registered in __init__
-
     def __init__(self, update_inside: bool = True):
         super().__init__()
         self.update_inside = update_inside

@@ -59,12 +59,7 @@ def _step(checkpointed: bool, backend: str) -> dict:
 
     run = fn if backend == "none" else torch.compile(fn, backend=backend, fullgraph=True)
     packed = []
-
-    def pack(t):
-        packed.append(t.nbytes)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.nbytes) or t, lambda t: t):
         out = run(x_TD, w1_DD, w2_DD)
     with CountMatmuls() as count:
         out.sum().backward()

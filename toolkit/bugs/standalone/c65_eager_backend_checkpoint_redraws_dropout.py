@@ -23,7 +23,6 @@ Shape suffixes: T tokens, D dim.
 """
 
 import json
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +51,7 @@ def _grads(backend: str, mask: bool = False) -> tuple[float, torch.Tensor]:
     torch.manual_seed(1)
     loss = run(x_TD, w_DD).square().sum()
     loss.backward()
-    return loss.item(), cast(torch.Tensor, w_DD.grad)
+    return loss.item(), w_DD.grad
 
 
 def _against_uncompiled(backend: str, mask: bool = False) -> dict:

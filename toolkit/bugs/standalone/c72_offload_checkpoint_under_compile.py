@@ -21,7 +21,6 @@ Shape suffixes: T tokens, D dim.
 """
 
 import json
-from typing import cast
 
 import torch
 from torch.autograd.graph import save_on_cpu
@@ -68,14 +67,10 @@ def _step(offload_inside: bool, fullgraph: bool, offload_outside: bool = False) 
         out.sum().backward()
     except Exception as e:  # Dynamo's Unsupported under fullgraph
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}", "graphs": len(graphs)}
-    grad = cast(torch.Tensor, x_TD.grad).clone()
+    grad = x_TD.grad.clone()
     x_TD.grad = None
     Layer.forward(layer, x_TD).sum().backward()  # the same layer uncompiled: the reference gradient
-    return {
-        "error": "",
-        "graphs": len(graphs),
-        "grads_match": bool(torch.allclose(grad, cast(torch.Tensor, x_TD.grad))),
-    }
+    return {"error": "", "graphs": len(graphs), "grads_match": bool(torch.allclose(grad, x_TD.grad))}
 
 
 def bug() -> dict:

@@ -22,7 +22,6 @@ Shape suffixes: T tokens, D dim, H hidden.
 import functools
 import json
 import warnings
-from typing import cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -80,13 +79,13 @@ def _run(matmul_policy, compiled: bool = False) -> dict:
         counter = CountForwardMatmuls()
         with counter:
             out.sum().backward()
-    grad = cast(torch.Tensor, x_TD.grad).clone()
+    grad = x_TD.grad.clone()
     x_TD.grad = None
     block(x_TD).sum().backward()
     return {
         "matmuls_recomputed": counter.addmm,
         "warnings": len([w for w in caught if "checkpoint" in str(w.message).lower() or "offload" in str(w.message)]),
-        "grads_match": bool(torch.allclose(grad, cast(torch.Tensor, x_TD.grad))),
+        "grads_match": bool(torch.allclose(grad, x_TD.grad)),
     }
 
 

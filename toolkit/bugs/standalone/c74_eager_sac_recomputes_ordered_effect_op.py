@@ -32,7 +32,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 CASE = "C74"
 NEEDS = "cpu"
 
-CALLS: list[tuple[int, ...]] = []  # the side effect: one entry per real execution of the op
+CALLS = []  # the side effect: one entry per real execution of the op
 
 
 @functools.cache

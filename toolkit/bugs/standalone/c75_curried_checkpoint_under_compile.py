@@ -42,8 +42,7 @@ def _call(form: str, layers):
         return x_TD + down_HD(act(up_DH(x_TD)))
 
     if form == "curried":
-        # The curried form: 2.13's stub (and its checkpoint) wants the function first.
-        return lambda x_TD: checkpoint(use_reentrant=False)(body)(x_TD)  # type: ignore[call-arg, unused-ignore]
+        return lambda x_TD: checkpoint(use_reentrant=False)(body)(x_TD)
     if form == "sequential":
         return lambda x_TD: checkpoint_sequential(torch.nn.Sequential(*layers), 2, x_TD, use_reentrant=False)
     return lambda x_TD: checkpoint(body, x_TD, use_reentrant=False)

@@ -42,8 +42,7 @@ def _run(nested: bool, inner_fullgraph: bool = False, breaks: bool = False) -> d
     torch._dynamo.reset()
     torch.manual_seed(0)
     lin_DD = torch.nn.Linear(64, 64)
-    inner_graphs: list[int] = []
-    outer_graphs: list[int] = []
+    inner_graphs, outer_graphs = [], []
 
     def fn(x_TD):
         h_TD = lin_DD(x_TD).relu()
@@ -97,7 +96,7 @@ def fix() -> dict:
     """The region compiled with its own settings and its caller left eager: the inner backend gets its graph."""
     torch._dynamo.reset()
     lin_DD = torch.nn.Linear(64, 64)
-    inner_graphs: list[int] = []
+    inner_graphs = []
     inner = torch.compile(lambda x_TD: lin_DD(x_TD).relu() * 2, backend=_counting(inner_graphs))
     (lambda x_TD: inner(x_TD) + 1)(torch.randn(32, 64))
     return {"inner_graphs": len(inner_graphs)}

@@ -67,7 +67,6 @@ def _rank(rank: int, port: int, out: str) -> None:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    unit: dict[int, str]  # id of a module -> the unit it names
     original, seen, phase, unit = _fsdp_param_group.foreach_all_gather, [], ["forward"], {}
 
     def counting(fsdp_params, *args, **kwargs):

@@ -64,12 +64,12 @@ class Layer(nn.Module):
         return x_TD + self.mlp(x_TD)
 
 
-def _model() -> nn.Sequential:
+def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(Layer(linear=False), Layer(linear=True))
 
 
-def _wrap(model: nn.Sequential, names: tuple[str, ...]) -> list[str]:
+def _wrap(model: nn.Module, names: tuple[str, ...]) -> list[str]:
     wrapped = []
     for i, layer in enumerate(model):
         for name in names:
@@ -95,12 +95,7 @@ def _step(names: tuple[str, ...], compiled: bool) -> dict:
             layer.compile(backend=counting)
     x_TD = torch.randn(32, D, requires_grad=True)
     packed = []
-
-    def pack(t):
-        packed.append(t.nbytes)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t.nbytes) or t, lambda t: t):
         out = model(x_TD)
     out.square().mean().backward()
     return {"wrapped": wrapped, "saved_bytes": sum(packed), "checkpoints_per_graph": hops}
