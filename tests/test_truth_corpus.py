@@ -83,6 +83,9 @@ NOT_YET = {
     # A step that configured them shows them (the matrix's cells); as a user's model: C9 needs a dispatch mode of the
     # user's own during backward; torch_remat's regions are not observed.
     "C9", "C45", "C46", "C64",
+    # C4's signature names the toolkit's torchtitan_2025_09 recipe, which a user's own model measured as it came never
+    # carries (C53 is the same failure as a user's model shows it).
+    "C4",
 }  # fmt: skip
 
 
