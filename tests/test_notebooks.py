@@ -164,3 +164,16 @@ def test_each_teaching_notebook_ends_saying_what_comes_next(path):
     following = TEACHING[TEACHING.index(path) + 1 :]
     assert targets and (not following or targets[0] == following[0].name), targets
     assert [t for t in targets if not (path.parent / t).exists()] == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_markdown_types_a_source_line_number(path):
+    """A line of the model file moves with every edit; the outputs print it from the source (`moe.py:249`), and the
+    prose refers to what they print ("the line the table names"), never to a number typed beside them."""
+    typed = [
+        m.group(0)
+        for c in cells(path)
+        if c["cell_type"] == "markdown"
+        for m in re.finditer(r"\blines? \d{2,}\b|\.py:\d+", "".join(c["source"]))
+    ]
+    assert typed == []
