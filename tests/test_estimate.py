@@ -16,7 +16,7 @@ import toolkit as tk
 from toolkit.estimation.estimates import CUDA_BLOCK
 from toolkit.models import loss_fn
 from toolkit.transforms import policies
-from toolkit.transforms.prepare import reset
+from toolkit.transforms.lifecycle import reset
 from toolkit.transforms.recipes import apply_recipe
 from toolkit.transforms.settings import torch_settings
 

@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import toolkit as tk
 from toolkit.models import local_compile, regions
-from toolkit.transforms.applied import applied
 from toolkit.transforms.naming import has_checkpoint, is_compiled
+from toolkit.transforms.record import applied
 from toolkit.transforms.remat import plan, region_names
 from toolkit.transforms.settings import global_state
 

@@ -58,8 +58,8 @@ from ..models.moe import experts_attr
 from ..transforms import ACConfig, apply_ac, apply_compile
 from ..transforms.compile import resolve_scope
 from ..transforms.fsdp import apply_fsdp
+from ..transforms.lifecycle import reset
 from ..transforms.naming import module_names, within
-from ..transforms.prepare import reset
 from ..transforms.recipes import apply_recipe
 from ..transforms.settings import torch_settings
 

@@ -23,7 +23,7 @@ from ..stacks.torchtitan import TorchtitanConfig
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
 from ..transforms.fsdp import FSDP_MODES, FsdpMode
-from ..transforms.prepare import prepare, reset
+from ..transforms.lifecycle import prepare, reset
 from ..transforms.recipes import RECIPES
 
 

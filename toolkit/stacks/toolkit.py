@@ -11,11 +11,11 @@ from torch import nn
 from .._config import ConfigError
 from ..models import ModelConfig, build_model, loss_fn, make_batch
 from ..transforms import apply_ac, apply_compile
-from ..transforms.applied import applied
-from ..transforms.blocks import blocks
+from ..transforms.containers import blocks
 from ..transforms.fsdp import apply_fsdp
-from ..transforms.prepare import reset
+from ..transforms.lifecycle import reset
 from ..transforms.recipes import apply_recipe
+from ..transforms.record import applied
 from .base import Built
 
 

@@ -175,7 +175,7 @@ def default_loss(out: Any):
 def blocks_of(model: Any, cls_name: str | None) -> str:
     """The canonical name of the container of `model`'s blocks: the ModuleList / ModuleDict whose children are of
     class `cls_name`, or by default the first of `repeated_containers` (the most parameters)."""
-    from ..transforms.blocks import repeated_containers
+    from ..transforms.containers import repeated_containers
 
     found = repeated_containers(model, cls_name)
     if not found:
@@ -327,7 +327,7 @@ class UserStack:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             model, args, kwargs, loss = built_parts(fn(), cfg.build)
-        from ..transforms.blocks import name_blocks
+        from ..transforms.containers import name_blocks
 
         name_blocks(model, blocks_of(model, cfg.blocks))
         params = next(model.parameters(), None)
@@ -343,7 +343,7 @@ class UserStack:
 
     def transform(self, scenario: Any, model: Any, stage: Callable[[str], None]) -> dict[str, str]:
         from ..transforms import apply_ac, apply_compile
-        from ..transforms.applied import applied
+        from ..transforms.record import applied
 
         stage("ac")
         apply_ac(model, scenario.ac)
@@ -355,14 +355,14 @@ class UserStack:
         return model
 
     def applied(self, model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        from ..transforms.applied import applied
+        from ..transforms.record import applied
 
         rec = applied(model)
         return tuple(rec.ac_wrapped), tuple(rec.compiled)
 
     def undo(self, model: Any) -> None:
-        from ..transforms.blocks import name_blocks
-        from ..transforms.prepare import reset
+        from ..transforms.containers import name_blocks
+        from ..transforms.lifecycle import reset
 
         reset(model, dynamo=False)
         name_blocks(model, None)
@@ -386,7 +386,7 @@ class UserStack:
         return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training for m in model.modules())
 
     def blocks(self, model: Any) -> list[str]:
-        from ..transforms.blocks import block_container, blocks
+        from ..transforms.containers import block_container, blocks
 
         prefix = block_container(model)[0]
         return [f"{prefix}.{key}" for key, _ in blocks(model)]

@@ -5,13 +5,13 @@ built it; `settings` holds the global torch settings a transform needs, scoped t
 """
 
 from .ac import ACConfig, apply_ac, remove_ac
-from .applied import Applied, applied
-from .blocks import blocks
 from .compile import BACKENDS, SCOPES, CompileConfig, apply_compile, remove_compile
+from .containers import blocks
+from .lifecycle import prepare, reset
 from .naming import canonical_name, get_module, named_modules, unwrap
 from .policies import PolicyDecision, SaveOpsPolicy, SelectiveOpPolicy, default_save_ops, record_policy_decisions
-from .prepare import prepare, reset
 from .recipes import RECIPES, Recipe, apply_recipe
+from .record import Applied, applied
 from .settings import global_state, torch_settings
 from .training import train_step
 

@@ -31,11 +31,11 @@ from .._config import (
     to_dict,
     warn_input,
 )
-from .applied import Applied, applied, forget, record
-from .blocks import block_container, blocks
+from .containers import block_container, blocks
 from .naming import canonical_name, get_module, get_slot, has_checkpoint, inside, unwrap
 from .ops import op_from_name, ops_of
 from .policies import custom_context, per_op_context, save_ops_context
+from .record import Applied, applied, forget, record
 from .remat import REMAT_FULL, REMAT_SELECTIVE
 
 ACMode = Literal[

@@ -16,9 +16,9 @@ from .. import compat
 from .._config import ConfigError, check_bool, check_choice, check_known, check_object, refuse_callables, to_dict
 from ..models.moe import EXPERTS_ATTRS, experts_attr
 from .ac import ac_region_of
-from .applied import applied, forget, record
-from .blocks import block_container, blocks
+from .containers import block_container, blocks
 from .naming import get_slot, has_compiled, is_checkpoint_wrapper, named_modules, unwrap, within, wrapped_child
+from .record import applied, forget, record
 from .settings import check_memory_budget
 
 Scope = Literal["none", "model", "blocks", "attention", "moe", "experts", "router", "shared_experts", "feed_forward"]

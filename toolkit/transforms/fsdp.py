@@ -17,9 +17,9 @@ from torch import nn
 
 from .._config import ConfigError, check_bool, check_choice
 from ..models.moe import MoE, experts_child
-from .applied import record
-from .blocks import blocks
+from .containers import blocks
 from .naming import unwrap
+from .record import record
 
 FsdpMode = Literal["none", "blocks", "blocks+experts"]
 FSDP_MODES: tuple[str, ...] = typing.get_args(FsdpMode)

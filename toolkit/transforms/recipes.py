@@ -14,8 +14,6 @@ from .._extras import missing
 from ..models import ModelConfig
 from ..models.moe import EXPERTS_ATTRS
 from .ac import ACConfig, PerSubmoduleAC, apply_ac, record_ac, remove_ac
-from .applied import applied, record
-from .blocks import blocks
 from .compile import (
     AC_OUTSIDE,
     COMPILE_OUTSIDE,
@@ -23,8 +21,10 @@ from .compile import (
     apply_compile,
     record_compile,
 )
+from .containers import blocks
+from .lifecycle import prepare
 from .naming import has_checkpoint, has_compiled, inside, is_checkpoint_wrapper, unwrap, within
-from .prepare import prepare
+from .record import applied, record
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from torch import nn
 from .. import compat
 from .._config import ConfigError
 from ..models import local_compile
-from .applied import Applied, applied
+from .record import Applied, applied
 
 
 def check_memory_budget(ac: Any, compile_enabled: bool) -> None:
