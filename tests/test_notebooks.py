@@ -177,3 +177,20 @@ def test_no_markdown_types_a_source_line_number(path):
         for m in re.finditer(r"\blines? \d{2,}\b|\.py:\d+", "".join(c["source"]))
     ]
     assert typed == []
+
+
+@pytest.mark.parametrize("path", [p for p in TEACHING if p.name[:2] in ("00", "01", "02", "03", "04", "05", "06")],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_each_notebook_on_the_lab_path_asks_before_it_shows_and_ends_with_exercises(path):
+    """The 90-minute path (notebooks/README.md): every **Predict first.** question comes before a run and is answered
+    in a fold after it, and three exercises close the notebook with their answers folded."""
+    kinds = [c["cell_type"] for c in cells(path)]
+    texts = ["".join(c["source"]) for c in cells(path)]
+    asks = [i for i, t in enumerate(texts) if kinds[i] == "markdown" and t.startswith("**Predict first.**")]
+    assert asks, "no question before a run"
+    for i in asks:
+        run = kinds.index("code", i)
+        answer = next(j for j in range(run, len(texts)) if kinds[j] == "markdown")
+        assert texts[answer].startswith("<details><summary><b>Answer:</b>"), (i, texts[answer][:80])
+    (ex,) = [t for t in texts if t.startswith("## Exercises")]
+    assert len(re.findall(r"^\d\. ", ex.split("<details>")[0], flags=re.M)) == 3 and "<details><summary>Answers" in ex
