@@ -11,7 +11,7 @@ from typing import Any
 from .. import _escape
 from .._config import ConfigError
 from .findings import findings, torch_release
-from .signatures import REPORT_KEYS, report_shows, shows
+from .signatures import REPORT_KEYS, observed_shows, report_shows
 
 _PATH = pathlib.Path(__file__).with_name("catalogue.json")
 
@@ -69,17 +69,7 @@ class Case:
         `observed` in the signature: keys whose values must be equal; `observed_contains`: keys whose text must
         contain one of the listed strings ("re:…" for a regular expression). A signature with neither never
         matches an observation dict."""
-        sig = self.signature or {}
-        want, contains = sig.get("observed"), sig.get("observed_contains")
-        if not want and not contains:
-            return False
-        for key, value in (want or {}).items():
-            if key not in observed or observed[key] != value:
-                return False
-        for key, texts in (contains or {}).items():
-            if not shows(str(observed.get(key, "")), texts):
-                return False
-        return True
+        return observed_shows(self.signature or {}, observed)
 
     def matches(self, classification: str, report) -> bool:
         """Does a classified report show this case's signature?

@@ -41,6 +41,21 @@ def shows(text: str, patterns) -> bool:
     return any(re.search(p[3:], text) if p.startswith("re:") else p in text for p in patterns)
 
 
+def observed_shows(sig: dict[str, Any], observed: dict[str, Any]) -> bool:
+    """A signature's `observed` (equal values) and `observed_contains` (texts) against a repro's observations; a
+    signature with neither never matches them."""
+    want, contains = sig.get("observed"), sig.get("observed_contains")
+    if not want and not contains:
+        return False
+    for key, value in (want or {}).items():
+        if key not in observed or observed[key] != value:
+            return False
+    for key, texts in (contains or {}).items():
+        if not shows(str(observed.get(key, "")), texts):
+            return False
+    return True
+
+
 def report_shows(sig: dict[str, Any], classification: str, report) -> bool:
     """One set of report keys against a classified report."""
     if not set(sig) & REPORT_KEYS:
