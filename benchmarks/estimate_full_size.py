@@ -33,7 +33,7 @@ def one(layer: str, mode: str, backend: str) -> dict:
         tk.CompileConfig(scope="blocks", backend=backend, fullgraph=True) if backend != "eager" else tk.CompileConfig()
     )
     scenario = tk.Scenario(
-        model=tk.estimation.LAYER_SHAPES[layer], ac=tk.ACConfig(mode=mode), compile=compile, name=layer
+        model=tk.estimation.LAYER_SHAPES[layer], ac=tk.ACConfig.of(mode=mode), compile=compile, name=layer
     )
     est = tk.estimate(scenario)
     return {

@@ -39,29 +39,29 @@ def scenarios(quick: bool) -> dict[str, tk.Scenario]:
     medium = moe.replace(n_layers=2, dim=1024, n_heads=16, moe_hidden=1024, n_experts=16, seq_len=2048, batch=2)
     out = {
         "bf16 grouped_mm, no AC": tk.Scenario(model=moe),
-        "medium bf16 layer, selective_op": tk.Scenario(model=medium, ac=tk.ACConfig(mode="selective_op")),
-        "bf16 grouped_mm, full AC": tk.Scenario(model=moe, ac=tk.ACConfig(mode="full")),
-        "bf16 grouped_mm, selective_op": tk.Scenario(model=moe, ac=tk.ACConfig(mode="selective_op")),
+        "medium bf16 layer, selective_op": tk.Scenario(model=medium, ac=tk.ACConfig.of(mode="selective_op")),
+        "bf16 grouped_mm, full AC": tk.Scenario(model=moe, ac=tk.ACConfig.of(mode="full")),
+        "bf16 grouped_mm, selective_op": tk.Scenario(model=moe, ac=tk.ACConfig.of(mode="selective_op")),
         "bf16 grouped_mm, today's recipe (inductor)": tk.Scenario(
             model=moe, recipe="torchtitan_0_3_0", recipe_backend="inductor"
         ),
         "bf16 grouped_mm, full AC, compiled blocks (inductor)": tk.Scenario(
-            model=moe, ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks", backend="inductor")
+            model=moe, ac=tk.ACConfig.of(mode="full"), compile=tk.CompileConfig(scope="blocks", backend="inductor")
         ),
         "bf16 grouped_mm, memory budget 0.5 (inductor)": tk.Scenario(
             model=moe,
-            ac=tk.ACConfig(mode="memory_budget", memory_budget=0.5),
+            ac=tk.ACConfig.of(mode="memory_budget", memory_budget=0.5),
             compile=tk.CompileConfig(scope="blocks", backend="inductor"),
         ),
     }
     if not quick:
         out["fp32 for_loop, C2 fallback"] = tk.Scenario(
             model=moe.replace(dtype="float32", experts_impl="for_loop"),
-            ac=tk.ACConfig(mode="full"),
+            ac=tk.ACConfig.of(mode="full"),
             compile=tk.CompileConfig(scope="blocks"),
         )
         out["flex attention, selective_op"] = tk.Scenario(
-            model=moe.replace(attention="flex", device="cuda"), ac=tk.ACConfig(mode="selective_op")
+            model=moe.replace(attention="flex", device="cuda"), ac=tk.ACConfig.of(mode="selective_op")
         )
     return out
 

@@ -23,7 +23,7 @@ def one(what: str, layers: int, world: int, budget: str) -> dict:
 
     torch.set_num_threads(2)
     cfg = tk.estimation.LAYER_SHAPES["deepseek_v3_layer"].replace(n_layers=layers)
-    scenario = tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), fsdp="blocks", name=f"deepseek_v3 x{layers}")
+    scenario = tk.Scenario(model=cfg, ac=tk.ACConfig.of(mode="full"), fsdp="blocks", name=f"deepseek_v3 x{layers}")
     t0 = time.perf_counter()
     if what == "estimate":
         est = tk.estimate(scenario, world_size=world)

@@ -68,7 +68,9 @@ def main() -> None:
         from toolkit.stacks.user import UserModelConfig
 
         common = dict(
-            ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks", backend="aot_eager"), steady_steps=0
+            ac=tk.ACConfig.of(mode="full"),
+            compile=tk.CompileConfig(scope="blocks", backend="aot_eager"),
+            steady_steps=0,
         )
         scenarios = {
             "user": tk.Scenario(stack="user", model=UserModelConfig(build=spec), **common),

@@ -20,15 +20,15 @@ from toolkit import ACConfig, ConfigError, compat
 aten = torch.ops.aten
 
 EAGER_MODES = [
-    ACConfig(mode="none"),
-    ACConfig(mode="full"),
-    ACConfig(mode="selective_op"),
-    ACConfig(mode="selective_layer", layer_every=2),
-    ACConfig(mode="per_submodule", submodule_ac="selective"),
-    ACConfig(mode="per_submodule", submodule_ac="full"),
-    ACConfig(mode="custom", save_ops=(aten.mm.default,)),
-    ACConfig(mode="custom", policy=lambda ctx, func, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE),
-    ACConfig(mode="full", preserve_rng_state=False, early_stop=True, determinism_check="none"),
+    ACConfig.of(mode="none"),
+    ACConfig.of(mode="full"),
+    ACConfig.of(mode="selective_op"),
+    ACConfig.of(mode="selective_layer", layer_every=2),
+    ACConfig.of(mode="per_submodule", submodule_ac="selective"),
+    ACConfig.of(mode="per_submodule", submodule_ac="full"),
+    ACConfig.of(mode="custom", save_ops=(aten.mm.default,)),
+    ACConfig.of(mode="custom", policy=lambda ctx, func, *a, **k: CheckpointPolicy.PREFER_RECOMPUTE),
+    ACConfig.of(mode="full", preserve_rng_state=False, early_stop=True, determinism_check="none"),
 ]
 
 
@@ -60,13 +60,15 @@ def _wrapped(model):
 
 def test_where_each_mode_wraps(moe_cfg):
     cfg = moe_cfg.replace(n_layers=4, moe_layers=2)
-    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="full"))) == [f"layers.{i}" for i in range(4)]
-    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))) == [
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="full"))) == [f"layers.{i}" for i in range(4)]
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="selective_layer", layer_every=2))) == [
         "layers.1",
         "layers.3",
     ]
-    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=3))) == ["layers.2"]
-    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig(mode="per_submodule"))) == [
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="selective_layer", layer_every=3))) == [
+        "layers.2"
+    ]
+    assert _wrapped(tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="per_submodule"))) == [
         "layers.0.attention",
         "layers.0.feed_forward",
         "layers.1.attention",
@@ -76,11 +78,11 @@ def test_where_each_mode_wraps(moe_cfg):
         "layers.3.attention",
         "layers.3.moe",
     ]
-    model = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="memory_budget", memory_budget=0.3))
+    model = tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="memory_budget", memory_budget=0.3))
     assert _wrapped(model) == []
     assert tk.transforms.applied(model).functorch_config == {"activation_memory_budget": 0.3}
     # The same model twice gives the same pattern: no counter leaks across models (N14).
-    again = tk.apply_ac(tk.build_model(cfg), ACConfig(mode="selective_layer", layer_every=2))
+    again = tk.apply_ac(tk.build_model(cfg), ACConfig.of(mode="selective_layer", layer_every=2))
     assert _wrapped(again) == ["layers.1", "layers.3"]
 
 
@@ -109,10 +111,12 @@ def test_flop_recompute_ladder_is_exact(dense_cfg):
     forced = base + L * (4 * 2 * T * D * D + 2 * T * D * F + attn)
     full = base + L * (block_fwd + attn)
     got = {
-        "none": _dense_flops(c, ACConfig()),
-        "selective_op": _dense_flops(c, ACConfig(mode="selective_op")),
-        "forced": _dense_flops(c, ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("attention.wq",))),
-        "full": _dense_flops(c, ACConfig(mode="full")),
+        "none": _dense_flops(c, ACConfig.of()),
+        "selective_op": _dense_flops(c, ACConfig.of(mode="selective_op")),
+        "forced": _dense_flops(
+            c, ACConfig.of(mode="selective_op", force_recompute_mm_shapes_by_fqns=("attention.wq",))
+        ),
+        "full": _dense_flops(c, ACConfig.of(mode="full")),
     }
     assert got == {"none": base, "selective_op": sac, "forced": forced, "full": full}
     assert got["none"] < got["selective_op"] < got["forced"] < got["full"]
@@ -133,7 +137,7 @@ def _decisions(cfg, ac, layer="0"):
 
 
 def test_every_other_matmul_rule_op_by_op(dense_cfg):
-    log = _decisions(dense_cfg, ACConfig(mode="selective_op"))
+    log = _decisions(dense_cfg, ACConfig.of(mode="selective_op"))
     D, F = dense_cfg.dim, dense_cfg.ffn_hidden
     mms = [(d.rhs_shape, d.decision) for d in log if d.op == "aten.mm.default"]
     assert mms == [
@@ -156,7 +160,7 @@ def test_every_other_matmul_rule_op_by_op(dense_cfg):
 
 def test_router_gate_is_force_recomputed_and_not_counted(moe_cfg):
     cfg = moe_cfg.replace(n_shared_experts=1)
-    log = _decisions(cfg, ACConfig(mode="selective_op"))
+    log = _decisions(cfg, ACConfig.of(mode="selective_op"))
     D, E, Fe = cfg.dim, cfg.n_experts, cfg.moe_hidden
     mms = [(d.rhs_shape, d.decision, d.reason) for d in log if d.op == "aten.mm.default"]
     # Attention: 4 matmuls (#1-#4); then the router gate (forced, not counted); then the experts' loop matmuls
@@ -171,18 +175,18 @@ def test_router_gate_is_force_recomputed_and_not_counted(moe_cfg):
     assert mms[5] == ((D, Fe), "MUST_SAVE", "matmul #5 (odd)")
     assert [d.decision for d in log if d.op == "aten.topk.default"] == ["MUST_SAVE"]
     # Without the force rule the gate is counted like any other matmul.
-    log = _decisions(cfg, ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=()))
+    log = _decisions(cfg, ACConfig.of(mode="selective_op", force_recompute_mm_shapes_by_fqns=()))
     gate = [d for d in log if d.op == "aten.mm.default" and d.rhs_shape == (D, E)]
     assert [(d.decision, d.reason) for d in gate] == [("MUST_SAVE", "matmul #5 (odd)")]
 
 
 def test_grouped_mm_is_never_saved_by_the_default_policy(moe_cfg):
-    log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"), ACConfig(mode="selective_op"))
+    log = _decisions(moe_cfg.replace(experts_impl="grouped_mm"), ACConfig.of(mode="selective_op"))
     gmm = [d.decision for d in log if d.op == "aten._grouped_mm.default"]
     assert gmm == ["PREFER_RECOMPUTE"] * 3  # C15
     log = _decisions(
         moe_cfg.replace(experts_impl="grouped_mm"),
-        ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,)),
+        ACConfig.of(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,)),
     )
     assert [d.decision for d in log if d.op == "aten._grouped_mm.default"] == ["MUST_SAVE"] * 3
 
@@ -218,7 +222,7 @@ def test_default_save_ops_contents():
 
 def test_policy_is_fresh_per_checkpoint_call(dense_cfg):
     """Each block's forward starts counting at 1, so both blocks save the same matmuls."""
-    model = tk.apply_ac(tk.build_model(dense_cfg), ACConfig(mode="selective_op"))
+    model = tk.apply_ac(tk.build_model(dense_cfg), ACConfig.of(mode="selective_op"))
     batch = tk.make_batch(dense_cfg)
     with tk.transforms.record_policy_decisions() as log:
         model(batch.tokens)
@@ -229,26 +233,26 @@ def test_policy_is_fresh_per_checkpoint_call(dense_cfg):
 def test_apply_twice_is_refused_and_remove_restores(moe_cfg):
     model = tk.build_model(moe_cfg)
     before = [n for n, _ in model.named_modules()]
-    tk.apply_ac(model, ACConfig(mode="full"))
+    tk.apply_ac(model, ACConfig.of(mode="full"))
     with pytest.raises(RuntimeError, match="already applied"):
-        tk.apply_ac(model, ACConfig(mode="selective_op"))
+        tk.apply_ac(model, ACConfig.of(mode="selective_op"))
     tk.transforms.remove_ac(model)
     assert [n for n, _ in model.named_modules()] == before
     assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
-    tk.apply_ac(model, ACConfig(mode="selective_op"))  # allowed again after removal
+    tk.apply_ac(model, ACConfig.of(mode="selective_op"))  # allowed again after removal
     # A wrapper a user put on by hand is detected too.
     other = tk.build_model(moe_cfg)
     other.layers.register_module(
         "0", torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper(other.layers["0"])
     )
     with pytest.raises(RuntimeError, match="CheckpointWrapper found"):
-        tk.apply_ac(other, ACConfig(mode="full"))
+        tk.apply_ac(other, ACConfig.of(mode="full"))
 
 
 def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
     from toolkit.compat import lru_cache_enabled, set_lru_cache
 
-    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="full"))
+    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig.of(mode="full"))
     assert lru_cache_enabled()
     with tk.transforms.torch_settings(model):
         assert not lru_cache_enabled()
@@ -266,9 +270,9 @@ def test_ac_turns_lru_off_only_inside_torch_settings(moe_cfg):
 
 def test_memory_budget_without_compile_is_refused(moe_cfg):
     with pytest.raises(ConfigError, match="ACConfig.mode") as e:
-        tk.transforms.prepare(tk.build_model(moe_cfg), ac=ACConfig(mode="memory_budget"))
+        tk.transforms.prepare(tk.build_model(moe_cfg), ac=ACConfig.of(mode="memory_budget"))
     assert "compile" in str(e.value)
-    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="memory_budget"))
+    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig.of(mode="memory_budget"))
     with pytest.raises(ConfigError, match="nothing is compiled"):
         tk.apply_compile(model, tk.CompileConfig())
     with pytest.raises(ConfigError, match="nothing is compiled"):
@@ -311,41 +315,43 @@ def test_memory_budget_without_compile_is_refused(moe_cfg):
 )
 def test_ac_config_validation_names_the_field(kwargs, field, words):
     with pytest.raises(ConfigError) as e:
-        ACConfig(**kwargs)
+        ACConfig.of(**kwargs)
     assert e.value.field == field and f"ACConfig.{field}" in str(e.value) and words in str(e.value)
 
 
 def test_full_ac_with_debug_is_allowed():
-    ACConfig(mode="full", debug=True)
+    ACConfig.of(mode="full", debug=True)
 
 
 def test_mode_options_take_their_default_only_in_their_mode():
     assert (
-        ACConfig(mode="selective_layer").layer_every == 2 == ACConfig(mode="selective_layer", layer_every=2).layer_every
+        ACConfig.of(mode="selective_layer").layer_every
+        == 2
+        == ACConfig.of(mode="selective_layer", layer_every=2).layer_every
     )
-    assert ACConfig(mode="selective_layer") == ACConfig(mode="selective_layer", layer_every=2)
+    assert ACConfig.of(mode="selective_layer") == ACConfig.of(mode="selective_layer", layer_every=2)
     # Each mode's config holds only its own options (a per-mode class: `MODES`).
-    assert ACConfig(mode="memory_budget").memory_budget == 0.5 and not hasattr(ACConfig(), "memory_budget")
-    assert ACConfig(mode="per_submodule").submodule_ac == "selective"
-    assert ACConfig(mode="selective_op").force_recompute_mm_shapes_by_fqns == ("moe.router.gate",)
-    assert ACConfig(mode="per_submodule", submodule_ac="full").force_recompute_mm_shapes_by_fqns is None
-    full = ACConfig(mode="full")
+    assert ACConfig.of(mode="memory_budget").memory_budget == 0.5 and not hasattr(ACConfig.of(), "memory_budget")
+    assert ACConfig.of(mode="per_submodule").submodule_ac == "selective"
+    assert ACConfig.of(mode="selective_op").force_recompute_mm_shapes_by_fqns == ("moe.router.gate",)
+    assert ACConfig.of(mode="per_submodule", submodule_ac="full").force_recompute_mm_shapes_by_fqns is None
+    full = ACConfig.of(mode="full")
     assert (full.preserve_rng_state, full.early_stop, full.determinism_check, full.debug) == (
         True,
         False,
         "default",
         False,
     )
-    assert not hasattr(full, "layer_every") and not hasattr(ACConfig(), "preserve_rng_state")
-    assert ACConfig(mode="selective_op", extra_save_ops=("aten.mm.default",)).extra_save_ops == (aten.mm.default,)
+    assert not hasattr(full, "layer_every") and not hasattr(ACConfig.of(), "preserve_rng_state")
+    assert ACConfig.of(mode="selective_op", extra_save_ops=("aten.mm.default",)).extra_save_ops == (aten.mm.default,)
 
 
 @pytest.mark.parametrize(
     "cfg",
     [c for c in EAGER_MODES if getattr(c, "policy", None) is None]
     + [
-        ACConfig(mode="memory_budget", memory_budget=0.25),
-        ACConfig(mode="selective_op", extra_save_ops=(aten.topk.default,), force_recompute_mm_shapes_by_fqns=()),
+        ACConfig.of(mode="memory_budget", memory_budget=0.25),
+        ACConfig.of(mode="selective_op", extra_save_ops=(aten.topk.default,), force_recompute_mm_shapes_by_fqns=()),
     ],
     ids=_ids,
 )
@@ -372,9 +378,9 @@ def test_files_written_before_options_became_mode_specific_still_load():
         "save_ops": None,
         "wrap_inductor_compiled_regions": False,
     }
-    assert ACConfig.from_dict(legacy) == ACConfig(mode="full")
-    assert ACConfig.from_dict({**legacy, "mode": "none"}) == ACConfig()
-    assert ACConfig.from_dict({**legacy, "mode": "memory_budget", "memory_budget": 0.3}) == ACConfig(
+    assert ACConfig.from_dict(legacy) == ACConfig.of(mode="full")
+    assert ACConfig.from_dict({**legacy, "mode": "none"}) == ACConfig.of()
+    assert ACConfig.from_dict({**legacy, "mode": "memory_budget", "memory_budget": 0.3}) == ACConfig.of(
         mode="memory_budget", memory_budget=0.3
     )
     with pytest.raises(ConfigError, match="ACConfig.layer_every"):
@@ -386,23 +392,23 @@ def test_files_written_before_options_became_mode_specific_still_load():
 def test_force_recompute_must_name_linear_modules(moe_cfg):
     with pytest.raises(ConfigError, match="not nn.Linear"):
         tk.apply_ac(
-            tk.build_model(moe_cfg), ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("moe.router",))
+            tk.build_model(moe_cfg), ACConfig.of(mode="selective_op", force_recompute_mm_shapes_by_fqns=("moe.router",))
         )
 
 
 def test_ac_config_json_round_trip():
-    cfg = ACConfig(mode="custom", save_ops=(aten.mm.default, aten.topk.default))
+    cfg = ACConfig.of(mode="custom", save_ops=(aten.mm.default, aten.topk.default))
     data = cfg.to_dict()
     assert data["save_ops"] == ["aten.mm.default", "aten.topk.default"]
     assert ACConfig.from_dict(data) == cfg
-    cfg2 = ACConfig(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,))
+    cfg2 = ACConfig.of(mode="selective_op", extra_save_ops=(aten._grouped_mm.default,))
     assert ACConfig.from_dict(cfg2.to_dict()) == cfg2
     with pytest.raises(ConfigError, match="callable"):
-        ACConfig.from_dict(ACConfig(mode="custom", policy=print).to_dict())
+        ACConfig.from_dict(ACConfig.of(mode="custom", policy=print).to_dict())
 
 
 def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
-    """`ACConfig(mode=...)` is the one entry point; it builds the mode's own class (`MODES`), which holds only its
+    """`ACConfig.of(mode=...)` is the one entry point; it builds the mode's own class (`MODES`), which holds only its
     options and applies itself, and round-trips through the same JSON record as before the split."""
     from toolkit.transforms.ac import MODES, FullAC, NoAC, RematAC, SelectiveOpAC
 
@@ -418,8 +424,19 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
         "remat",
         "policy_dict",
     ]
-    assert type(ACConfig()) is NoAC and type(ACConfig(mode="full")) is FullAC and FullAC() == ACConfig(mode="full")
-    assert type(ACConfig(mode="selective_op")) is SelectiveOpAC and isinstance(FullAC(), ACConfig)
+    assert (
+        type(ACConfig.of()) is NoAC
+        and type(ACConfig.of(mode="full")) is FullAC
+        and FullAC() == ACConfig.of(mode="full")
+    )
+    assert type(ACConfig.of(mode="selective_op")) is SelectiveOpAC and isinstance(FullAC(), ACConfig)
+    assert type(ACConfig.of("remat")) is RematAC  # the mode may be given by position too
+    # The family's base is no config of its own: calling it says which entry points build one.
+    for call in (lambda: ACConfig(), lambda: ACConfig(mode="full", preserve_rng_state=False)):
+        with pytest.raises(
+            ConfigError, match=r"ACConfig\.mode: .*ACConfig\.of\(mode='(none|full)', \.\.\.\) or .*FullAC"
+        ):
+            call()
     assert FullAC.options() == (
         "preserve_rng_state",
         "early_stop",
@@ -440,11 +457,11 @@ def test_each_mode_is_its_own_config_that_applies_itself(moe_cfg):
             continue  # a callable cannot travel through JSON; remat is checked in test_remat; policy_dict below
         cfg = cls()
         record = cfg.to_dict()
-        assert list(record) == list(ACConfig().to_dict()) and record["mode"] == mode  # one record for every mode
+        assert list(record) == list(ACConfig.of().to_dict()) and record["mode"] == mode  # one record for every mode
         assert ACConfig.from_dict(json.loads(json.dumps(record))) == cfg
     model = tk.build_model(moe_cfg)
     tk.apply_ac(model, FullAC(preserve_rng_state=False))  # a class used directly is the same config
-    assert tk.transforms.applied(model).ac == ACConfig(mode="full", preserve_rng_state=False)
+    assert tk.transforms.applied(model).ac == ACConfig.of(mode="full", preserve_rng_state=False)
     tk.transforms.remove_ac(model)
     with pytest.raises(ConfigError, match="ACConfig.mode: FullAC is mode 'full', not 'none'"):
         FullAC(mode="none")
@@ -478,7 +495,7 @@ def test_each_mode_writes_the_record_the_flat_config_wrote(name):
     full sweep (their cached results were measured again); every mode's record is pinned here."""
     if name.startswith("remat"):
         extra("torch_remat")
-    cfg = ACConfig.remat_selective() if name == "remat_selective" else ACConfig(mode=name)
+    cfg = ACConfig.remat_selective() if name == "remat_selective" else ACConfig.of(mode=name)
     record = cfg.to_dict()
     assert record.pop("policy_save") is None  # added since (the dict policy), and left out of cache keys while unset
     assert json.dumps(record, sort_keys=True) == FLAT_RECORDS[name]
@@ -503,11 +520,11 @@ def test_a_failure_half_way_through_apply_ac_leaves_the_model_as_it_was(moe_cfg,
 
     monkeypatch.setattr(FullAC, "wrap", failing)
     with pytest.raises(RuntimeError, match="refused"):
-        tk.apply_ac(model, ACConfig(mode="full"))
+        tk.apply_ac(model, ACConfig.of(mode="full"))
     assert calls == ["layers.0", "layers.1"] and [type(b) for b in model.layers.values()] == before
     assert tk.transforms.applied(model).empty
     monkeypatch.setattr(FullAC, "wrap", original)
-    tk.apply_ac(model, ACConfig(mode="full"))
+    tk.apply_ac(model, ACConfig.of(mode="full"))
     assert tk.transforms.applied(model).ac_wrapped == ["layers.0", "layers.1"]
 
 
@@ -524,22 +541,22 @@ def test_policy_dict_mode_needs_the_torch_that_has_it():
         with pytest.raises(
             ConfigError, match=r"ACConfig.mode: 'policy_dict' needs .*pytorch#186277.*newer than 2.15.0"
         ):
-            ACConfig(mode="policy_dict")
+            ACConfig.of(mode="policy_dict")
         with pytest.raises(ConfigError, match="ACConfig.policy_save"):
-            ACConfig(mode="policy_dict", policy_save="aten.mm.default")  # the shape is checked first
+            ACConfig.of(mode="policy_dict", policy_save="aten.mm.default")  # the shape is checked first
         from toolkit.notebook.widgets import Explorer
 
         assert "policy_dict" not in Explorer().controls["ac_mode"].options
     with pytest.raises(ConfigError, match="policy_save"):
-        ACConfig(mode="full", policy_save=("aten.mm.default",))  # only its own mode reads it
+        ACConfig.of(mode="full", policy_save=("aten.mm.default",))  # only its own mode reads it
 
 
 def test_the_toolkits_own_checkpoints_offload_alike():
-    """`ACConfig(mode="full", offload=True)` on the toolkit's model: each checkpoint call inside save_on_cpu, as
+    """`ACConfig.of(mode="full", offload=True)` on the toolkit's model: each checkpoint call inside save_on_cpu, as
     transformers does; the truth counts the host copies the test's own subclass of save_on_cpu records."""
     cfg = tk.ModelConfig(n_layers=2)
     model = tk.build_model(cfg)
-    tk.transforms.prepare(model, ac=tk.ACConfig(mode="full", offload=True))
+    tk.transforms.prepare(model, ac=tk.ACConfig.of(mode="full", offload=True))
     tokens = tk.make_batch(cfg).tokens
     report = tk.measure(model, tokens)
     truth = Truth(model)
@@ -548,7 +565,7 @@ def test_the_toolkits_own_checkpoints_offload_alike():
     assert report.ok and report.saved.total_bytes == true, (report.saved.total_bytes, true, report.saved.by_kind)
     assert report.saved.by_kind.get("offloaded", 0) > 0 and "other" not in report.saved.by_kind
     run = tk.run(
-        tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full", offload=True), measure_memory=False, steady_steps=0)
+        tk.Scenario(model=cfg, ac=tk.ACConfig.of(mode="full", offload=True), measure_memory=False, steady_steps=0)
     )
     assert run.numerics.grads_match is True and run.saved.by_kind == report.saved.by_kind
 
@@ -562,7 +579,7 @@ def test_offload_under_compile_reads_as_dynamo_says_without_the_probes(fullgraph
     from torch._dynamo.utils import counters
 
     cfg = tk.ModelConfig(moe_layers="none", n_layers=2)
-    ac, comp = tk.ACConfig(mode="full", offload=True), tk.CompileConfig(scope="blocks", fullgraph=fullgraph)
+    ac, comp = tk.ACConfig.of(mode="full", offload=True), tk.CompileConfig(scope="blocks", fullgraph=fullgraph)
     torch._dynamo.reset()
     counters.clear()
     model = tk.transforms.prepare(tk.build_model(cfg), ac=ac, compile=comp)

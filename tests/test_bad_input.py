@@ -176,7 +176,7 @@ API = [
     ("Scenario name with a newline", lambda: tk.Scenario(name="a\nb"), tk.ConfigError, "name",
      "holds the control character '\\n'"),
     ("selective_layer wrapping no block",
-     lambda: tk.apply_ac(_model(), tk.ACConfig(mode="selective_layer", layer_every=4096)), tk.ConfigError,
+     lambda: tk.apply_ac(_model(), tk.ACConfig.of(mode="selective_layer", layer_every=4096)), tk.ConfigError,
      "layer_every", "layer_every=4096 checkpoints none of the model's 1 blocks"),
     ("Report.from_json('{}')", lambda: tk.Report.from_json("{}"), tk.ConfigError, "outcome", "is missing"),
     ("Report with outcome 5", lambda: tk.Report.from_dict({"outcome": 5, "saved": {}, "environment": {}}),
@@ -204,14 +204,14 @@ def test_bad_api_input_is_refused_naming_the_field_and_the_fix(call, exc, field,
 # Inputs that run but do nothing of what they say: an InputWarning, and the Report's lines right after its title.
 WARNED = [
     ("force_recompute_mm_shapes_by_fqns naming no Linear",
-     tk.ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)),
+     tk.ACConfig.of(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)),
      "force_recompute_mm_shapes_by_fqns", "'nosuch' is in the name of no nn.Linear"),
     ("per_submodule SAC force_recompute naming no Linear",
-     tk.ACConfig(mode="per_submodule", force_recompute_mm_shapes_by_fqns=("nosuch",)),
+     tk.ACConfig.of(mode="per_submodule", force_recompute_mm_shapes_by_fqns=("nosuch",)),
      "force_recompute_mm_shapes_by_fqns", "'nosuch' is in the name of no nn.Linear"),
-    ("remat save_regions wildcard matching nothing", tk.ACConfig(mode="remat", save_regions=("nosuch.*",)),
+    ("remat save_regions wildcard matching nothing", tk.ACConfig.of(mode="remat", save_regions=("nosuch.*",)),
      "save_regions", "the pattern 'nosuch.*' matches no region"),
-    ("remat recompute_regions wildcard matching nothing", tk.ACConfig(mode="remat", recompute_regions=("zz*",)),
+    ("remat recompute_regions wildcard matching nothing", tk.ACConfig.of(mode="remat", recompute_regions=("zz*",)),
      "recompute_regions", "the pattern 'zz*' matches no region"),
 ]  # fmt: skip
 
@@ -232,14 +232,14 @@ def test_the_fixed_policies_own_patterns_are_not_warned_about():
     """torchtitan's own defaults (the router gate for force_recompute, main's remat policies) match nothing in some
     models by design: no warning for them."""
     dense = tk.ModelConfig(n_layers=1, moe_layers="none")
-    for ac in (tk.ACConfig(mode="selective_op"), tk.ACConfig(mode="remat")):
+    for ac in (tk.ACConfig.of(mode="selective_op"), tk.ACConfig.of(mode="remat")):
         if ac.mode == "remat" and not tk.compat.available("torch_remat"):
             continue
         report = tk.run(tk.Scenario(model=dense, ac=ac, check_numerics=False, measure_memory=False, steady_steps=0))
         assert report.ok and not [w for w in report.warnings if w.startswith("InputWarning")], report
     # Outside a Report the warning is an InputWarning, the category a warnings filter can name.
     with pytest.warns(InputWarning, match="'nosuch' is in the name of no nn.Linear"):
-        tk.apply_ac(_model(), tk.ACConfig(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)))
+        tk.apply_ac(_model(), tk.ACConfig.of(mode="selective_op", force_recompute_mm_shapes_by_fqns=("nosuch",)))
 
 
 def test_a_nan_loss_is_named_with_where_it_first_appears_not_grads_differ():

@@ -286,7 +286,7 @@ def test_confirm_a_report_uses_the_classifier():
     report = tk.run(
         tk.Scenario(
             model=tk.ModelConfig(experts_impl="masked", token_count="bincount"),
-            ac=tk.ACConfig(mode="full"),
+            ac=tk.ACConfig.of(mode="full"),
             compile=tk.CompileConfig(scope="blocks"),
             measure_memory=False,
             steady_steps=0,
@@ -356,7 +356,7 @@ def test_repro_export_bundle_with_trace(tmp_path):
     scenario = tk.Scenario(
         name="blocks compiled",
         model=tk.ModelConfig(experts_impl="masked"),
-        ac=tk.ACConfig(mode="full"),
+        ac=tk.ACConfig.of(mode="full"),
         compile=tk.CompileConfig(scope="blocks", fullgraph=True),
         measure_memory=False,
         steady_steps=0,

@@ -204,15 +204,15 @@ def owners():
     return out
 
 before = owners()
-tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), compile=tk.CompileConfig(scope="blocks", fullgraph=True)))
-tk.run(tk.Scenario(ac=tk.ACConfig(mode="remat")))
+tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="selective_op"), compile=tk.CompileConfig(scope="blocks", fullgraph=True)))
+tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="remat")))
 lin = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 tk.measure(lin, torch.randn(4, 8))
 small = tk.ModelConfig(n_layers=1)
-tk.estimate(tk.Scenario(model=small, ac=tk.ACConfig(mode="full"),
+tk.estimate(tk.Scenario(model=small, ac=tk.ACConfig.of(mode="full"),
     compile=tk.CompileConfig(scope="blocks", backend="inductor")))
 model = tk.build_model(tk.ModelConfig(n_layers=2))
-tk.transforms.prepare(model, ac=tk.ACConfig(mode="remat"))
+tk.transforms.prepare(model, ac=tk.ACConfig.of(mode="remat"))
 tk.train_step(model, tk.make_batch(model.config))
 tk.transforms.reset(model)
 after = owners()

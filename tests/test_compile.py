@@ -30,7 +30,7 @@ def test_names_stay_canonical_under_every_scope(moe_cfg, ac_mode, method):
         if method == "torch_compile" and scope == "model":
             continue
         model = tk.build_model(cfg)
-        tk.transforms.prepare(model, ac=ACConfig(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
+        tk.transforms.prepare(model, ac=ACConfig.of(mode=ac_mode), compile=CompileConfig(scope=scope, method=method))
         assert [n for n, _ in tk.transforms.named_modules(model)] == ref, scope
         assert tk.transforms.get_module(model, "layers.1.moe.router.gate") is tk.transforms.unwrap(model).layers[
             "1"
@@ -42,7 +42,7 @@ def test_names_stay_canonical_under_every_scope(moe_cfg, ac_mode, method):
 def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
     model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
-        ac=ACConfig(mode="per_submodule"),
+        ac=ACConfig.of(mode="per_submodule"),
         compile=CompileConfig(scope="moe", method="torch_compile", order="compile_outside"),
     )
     block = model.layers["0"]
@@ -54,13 +54,13 @@ def test_isinstance_sees_through_wrappers_via_unwrap(moe_cfg):
 @pytest.mark.parametrize(
     "ac, compile",
     [
-        (ACConfig(mode="none"), CompileConfig(scope="blocks", fullgraph=True)),
-        (ACConfig(mode="full"), CompileConfig(scope="blocks", fullgraph=True)),
-        (ACConfig(mode="selective_op"), CompileConfig(scope="blocks", fullgraph=True)),
-        (ACConfig(mode="full"), CompileConfig(scope="attention")),
-        (ACConfig(mode="full"), CompileConfig(scope="blocks", order="ac_outside", capture_scalar_outputs=True)),
-        (ACConfig(mode="memory_budget", memory_budget=0.0), CompileConfig(scope="blocks", fullgraph=True)),
-        (ACConfig(mode="full"), CompileConfig(scope="blocks", fullgraph=True, backend="aot_eager_decomp_partition")),
+        (ACConfig.of(mode="none"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig.of(mode="full"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig.of(mode="selective_op"), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig.of(mode="full"), CompileConfig(scope="attention")),
+        (ACConfig.of(mode="full"), CompileConfig(scope="blocks", order="ac_outside", capture_scalar_outputs=True)),
+        (ACConfig.of(mode="memory_budget", memory_budget=0.0), CompileConfig(scope="blocks", fullgraph=True)),
+        (ACConfig.of(mode="full"), CompileConfig(scope="blocks", fullgraph=True, backend="aot_eager_decomp_partition")),
     ],
     ids=[
         "none-blocks",
@@ -90,7 +90,7 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
     moe_cfg = moe_cfg.replace(experts_impl="for_loop")
     batch = tk.make_batch(moe_cfg)
     model = tk.transforms.prepare(
-        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks")
+        tk.build_model(moe_cfg), ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="blocks")
     )
     tk.train_step(model, batch)
     assert graph_count() == 0 and break_count() >= 1
@@ -105,7 +105,7 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     full = tk.transforms.prepare(
-        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True)
+        tk.build_model(moe_cfg), ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True)
     )
     tk.train_step(full, batch)
     assert graph_count() >= 1 and break_count() == 0  # fullgraph=True captures .tolist() in torch 2.13
@@ -114,7 +114,7 @@ def test_graph_break_inside_checkpointed_block_silently_disables_compile(moe_cfg
 def test_capture_scalar_outputs_is_scoped_to_the_step(moe_cfg):
     model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
-        ac=ACConfig(mode="full"),
+        ac=ACConfig.of(mode="full"),
         compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
     )
     assert torch._dynamo.config.capture_scalar_outputs is False
@@ -127,32 +127,34 @@ def test_order_is_explicit(moe_cfg):
     with pytest.raises(ConfigError, match="CompileConfig.order") as e:
         tk.transforms.prepare(
             tk.build_model(moe_cfg),
-            ac=ACConfig(mode="full"),
+            ac=ACConfig.of(mode="full"),
             compile=CompileConfig(scope="attention", order="compile_outside"),
         )
     assert "ac_outside" in str(e.value)
     # The model contains the checkpointed blocks: only compile(AC(x)).
     with pytest.raises(ConfigError, match="CompileConfig.order"):
         tk.transforms.prepare(
-            tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="model", order="ac_outside")
+            tk.build_model(moe_cfg),
+            ac=ACConfig.of(mode="full"),
+            compile=CompileConfig(scope="model", order="ac_outside"),
         )
     inside = tk.transforms.prepare(
-        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="attention")
+        tk.build_model(moe_cfg), ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="attention")
     )
     assert set(tk.transforms.applied(inside).compile_orders.values()) == {"AC(compile(x))"}
     # Where the target is the checkpointed module itself, `order` picks which of the two is compiled.
     outside = tk.transforms.prepare(
-        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks")
+        tk.build_model(moe_cfg), ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="blocks")
     )
     assert outside.layers["0"]._compiled_call_impl is not None
     ac_out = tk.transforms.prepare(
-        tk.build_model(moe_cfg), ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside")
+        tk.build_model(moe_cfg), ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="blocks", order="ac_outside")
     )
     assert isinstance(ac_out.layers["0"], CheckpointWrapper) and ac_out.layers["0"]._compiled_call_impl is None
     assert ac_out.layers["0"]._checkpoint_wrapped_module._compiled_call_impl is not None
     assert set(tk.transforms.applied(ac_out).compile_orders.values()) == {"AC(compile(x))"}
     with pytest.raises(RuntimeError, match="apply_ac must run before apply_compile"):
-        tk.apply_ac(tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks")), ACConfig(mode="full"))
+        tk.apply_ac(tk.apply_compile(tk.build_model(moe_cfg), CompileConfig(scope="blocks")), ACConfig.of(mode="full"))
 
 
 def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
@@ -173,7 +175,7 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
 
     model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
-        ac=ACConfig(mode="full"),
+        ac=ACConfig.of(mode="full"),
         compile=CompileConfig(scope="blocks", backend=counting_backend, order="ac_outside", fullgraph=True),
     )
     tk.train_step(model, tk.make_batch(dense_cfg))
@@ -182,7 +184,7 @@ def test_ac_outside_reruns_the_compiled_forward_in_backward(dense_cfg):
     torch._dynamo.reset()
     model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
-        ac=ACConfig(mode="full"),
+        ac=ACConfig.of(mode="full"),
         compile=CompileConfig(scope="blocks", backend=counting_backend, order="compile_outside", fullgraph=True),
     )
     tk.train_step(model, tk.make_batch(dense_cfg))
@@ -248,7 +250,7 @@ def test_memory_budget_is_live_while_compiling(moe_cfg):
 
     model = tk.transforms.prepare(
         tk.build_model(moe_cfg.replace(experts_impl="masked")),
-        ac=ACConfig(mode="memory_budget", memory_budget=0.25),
+        ac=ACConfig.of(mode="memory_budget", memory_budget=0.25),
         compile=CompileConfig(scope="blocks", backend=backend, fullgraph=True),
     )
     tk.train_step(model, tk.make_batch(moe_cfg))
@@ -276,7 +278,7 @@ def test_global_state_is_identical_after_apply_step_and_reset(moe_cfg):
     model = tk.build_model(moe_cfg)
     tk.transforms.prepare(
         model,
-        ac=ACConfig(mode="memory_budget", memory_budget=0.5),
+        ac=ACConfig.of(mode="memory_budget", memory_budget=0.5),
         compile=CompileConfig(
             scope="blocks",
             fullgraph=True,
@@ -296,7 +298,7 @@ def test_torch_settings_restores_on_error(moe_cfg):
     before = tk.transforms.global_state()
     model = tk.transforms.prepare(
         tk.build_model(moe_cfg),
-        ac=ACConfig(mode="full"),
+        ac=ACConfig.of(mode="full"),
         compile=CompileConfig(scope="blocks", capture_scalar_outputs=True),
     )
     with pytest.raises(ZeroDivisionError):
@@ -336,7 +338,7 @@ def test_scope_errors_name_the_field(moe_cfg, dense_cfg):
     with pytest.raises(ConfigError, match="ACConfig.wrap_inductor_compiled_regions"):
         tk.transforms.prepare(
             tk.build_model(moe_cfg),
-            ac=ACConfig(mode="selective_op", wrap_inductor_compiled_regions=True),
+            ac=ACConfig.of(mode="selective_op", wrap_inductor_compiled_regions=True),
             compile=CompileConfig(scope="attention", backend="aot_eager"),
         )
 
@@ -359,7 +361,7 @@ def test_inductor_compiles_a_checkpointed_dense_block(dense_cfg):
     tk.train_step(ref, batch)
     model = tk.transforms.prepare(
         tk.build_model(dense_cfg),
-        ac=ACConfig(mode="selective_op"),
+        ac=ACConfig.of(mode="selective_op"),
         compile=CompileConfig(scope="blocks", backend="inductor", fullgraph=True),
     )
     tk.train_step(model, batch)
@@ -376,7 +378,7 @@ def test_the_instrument_compiles_none_of_its_own_code_into_the_models_counts(ac)
     graphs and a recompile on a Parameter than the model had. Checked against Dynamo's own counters in a bare run."""
     s = tk.Scenario(
         model=tk.ModelConfig(experts_impl="for_loop"),
-        ac=tk.ACConfig(mode=ac),
+        ac=tk.ACConfig.of(mode=ac),
         compile=tk.CompileConfig(scope="model"),
         steady_steps=0,
         check_numerics=False,

@@ -13,7 +13,7 @@ QUICK = dict(check_numerics=False, steady_steps=0)
 @pytest.fixture(scope="module")
 def reports():
     none = tk.run(tk.Scenario(**QUICK))
-    sac = tk.run(tk.Scenario(ac=tk.ACConfig(mode="selective_op"), **QUICK))
+    sac = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="selective_op"), **QUICK))
     brk = tk.run(
         tk.Scenario(
             model=tk.ModelConfig(experts_impl="for_loop"),

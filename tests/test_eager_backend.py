@@ -37,7 +37,7 @@ def _measure(cfg, ac, backend, **compile_kw):
     torch.manual_seed(0)
     model = tk.build_model(cfg)
     tk.transforms.prepare(
-        model, ac=tk.ACConfig(mode=ac), compile=tk.CompileConfig(scope="blocks", backend=backend, **compile_kw)
+        model, ac=tk.ACConfig.of(mode=ac), compile=tk.CompileConfig(scope="blocks", backend=backend, **compile_kw)
     )
     tokens = tk.make_batch(cfg).tokens
     report = tk.measure(model, tokens, cold=True)

@@ -33,7 +33,7 @@ def _real(cfg, ac):
 def test_estimate_agrees_with_a_real_cpu_run(impl, dtype):
     cfg = tk.ModelConfig(experts_impl=impl, dtype=dtype)
     for mode, checkpoints in (("none", 0), ("full", 2), ("selective_op", 2), ("per_submodule", 4)):
-        ac = tk.ACConfig(mode=mode)
+        ac = tk.ACConfig.of(mode=mode)
         est, real = tk.estimate(cfg, ac=ac, cuda_rounding=False), _real(cfg, ac)
         assert est.saved_bytes == real.saved.total_bytes, mode
         assert est.rng_state_bytes == RNG * checkpoints, mode
@@ -59,7 +59,7 @@ def test_cuda_rounding_counts_whole_512_byte_blocks():
 def test_full_size_layers_in_seconds_without_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = tk.estimation.LAYER_SHAPES["deepseek_v3_layer"]
-    est = {mode: tk.estimate(cfg, ac=tk.ACConfig(mode=mode)) for mode in ("none", "selective_op", "full")}
+    est = {mode: tk.estimate(cfg, ac=tk.ACConfig.of(mode=mode)) for mode in ("none", "selective_op", "full")}
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert est["none"].params_bytes > 20 * 2**30 and grown_mib < 512  # 25 GiB of weights, no real memory
     assert est["none"].saved_bytes > est["selective_op"].saved_bytes > est["full"].saved_bytes > 0
@@ -114,7 +114,9 @@ MODES = ("none", "full", "selective_op", "selective_layer", "memory_budget", "re
 
 def _compiled(cfg, mode, backend="aot_eager", scope="blocks", order=None):
     compile = tk.CompileConfig(scope=scope, backend=backend, order=order, fullgraph=True)
-    return tk.Scenario(model=cfg, ac=tk.ACConfig(mode=mode), compile=compile, name=f"{mode}/{backend}/{scope}/{order}")
+    return tk.Scenario(
+        model=cfg, ac=tk.ACConfig.of(mode=mode), compile=compile, name=f"{mode}/{backend}/{scope}/{order}"
+    )
 
 
 def _real_step(scenario):
@@ -216,7 +218,7 @@ def test_eager_remat_estimate_equals_a_real_cpu_run(cfg):
     extra("torch_remat")
     fake_only = _eager_masked_slices(cfg)
     assert fake_only in (0, 3 * 4 * 64 * 64)  # masked: w1, w2, w3, one expert's (64, 64) fp32 slice each
-    _assert_exact(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="remat"), name="remat/eager"), fake_only)
+    _assert_exact(tk.Scenario(model=cfg, ac=tk.ACConfig.of(mode="remat"), name="remat/eager"), fake_only)
 
 
 def _params(cases):
@@ -311,7 +313,7 @@ def test_a_full_size_layer_compiles_on_fake_tensors_without_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = tk.estimation.LAYER_SHAPES["qwen3_30b_a3b_layer"]
     compile = tk.CompileConfig(scope="blocks", fullgraph=True)
-    est = tk.estimate(tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), compile=compile))
+    est = tk.estimate(tk.Scenario(model=cfg, ac=tk.ACConfig.of(mode="full"), compile=compile))
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     T, D = cfg.batch * cfg.seq_len, cfg.dim
     ids = -(-(T + 1) * 8 // CUDA_BLOCK) * CUDA_BLOCK  # the token ids are a view of the batch's S + 1 ids (int64)

@@ -74,7 +74,7 @@ def test_near_tie_routing_is_named_routing_with_the_token_counts_the_model_saw()
 @needs_hooks
 def test_router_noise_without_rng_restore_is_named_rng_not_preserved():
     noisy = tk.ModelConfig(router_noise=0.5, experts_impl="for_loop")
-    ac = tk.ACConfig(mode="full", preserve_rng_state=False)
+    ac = tk.ACConfig.of(mode="full", preserve_rng_state=False)
     report = tk.run(tk.Scenario(model=noisy, ac=ac, measure_memory=False, steady_steps=0))
     assert report.outcome == "error" and report.error.type.endswith("CheckpointError")
     _assert_names_torchs_tensor(report)
@@ -84,7 +84,7 @@ def test_router_noise_without_rng_restore_is_named_rng_not_preserved():
     assert d.routing is not None and d.routing.changed > 0  # the routing changed too, but the RNG is why
     assert any("preserve_rng_state=False" in e for e in d.evidence)
     # Preserving the RNG (the default) passes: the cause named is the one that matters.
-    fixed = tk.run(tk.Scenario(model=noisy, ac=tk.ACConfig(mode="full"), measure_memory=False, steady_steps=0))
+    fixed = tk.run(tk.Scenario(model=noisy, ac=tk.ACConfig.of(mode="full"), measure_memory=False, steady_steps=0))
     assert fixed.ok and fixed.checkpoint_error is None
 
 
@@ -174,7 +174,7 @@ def _no_rng_restore() -> "tk.Scenario":
     return tk.Scenario(
         name="router noise, full AC, no RNG restore",
         model=tk.ModelConfig(router_noise=0.5, experts_impl="for_loop"),
-        ac=tk.ACConfig(mode="full", preserve_rng_state=False),
+        ac=tk.ACConfig.of(mode="full", preserve_rng_state=False),
         measure_memory=False,
         steady_steps=0,
     )

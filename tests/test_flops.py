@@ -16,7 +16,7 @@ def _counted(mode: str, *, math: bool) -> tuple[int, int]:
     """(forward, backward) FLOPs of a real step by FlopCounterMode. In the math attention kernel its matmuls are
     counted; the CPU flash kernel is not in torch's registry, so without `math` attention counts nothing."""
     model = tk.build_model(CFG)
-    tk.apply_ac(model, tk.ACConfig(mode=mode))
+    tk.apply_ac(model, tk.ACConfig.of(mode=mode))
     tokens, labels = tk.make_batch(CFG)
     with sdpa_kernel(SDPBackend.MATH if math else SDPBackend.FLASH_ATTENTION):
         with FlopCounterMode(display=False) as fwd:
@@ -28,7 +28,9 @@ def _counted(mode: str, *, math: bool) -> tuple[int, int]:
 
 def _report(mode: str, backend: str | None = None) -> tk.Report:
     compile = tk.CompileConfig(scope="blocks", backend=backend) if backend else tk.CompileConfig()
-    scenario = tk.Scenario(model=CFG, ac=tk.ACConfig(mode=mode), compile=compile, check_numerics=False, steady_steps=0)
+    scenario = tk.Scenario(
+        model=CFG, ac=tk.ACConfig.of(mode=mode), compile=compile, check_numerics=False, steady_steps=0
+    )
     return tk.run(scenario)
 
 

@@ -54,7 +54,7 @@ def truth_of(model, forward, params=False):
 @pytest.mark.parametrize("ac", ["none", "full", "selective_op"])
 def test_fsdp2_saved_bytes_equal_the_truth(gloo_world_of_one, ac, backend):
     cfg = tk.ModelConfig(n_layers=2, experts_impl="masked")
-    model = tk.apply_ac(tk.build_model(cfg), tk.ACConfig(mode=ac))
+    model = tk.apply_ac(tk.build_model(cfg), tk.ACConfig.of(mode=ac))
     if backend:
         tk.apply_compile(model, tk.CompileConfig(scope="blocks", backend=backend, fullgraph=True))
     shard(model)
@@ -172,7 +172,7 @@ def test_c50s_configuration_runs_on_one_and_two_gloo_ranks(order):
     2 gloo ranks — no CheckpointError, the same saved bytes per rank; the catalogue's "not reproduced" rests on this."""
     scenario = tk.Scenario(
         model=tk.ModelConfig(moe_layers="none"),
-        ac=tk.ACConfig(mode="full"),
+        ac=tk.ACConfig.of(mode="full"),
         compile=tk.CompileConfig(scope="blocks", order=order),
         fsdp="blocks",
         steady_steps=1,
@@ -193,13 +193,13 @@ def test_two_ranks_merged_into_one_view(stack):
         extra("torchtitan")
         scenario = tk.Scenario(
             stack="torchtitan",
-            ac=tk.ACConfig(mode="selective_op"),
+            ac=tk.ACConfig.of(mode="selective_op"),
             compile=tk.CompileConfig(scope="blocks", fullgraph=True),
             fsdp="blocks",
             steady_steps=0,
         )
     else:
-        scenario = tk.Scenario(ac=tk.ACConfig(mode="full"), fsdp="blocks", steady_steps=0)
+        scenario = tk.Scenario(ac=tk.ACConfig.of(mode="full"), fsdp="blocks", steady_steps=0)
     merged = tk.run_distributed(scenario, nproc=2, timeout_s=600)
     assert merged.ok and [r.distributed.rank for r in merged.ranks] == [0, 1], merged.stderr_tail
     alone = tk.run(scenario)
@@ -243,7 +243,7 @@ def test_expert_parallel_on_two_ranks_with_torchtitans_all_to_all():
     extra("torchtitan")
     sac_compiled = dict(
         stack="torchtitan",
-        ac=tk.ACConfig(mode="selective_op"),
+        ac=tk.ACConfig.of(mode="selective_op"),
         fsdp="blocks",
         ep=2,
         compile=tk.CompileConfig(scope="blocks", fullgraph=True),
@@ -294,7 +294,7 @@ def test_an_fsdp_unit_inside_a_region_is_read_off_the_model_and_names_its_case(a
     comp = tk.CompileConfig(scope="blocks", fullgraph=True) if compiled else tk.CompileConfig()
     cfg = tk.ModelConfig(n_layers=2, experts_impl="masked")
     report = tk.run(
-        tk.Scenario(model=cfg, fsdp="blocks+experts", ac=tk.ACConfig(mode=ac), compile=comp, steady_steps=0)
+        tk.Scenario(model=cfg, fsdp="blocks+experts", ac=tk.ACConfig.of(mode=ac), compile=comp, steady_steps=0)
     )
     experts = tuple(f"layers.{i}.moe.routed_experts.inner_experts" for i in range(2))
     assert getattr(report.transforms, where) == experts

@@ -139,7 +139,7 @@ def test_classifier_silent_failures():
     cfg = tk.ModelConfig(router_noise=0.5, experts_impl="grouped_mm")
     bad = tk.run(
         tk.Scenario(
-            model=cfg, ac=tk.ACConfig(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0
+            model=cfg, ac=tk.ACConfig.of(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0
         )
     )
     cl = classify(bad)
@@ -159,8 +159,8 @@ def test_classifier_silent_failures():
     assert "torch.split" in cl.explanation
     # SAC whose policy saves nothing selective looks like full AC.
     none = tk.run(tk.Scenario(measure_memory=False, steady_steps=0))
-    full = tk.run(tk.Scenario(ac=tk.ACConfig(mode="full"), measure_memory=False, steady_steps=0))
-    nothing = tk.run(tk.Scenario(ac=tk.ACConfig(mode="custom", save_ops=()), measure_memory=False, steady_steps=0))
+    full = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="full"), measure_memory=False, steady_steps=0))
+    nothing = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="custom", save_ops=()), measure_memory=False, steady_steps=0))
     assert classify(nothing, {"none": none, "full": full}).label in ("sac_not_applied",)
     assert classify(full, {"none": none, "full": full}).label == "works"
     assert classify(none, {"none": full, "full": full}).label == "works"  # AC none is never 'saves nothing'
@@ -224,12 +224,14 @@ def test_headline_and_describe_lead_with_the_classification():
 
 
 def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
-    sc = tk.Scenario(ac=tk.ACConfig(mode="selective_op"), compile=tk.CompileConfig(scope="blocks", order="ac_outside"))
+    sc = tk.Scenario(
+        ac=tk.ACConfig.of(mode="selective_op"), compile=tk.CompileConfig(scope="blocks", order="ac_outside")
+    )
     refs = reference_scenarios(sc)
-    assert refs["none"].ac == tk.ACConfig() and refs["none"].compile.order is None
-    assert refs["full"].ac == tk.ACConfig(mode="full") and refs["full"].compile == sc.compile
+    assert refs["none"].ac == tk.ACConfig.of() and refs["none"].compile.order is None
+    assert refs["full"].ac == tk.ACConfig.of(mode="full") and refs["full"].compile == sc.compile
     assert all(not r.check_numerics and not r.measure_memory for r in refs.values())
-    assert set(reference_scenarios(sc.replace(ac=tk.ACConfig(mode="full")))) == {"none"}
+    assert set(reference_scenarios(sc.replace(ac=tk.ACConfig.of(mode="full")))) == {"none"}
     assert (
         reference_scenarios(tk.Scenario()) == {} and reference_scenarios(tk.Scenario(recipe="torchtitan_0_3_0")) == {}
     )

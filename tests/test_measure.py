@@ -72,7 +72,7 @@ def test_eager_saved_equals_outer_hooks_for_a_user_module():
 def test_full_ac_saves_block_inputs_plus_what_is_outside_the_blocks(moe_cfg):
     cfg = moe_cfg.replace(n_layers=3)
     none = tk.run(Scenario(model=cfg, **QUICK))
-    full = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full"), **QUICK))
+    full = tk.run(Scenario(model=cfg, ac=ACConfig.of(mode="full"), **QUICK))
     B, S, D = cfg.batch, cfg.seq_len, cfg.dim
     inputs = [t for t in full.saved.tensors if t.kind == "checkpoint_input" and t.op != "torch.get_rng_state"]
     assert len(inputs) == cfg.n_layers and all(t.bytes == B * S * D * 4 for t in inputs)
@@ -101,13 +101,13 @@ def test_full_ac_saves_block_inputs_plus_what_is_outside_the_blocks(moe_cfg):
 
 
 def test_sac_saves_the_policys_cached_outputs_and_recomputes_the_rest(moe_cfg):
-    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig(mode="selective_op"))
+    model = tk.apply_ac(tk.build_model(moe_cfg), ACConfig.of(mode="selective_op"))
     batch = tk.make_batch(moe_cfg)
     with tk.transforms.record_policy_decisions() as log:
         model(batch.tokens)
     saved_bytes = sum(d.out_bytes for d in log if d.decision == "MUST_SAVE")
     n_recompute = sum(d.decision == "PREFER_RECOMPUTE" for d in log)
-    report = tk.run(Scenario(model=moe_cfg, ac=ACConfig(mode="selective_op"), **QUICK))
+    report = tk.run(Scenario(model=moe_cfg, ac=ACConfig.of(mode="selective_op"), **QUICK))
     assert report.saved.by_kind["sac_cache"] == saved_bytes
     # Everything the policy did not save runs again; SAC's ignored ops (detach) are re-run without asking it.
     assert report.recompute.ops - report.recompute.by_op.get("aten.detach.default", 0) == n_recompute
@@ -138,7 +138,7 @@ def test_compiled_saved_matches_hooks_and_is_attributed(backend):
 def test_probes_do_not_change_graphs_or_saved_totals():
     cfg = ModelConfig()
     compile = CompileConfig(scope="blocks", fullgraph=True)
-    model = tk.transforms.prepare(tk.build_model(cfg), ac=ACConfig(mode="selective_op"), compile=compile)
+    model = tk.transforms.prepare(tk.build_model(cfg), ac=ACConfig.of(mode="selective_op"), compile=compile)
     batch = tk.make_batch(cfg)
     with tk.transforms.torch_settings(model):
         total, out = hooks_saved_bytes(model, lambda: model(batch.tokens))
@@ -146,7 +146,7 @@ def test_probes_do_not_change_graphs_or_saved_totals():
     graphs_bare = graph_count()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    report = tk.run(Scenario(model=cfg, ac=ACConfig(mode="selective_op"), compile=compile, **QUICK))
+    report = tk.run(Scenario(model=cfg, ac=ACConfig.of(mode="selective_op"), compile=compile, **QUICK))
     assert report.compile.graphs == graphs_bare >= 1
     assert report.saved.total_bytes == total
     assert set(report.saved.by_kind) == {"compiled", "autograd"}
@@ -221,13 +221,13 @@ def test_fallback_to_eager_is_flagged():
 def test_recompute_inside_compiled_backward_and_compiled_reruns():
     cfg = ModelConfig(experts_impl="masked")
     inside = tk.run(
-        Scenario(model=cfg, ac=ACConfig(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True), **QUICK)
+        Scenario(model=cfg, ac=ACConfig.of(mode="full"), compile=CompileConfig(scope="blocks", fullgraph=True), **QUICK)
     )
     assert inside.recompute.in_compiled_backward > 0 and inside.recompute.compiled_reruns == {}
     outside = tk.run(
         Scenario(
             model=cfg,
-            ac=ACConfig(mode="full"),
+            ac=ACConfig.of(mode="full"),
             compile=CompileConfig(scope="blocks", fullgraph=True, order="ac_outside"),
             **QUICK,
         )
@@ -240,7 +240,7 @@ def test_peak_memory_ladder_and_held_after_forward():
     cfg = ModelConfig(n_layers=4, seq_len=256, batch=4)
     peaks = {}
     for mode in ("none", "full", "selective_op"):
-        r = tk.run(Scenario(model=cfg, ac=ACConfig(mode=mode), check_numerics=False, steady_steps=0))
+        r = tk.run(Scenario(model=cfg, ac=ACConfig.of(mode=mode), check_numerics=False, steady_steps=0))
         assert r.memory.method.startswith("profiler")
         # The inputs existed before the step, so the allocator did not see them being made.
         made = r.saved.total_bytes - sum(t.bytes for t in r.saved.tensors if t.is_input)
@@ -253,9 +253,9 @@ def test_peak_memory_ladder_and_held_after_forward():
 def test_numerics_catch_wrong_gradients():
     """C11: RNG-driven routing recomputed without restoring the RNG state changes the gradients silently."""
     cfg = ModelConfig(router_noise=0.5, experts_impl="grouped_mm")
-    good = tk.run(Scenario(model=cfg, ac=ACConfig(mode="full"), measure_memory=False, steady_steps=0))
+    good = tk.run(Scenario(model=cfg, ac=ACConfig.of(mode="full"), measure_memory=False, steady_steps=0))
     bad = tk.run(
-        Scenario(model=cfg, ac=ACConfig(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0)
+        Scenario(model=cfg, ac=ACConfig.of(mode="full", preserve_rng_state=False), measure_memory=False, steady_steps=0)
     )
     assert good.ok and good.numerics.grads_match
     assert bad.ok and not bad.numerics.grads_match and bad.numerics.max_grad_diff > 1e-4 and bad.numerics.loss_diff == 0
@@ -284,9 +284,9 @@ def test_bad_scenarios_fail_fast_naming_the_field():
     with pytest.raises(tk.ConfigError, match="Scenario.recipe"):
         Scenario(recipe="torchtitan_1999")
     with pytest.raises(tk.ConfigError, match="Scenario.recipe"):
-        Scenario(recipe="torchtitan_0_3_0", ac=ACConfig(mode="full"))
+        Scenario(recipe="torchtitan_0_3_0", ac=ACConfig.of(mode="full"))
     with pytest.raises(tk.ConfigError, match="ACConfig.mode"):
-        Scenario(ac=ACConfig(mode="memory_budget"))
+        Scenario(ac=ACConfig.of(mode="memory_budget"))
     with pytest.raises(tk.ConfigError, match="Scenario.model"):
         Scenario(model={"n_layers": 2})
     with pytest.raises(tk.ConfigError, match="ModelConfig.device"):
@@ -294,7 +294,7 @@ def test_bad_scenarios_fail_fast_naming_the_field():
 
 
 def test_report_json_round_trip_and_deterministic_text():
-    r = tk.run(Scenario(ac=ACConfig(mode="selective_op"), compile=CompileConfig(scope="attention")))
+    r = tk.run(Scenario(ac=ACConfig.of(mode="selective_op"), compile=CompileConfig(scope="attention")))
     again = tk.Report.from_json(r.to_json())
     assert again == r
     data = json.loads(r.to_json())
@@ -303,7 +303,7 @@ def test_report_json_round_trip_and_deterministic_text():
     assert {"total_bytes", "by_module", "by_op", "by_kind", "tensors"} <= set(data["saved"])
     assert {"module", "op", "shape", "dtype", "bytes", "kind", "is_input"} == set(data["saved"]["tensors"][0])
     text = str(r)
-    assert text == str(tk.run(Scenario(ac=ACConfig(mode="selective_op"), compile=CompileConfig(scope="attention"))))
+    assert text == str(tk.run(Scenario(ac=ACConfig.of(mode="selective_op"), compile=CompileConfig(scope="attention"))))
     assert not re.search(r"\d(\.\d+)? ?(s|ms)\b", text)  # no timings in the text twin
 
 
@@ -336,7 +336,7 @@ def test_scenario_from_dict_refuses_what_is_not_a_scenario(data, field, words):
 def test_scenario_json_round_trip():
     s = Scenario(
         model=ModelConfig(n_layers=3, moe_layers=(1,)),
-        ac=ACConfig(mode="per_submodule"),
+        ac=ACConfig.of(mode="per_submodule"),
         compile=CompileConfig(scope="attention", order="ac_outside"),
         name="x",
         steady_steps=1,
@@ -345,7 +345,7 @@ def test_scenario_json_round_trip():
 
 
 def test_isolated_run_matches_in_process():
-    s = Scenario(ac=ACConfig(mode="full"), **QUICK)
+    s = Scenario(ac=ACConfig.of(mode="full"), **QUICK)
     iso = tk.run(s, isolate=True, timeout_s=120)
     assert iso.ok and iso.saved.total_bytes == tk.run(s).saved.total_bytes
 
@@ -397,7 +397,7 @@ def test_peak_is_the_same_without_probes(moe_cfg):
     """The memory step runs without probes; its peak equals a bare profiler replay of the same step."""
     from toolkit.instrument.memory import cpu_step as _cpu_memory_step
 
-    ac = ACConfig(mode="selective_op")
+    ac = ACConfig.of(mode="selective_op")
     report = tk.run(Scenario(model=moe_cfg, ac=ac, check_numerics=False, steady_steps=0))
     model = tk.apply_ac(tk.build_model(moe_cfg), ac)
     batch = tk.make_batch(moe_cfg)
@@ -548,7 +548,7 @@ def test_a_transform_that_cannot_be_undone_after_the_step_is_a_report_warning(mo
         raise RuntimeError("checkpoint wrapper already removed")
 
     monkeypatch.setattr(get("toolkit"), "undo", broken_undo)
-    report = tk.run(Scenario(model=ModelConfig(n_layers=1), ac=ACConfig(mode="full"), steady_steps=0))
+    report = tk.run(Scenario(model=ModelConfig(n_layers=1), ac=ACConfig.of(mode="full"), steady_steps=0))
     assert report.ok, report.error
     assert any(
         w.startswith("could not undo the transforms after the step (RuntimeError: checkpoint wrapper already removed)")

@@ -217,7 +217,7 @@ def test_function_form_checkpoint_inputs_are_held_whatever_the_torch_release():
 
 def test_sac_under_the_probes_hooks_raises_no_future_warning():
     report = tk.run(
-        tk.Scenario(ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0)
+        tk.Scenario(ac=tk.ACConfig.of(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0)
     )
     assert report.ok and report.saved.by_kind["sac_cache"] > 0
     assert not any("saved_tensors_hooks" in w for w in report.warnings), report.warnings
@@ -229,7 +229,7 @@ def test_transforms_on_a_foreign_model():
     torch.manual_seed(0)
     net = Net()
     net.config = object()  # like torchtitan's models, a config the toolkit does not know
-    tk.apply_ac(net, tk.ACConfig(mode="full"))
+    tk.apply_ac(net, tk.ACConfig.of(mode="full"))
     tk.apply_compile(net, tk.CompileConfig(scope="blocks", fullgraph=True))
     assert tk.transforms.applied(net).compiled == ["layers.0", "layers.1"]
     report = tk.measure(net, torch.randn(8, 32))
@@ -239,7 +239,7 @@ def test_transforms_on_a_foreign_model():
     assert tk.transforms.applied(net).recipe == "torchtitan_0_3_0"
     tk.transforms.reset(net)
     with pytest.raises(tk.ConfigError, match="model.layers"):
-        tk.apply_ac(nn.Linear(2, 2), tk.ACConfig(mode="full"))
+        tk.apply_ac(nn.Linear(2, 2), tk.ACConfig.of(mode="full"))
     with pytest.raises(tk.ConfigError, match="model.layers"):
         tk.transforms.apply_recipe(nn.Sequential(nn.Linear(2, 2)), "torchtitan_0_3_0")
     with pytest.raises(tk.ConfigError, match="CompileConfig.scope"):
@@ -250,7 +250,7 @@ def test_a_missing_private_api_is_a_blind_spot_not_a_silent_zero(monkeypatch):
     """Remove SAC's caching mode from the toolkit's view: the bytes stay right (the cached tensors are still alive),
     the Report says it cannot tell them apart, and the text twin shows it."""
     scenario = tk.Scenario(
-        ac=tk.ACConfig(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0
+        ac=tk.ACConfig.of(mode="selective_op"), check_numerics=False, measure_memory=False, steady_steps=0
     )
     seen = tk.run(scenario)
     monkeypatch.setattr(
@@ -286,7 +286,7 @@ def test_without_the_partition_hook_the_kept_graphs_still_attribute(monkeypatch)
     read those instead, and the Report is the same (inductor keeps only code: see the warm inductor test)."""
     scenario = tk.Scenario(
         model=tk.ModelConfig(experts_impl="masked"),
-        ac=tk.ACConfig(mode="full"),
+        ac=tk.ACConfig.of(mode="full"),
         compile=tk.CompileConfig(scope="blocks", fullgraph=True),
         check_numerics=False,
         measure_memory=False,

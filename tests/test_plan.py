@@ -41,7 +41,7 @@ def gloo_ranks(tmp_path_factory):
 
 def _scenario(impl, ac, backend):
     compile = tk.CompileConfig(scope="blocks", backend=backend) if backend else tk.CompileConfig()
-    return tk.Scenario(model=config(impl), ac=tk.ACConfig(mode=ac), compile=compile, fsdp="blocks")
+    return tk.Scenario(model=config(impl), ac=tk.ACConfig.of(mode=ac), compile=compile, fsdp="blocks")
 
 
 def test_per_rank_estimate_at_world_size_two_equals_real_gloo_ranks(gloo_ranks):
@@ -82,14 +82,14 @@ def test_flops_equal_torchs_flop_counter_on_a_real_step():
     for mode in ("none", "full"):
         cfg = BF16.replace(experts_impl="for_loop")
         model = tk.build_model(cfg)
-        tk.apply_ac(model, tk.ACConfig(mode=mode))
+        tk.apply_ac(model, tk.ACConfig.of(mode=mode))
         tokens, labels = tk.make_batch(cfg)
         with sdpa_kernel(SDPBackend.MATH):
             with FlopCounterMode(display=False) as fwd:
                 loss = tk.models.loss_fn(model(tokens), labels)
             with FlopCounterMode(display=False) as bwd:
                 loss.backward()
-        est = tk.estimate(tk.Scenario(model=BF16, ac=tk.ACConfig(mode=mode)))
+        est = tk.estimate(tk.Scenario(model=BF16, ac=tk.ACConfig.of(mode=mode)))
         # The flash kernel's backward recomputes the scores Q·Kᵀ (torch's formula for it counts five matmuls where
         # the math kernel's backward runs four): one (B·H, L, Dh) × (Dh, L) matmul more per layer.
         scores = 2 * cfg.batch * cfg.n_heads * cfg.seq_len**2 * (cfg.dim // cfg.n_heads) * cfg.n_layers

@@ -83,11 +83,11 @@ def test_the_matrix_tells_preserved_redrawn_and_benign_randomness_apart():
     runs = {
         name: tk.run(tk.Scenario(model=DROPOUT, ac=ac, compile=comp, **QUIET))
         for name, ac, comp in (
-            ("compiled full", tk.ACConfig(mode="full"), compiled),
-            ("compiled full, RNG not kept", tk.ACConfig(mode="full", preserve_rng_state=False), compiled),
-            ("budget", tk.ACConfig(mode="memory_budget", memory_budget=0.3), compiled),
-            ("eager full, RNG not kept", tk.ACConfig(mode="full", preserve_rng_state=False), tk.CompileConfig()),
-            ("compiled, no AC", tk.ACConfig(), compiled),
+            ("compiled full", tk.ACConfig.of(mode="full"), compiled),
+            ("compiled full, RNG not kept", tk.ACConfig.of(mode="full", preserve_rng_state=False), compiled),
+            ("budget", tk.ACConfig.of(mode="memory_budget", memory_budget=0.3), compiled),
+            ("eager full, RNG not kept", tk.ACConfig.of(mode="full", preserve_rng_state=False), tk.CompileConfig()),
+            ("compiled, no AC", tk.ACConfig.of(), compiled),
         )
     }
     got = {name: (classify(r).label, classify(r).cases) for name, r in runs.items()}
@@ -103,7 +103,7 @@ def test_the_matrix_tells_preserved_redrawn_and_benign_randomness_apart():
 def test_torchtitan_mains_remat_without_its_hook_redraws_and_with_it_does_not():
     extra("torch_remat")
     got = {
-        keep: tk.run(tk.Scenario(model=DROPOUT, ac=tk.ACConfig(mode="remat", preserve_rng_state=keep), **QUIET))
+        keep: tk.run(tk.Scenario(model=DROPOUT, ac=tk.ACConfig.of(mode="remat", preserve_rng_state=keep), **QUIET))
         for keep in (False, True)
     }
     assert classify(got[False]).cases == ("C61",) and got[False].recompute.redrawn
@@ -119,7 +119,7 @@ def test_dropout_off_changes_nothing_a_model_did():
 
 
 def test_run_strict_exits_3_on_a_redraw(tmp_path):
-    sc = tk.Scenario(model=DROPOUT, ac=tk.ACConfig(mode="full", preserve_rng_state=False), **QUIET)
+    sc = tk.Scenario(model=DROPOUT, ac=tk.ACConfig.of(mode="full", preserve_rng_state=False), **QUIET)
     path = tmp_path / "sc.json"
     path.write_text(sc.to_json())
     out = subprocess.run(
@@ -138,7 +138,7 @@ def test_an_estimate_counts_the_rng_state_a_checkpoint_stashes(compiled, dropout
     said so), byte for byte against the measured Report; with dropout in the blocks every release stashes it."""
     cfg = tk.ModelConfig(n_layers=2, dim=128, residual_dropout=dropout)
     comp = tk.CompileConfig(scope="blocks", fullgraph=True) if compiled else tk.CompileConfig()
-    sc = tk.Scenario(model=cfg, ac=tk.ACConfig(mode="full"), compile=comp, check_numerics=False, **QUIET)
+    sc = tk.Scenario(model=cfg, ac=tk.ACConfig.of(mode="full"), compile=comp, check_numerics=False, **QUIET)
     est, real = tk.estimate(sc, cuda_rounding=False), tk.run(sc)
     stash = "run_and_save_rng_state" if compiled else "torch.get_rng_state"
     # Stashes: one per checkpointed block, except that torch 2.14 compiles it away where the block draws no random

@@ -93,7 +93,7 @@ def scratch(tmp_path):
         sc = tk.Scenario(
             stack="torchtitan",
             torchtitan=tk.TorchtitanConfig.deepseek_v3(),
-            ac=tk.ACConfig(mode="selective_op"),
+            ac=tk.ACConfig.of(mode="selective_op"),
             compile=tk.CompileConfig(scope="blocks", fullgraph=True),
             fsdp="blocks",
         )

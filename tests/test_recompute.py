@@ -83,11 +83,11 @@ def test_full_ac_recomputes_exactly_the_blocks_forward(impl):
     if impl in ("for_loop", "grouped_mm"):
         assert (every, no_hooks) == {"for_loop": (296, 304), "grouped_mm": (232, 240)}[impl]
     quick = dict(model=cfg, measure_memory=False, steady_steps=0, check_numerics=False)
-    full = tk.run(tk.Scenario(ac=tk.ACConfig(mode="full"), **quick))
+    full = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="full"), **quick))
     assert full.ok and full.recompute.ops == every, (full.recompute.ops, every)
     assert full.recompute.bookkeeping > 0 and set(full.recompute.bookkeeping_by_op) == {"aten.detach.default"}
     assert sum(full.recompute.by_module.values()) == full.recompute.ops
-    early = tk.run(tk.Scenario(ac=tk.ACConfig(mode="full", early_stop=True), **quick))
+    early = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="full", early_stop=True), **quick))
     assert early.ok and early.recompute.ops == upto < every, (early.recompute.ops, upto, every)
     assert early.recompute.bookkeeping == full.recompute.bookkeeping  # one detach per recomputed tensor kept
     assert f"recomputed in backward: {every} ops (+{full.recompute.bookkeeping} of the checkpoint's own)" in str(full)

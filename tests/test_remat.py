@@ -19,7 +19,7 @@ from toolkit.transforms.settings import global_state
 remat = extra("torch_remat")
 
 CFG = tk.ModelConfig(experts_impl="masked")
-FULL = tk.ACConfig(mode="remat")
+FULL = tk.ACConfig.of(mode="remat")
 SELECTIVE = tk.ACConfig.remat_selective()
 
 
@@ -99,7 +99,7 @@ def test_main_refusals_and_fixed_policies():
     defaults and refusals, with main's reasons."""
     assert (SELECTIVE.save_regions, SELECTIVE.recompute_regions) == (("*",), ("*routed_experts.w13.*",))
     assert (SELECTIVE.determinism_check, SELECTIVE.preserve_rng_state) == ("default", False)
-    assert tk.ACConfig.remat_full() == FULL == tk.ACConfig(mode="remat", save_regions=())
+    assert tk.ACConfig.remat_full() == FULL == tk.ACConfig.of(mode="remat", save_regions=())
     with pytest.raises(
         tk.ConfigError, match="does not support preserve_rng_state=True. Register a torch_remat RecomputeStateHook"
     ):
@@ -107,7 +107,7 @@ def test_main_refusals_and_fixed_policies():
     with pytest.raises(tk.ConfigError, match="does not support the debug option"):
         tk.ACConfig.remat_selective(debug=True)
     with pytest.raises(tk.ConfigError, match="does not support the debug option"):
-        tk.ACConfig(mode="remat", debug=True)
+        tk.ACConfig.of(mode="remat", debug=True)
     assert tk.ACConfig.remat_selective(debug=False) == SELECTIVE  # main's default is accepted
     with pytest.raises(tk.ConfigError, match="SelectiveActivationRematConfig is a fixed policy"):
         tk.ACConfig.remat_selective(recompute_regions=("*w2*",))
@@ -202,17 +202,17 @@ def test_a_hand_applied_remat_is_refused_not_replaced():
 
 def test_bad_remat_options_are_refused_before_anything_runs():
     with pytest.raises(tk.ConfigError, match="save_regions.*single string"):
-        tk.ACConfig(mode="remat", save_regions="attention.*")
+        tk.ACConfig.of(mode="remat", save_regions="attention.*")
     with pytest.raises(tk.ConfigError, match="save_regions.*only used by"):
-        tk.ACConfig(mode="full", save_regions=("*",))
+        tk.ACConfig.of(mode="full", save_regions=("*",))
     with pytest.raises(tk.ConfigError, match="early_stop"):
-        tk.ACConfig(mode="remat", early_stop=True)
+        tk.ACConfig.of(mode="remat", early_stop=True)
     with pytest.raises(tk.ConfigError, match="'attention.wx' names no region.*attention.wq.linear"):
-        tk.apply_ac(tk.build_model(CFG), tk.ACConfig(mode="remat", save_regions=("attention.wx",)))
+        tk.apply_ac(tk.build_model(CFG), tk.ACConfig.of(mode="remat", save_regions=("attention.wx",)))
     with pytest.raises(tk.ConfigError, match="preserve_rng_state.*recompute_state_hooks"):
         tk.transforms.prepare(
             tk.build_model(CFG),
-            ac=tk.ACConfig(mode="remat", preserve_rng_state=True),
+            ac=tk.ACConfig.of(mode="remat", preserve_rng_state=True),
             compile=tk.CompileConfig(scope="blocks"),
         )
     with pytest.raises(tk.ConfigError, match="order.*compile\\(AC\\(x\\)\\) only"):
@@ -222,7 +222,7 @@ def test_bad_remat_options_are_refused_before_anything_runs():
     # Defaults as torch_remat has them; the replace() of another mode drops them.
     # main's ActivationRematConfig defaults (determinism_check "default", where torch_remat's own is "none").
     assert (FULL.preserve_rng_state, FULL.determinism_check, FULL.save_regions) == (False, "default", ())
-    assert FULL.replace(mode="full") == tk.ACConfig(mode="full")
+    assert FULL.replace(mode="full") == tk.ACConfig.of(mode="full")
     assert tk.ACConfig.from_dict(SELECTIVE.to_dict()) == SELECTIVE
 
 
@@ -254,7 +254,7 @@ def test_preserve_rng_state_is_a_recompute_state_hook(preserve):
             model(torch.ones(4, 16)).square().sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    plain, rematted = grads(None), grads(tk.ACConfig(mode="remat", preserve_rng_state=preserve))
+    plain, rematted = grads(None), grads(tk.ACConfig.of(mode="remat", preserve_rng_state=preserve))
     same = all(torch.equal(a, b) for a, b in zip(plain, rematted))
     assert same is preserve
 

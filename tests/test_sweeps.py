@@ -329,7 +329,7 @@ def _tasks(pid):
 
 @pytest.mark.skipif(WarmPool.available() is not None, reason="the warm pool needs Linux")
 def test_warm_pool_one_server_survives_crashes_and_hangs(monkeypatch):
-    sc = tk.Scenario(model=tk.ModelConfig(moe_layers="none"), ac=tk.ACConfig(mode="full"), steady_steps=0)
+    sc = tk.Scenario(model=tk.ModelConfig(moe_layers="none"), ac=tk.ACConfig.of(mode="full"), steady_steps=0)
     cold = tk.run(sc, isolate=True, timeout_s=300, threads=1)
     with WarmPool() as pool:
         first = pool.run(sc, 300, threads=1)

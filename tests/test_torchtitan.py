@@ -128,7 +128,7 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
     scenario = tk.Scenario(
         stack="torchtitan",
         torchtitan=FAMILIES["qwen3"],
-        ac=tk.ACConfig(mode="selective_op"),
+        ac=tk.ACConfig.of(mode="selective_op"),
         compile=tk.CompileConfig(scope="blocks", fullgraph=True),
         fsdp="blocks",
         steady_steps=0,
@@ -151,8 +151,8 @@ def test_a_torchtitan_scenario_runs_and_leaves_no_global_state_behind():
     "change, field",
     [
         (dict(recipe="torchtitan_0_3_0"), "Scenario.recipe"),
-        (dict(ac=tk.ACConfig(mode="per_submodule")), "Scenario.ac"),
-        (dict(ac=tk.ACConfig(mode="full", preserve_rng_state=False)), "Scenario.ac"),
+        (dict(ac=tk.ACConfig.of(mode="per_submodule")), "Scenario.ac"),
+        (dict(ac=tk.ACConfig.of(mode="full", preserve_rng_state=False)), "Scenario.ac"),
         (dict(compile=tk.CompileConfig(scope="moe", fullgraph=True)), "Scenario.compile"),
         (dict(compile=tk.CompileConfig(scope="blocks")), "Scenario.compile"),
         (dict(model=tk.ModelConfig(n_layers=4)), "Scenario.model"),
@@ -180,7 +180,7 @@ def test_torchtitan_cells_get_the_same_verdict_and_cases_whoever_built_the_model
     cfg = FAMILIES["qwen3"]
     comp = tk.CompileConfig(scope="blocks", fullgraph=True) if compiled else tk.CompileConfig()
     ours = tk.run(
-        tk.Scenario(stack="torchtitan", torchtitan=cfg, ac=tk.ACConfig(mode=ac), compile=comp, steady_steps=0)
+        tk.Scenario(stack="torchtitan", torchtitan=cfg, ac=tk.ACConfig.of(mode=ac), compile=comp, steady_steps=0)
     )
     tokens, labels = titan.make_batch(cfg)
     loss = titan.loss_fn(cfg)

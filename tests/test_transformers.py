@@ -102,7 +102,7 @@ def test_saved_bytes_equal_an_independent_truth(family, ac):
     model = own_model(cfg)
     own_ac(model, ac)
     ids = hf.make_batch(cfg)
-    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), **QUICK))
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), **QUICK))
     if (family, ac) == ("mixtral", "selective_op"):
         # C68: Mixtral's router divides the top-k values SAC cached in place. transformers' own step fails the same.
         with pytest.raises(RuntimeError, match="selective activation checkpoint has been mutated"):
@@ -124,15 +124,15 @@ def test_saved_bytes_equal_an_independent_truth(family, ac):
 
 @pytest.mark.parametrize("ac", ["full", "reentrant", "selective_op"])
 def test_offload_is_transformers_own_and_its_host_copies_are_counted(ac):
-    """transformers' `offload=True` (save_on_cpu around each checkpoint call) as `ACConfig(offload=True)`: the saved
-    bytes equal the truth with its host copies, which read as kind "offloaded" (they used to read "other"), and
-    gradients match."""
+    """transformers' `offload=True` (save_on_cpu around each checkpoint call) as
+    `ACConfig.of(mode="full", offload=True)`: the saved bytes equal the truth with its host copies, which read as kind
+    "offloaded" (they used to read "other"), and gradients match."""
     from transformers.utils.import_utils import get_current_accelerator
 
     cfg = hf.TransformersConfig()
     model = own_model(cfg)
     own_ac(model, ac, offload=True)
-    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac, offload=True), **QUICK))
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac, offload=True), **QUICK))
     if get_current_accelerator() is None:
         # A torch built without any accelerator (2.13.0's CPU wheel): transformers 5.25 asks save_on_cpu for pinned
         # copies with device_type "cpu", and torch has no pinned allocator: its own forward raises, and so does the
@@ -147,7 +147,7 @@ def test_offload_is_transformers_own_and_its_host_copies_are_counted(ac):
     # Each layer's hidden states, copied to the host: 2 layers × batch 2 × 16 tokens × 64 × 4 bytes.
     assert report.saved.by_kind.get("offloaded") == cfg.n_layers * cfg.batch * cfg.seq_len * cfg.dim * 4
     assert "other" not in report.saved.by_kind
-    plain = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), **QUICK))
+    plain = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), **QUICK))
     assert "offloaded" not in plain.saved.by_kind and plain.recompute.ops == report.recompute.ops
 
 
@@ -186,7 +186,7 @@ def test_recompute_is_the_layers_forward(ac, early_stop):
     layer inside its backward (the probes used to see none of it: 0 ops)."""
     cfg = hf.TransformersConfig()
     expected = _layer_forward_ops(cfg, early_stop)
-    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), **QUICK))
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), **QUICK))
     assert report.ok and report.recompute.ops == expected, (report.recompute.ops, expected)
     assert sum(report.recompute.by_module.values()) == report.recompute.ops
 
@@ -214,7 +214,7 @@ def test_compiled_graphs_and_saved_bytes_equal_an_independent_truth(family, ac, 
     comp = (
         tk.CompileConfig(scope="model", method="torch_compile") if scope == "wrapper" else tk.CompileConfig(scope=scope)
     )
-    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), compile=comp))
+    report = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), compile=comp))
     torch._dynamo.reset()
     assert report.ok, report.error
     assert report.compile.graphs == true_graphs >= 1, (report.compile.graphs, true_graphs)
@@ -243,7 +243,11 @@ def test_per_layer_compile_with_checkpointing_silently_runs_eagerly_and_the_repo
     assert counter.graphs == 0
     torch._dynamo.reset()
     scenario = tk.Scenario(
-        stack="transformers", model=cfg, ac=tk.ACConfig(mode="full"), compile=tk.CompileConfig(scope="blocks"), **QUICK
+        stack="transformers",
+        model=cfg,
+        ac=tk.ACConfig.of(mode="full"),
+        compile=tk.CompileConfig(scope="blocks"),
+        **QUICK,
     )
     report = tk.run(scenario)
     assert report.ok and report.compile.fell_back_to_eager, report.compile
@@ -264,10 +268,10 @@ def test_dropout_is_replayed_by_its_checkpoint_and_a_redraw_is_caught():
     without it the recompute draws other numbers. The truth for the latter is computed here: the gradients of the
     same model with and without checkpointing really differ."""
     cfg = hf.TransformersConfig(attention_dropout=0.5)
-    ok = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode="full"), **QUICK))
+    ok = tk.run(tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode="full"), **QUICK))
     assert ok.ok and ok.numerics.grads_match is True and not ok.recompute.redrawn
     bad = tk.run(
-        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode="full", preserve_rng_state=False), **QUICK)
+        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode="full", preserve_rng_state=False), **QUICK)
     )
     assert bad.numerics.grads_match is False and bad.recompute.redrawn
     assert str(bad).splitlines()[0].split(": ", 1)[1].startswith("grads_differ")
@@ -291,7 +295,7 @@ def test_every_n_layers_is_transformers_own_selective_layer():
     toolkit's (i + 1) % n)."""
     cfg = hf.TransformersConfig(n_layers=4)
     report = tk.run(
-        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode="selective_layer", layer_every=2), **QUICK)
+        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode="selective_layer", layer_every=2), **QUICK)
     )
     assert report.ok and report.transforms.checkpointed == ("model.layers.0", "model.layers.2")
     model = own_model(cfg)
@@ -302,8 +306,8 @@ def test_every_n_layers_is_transformers_own_selective_layer():
 @pytest.mark.parametrize(
     "change, field",
     [
-        (dict(ac=tk.ACConfig(mode="per_submodule")), "ac"),
-        (dict(ac=tk.ACConfig(mode="full", early_stop=True)), "early_stop"),
+        (dict(ac=tk.ACConfig.of(mode="per_submodule")), "ac"),
+        (dict(ac=tk.ACConfig.of(mode="full", early_stop=True)), "early_stop"),
         (dict(compile=tk.CompileConfig(scope="moe")), "scope"),
         (dict(compile=tk.CompileConfig(scope="blocks", method="torch_compile")), "method"),
         (dict(compile=tk.CompileConfig(scope="model", method="forward")), "method"),
@@ -338,7 +342,7 @@ def test_a_bad_transformers_config_names_its_field(kw, field):
 
 
 def test_the_scenario_round_trips_and_its_default_model_is_transformers():
-    s = tk.Scenario(stack="transformers", ac=tk.ACConfig(mode="reentrant"), compile=tk.CompileConfig(scope="blocks"))
+    s = tk.Scenario(stack="transformers", ac=tk.ACConfig.of(mode="reentrant"), compile=tk.CompileConfig(scope="blocks"))
     assert s.model == hf.TransformersConfig()
     again = tk.Scenario.from_json(s.to_json())
     assert again == s and isinstance(again.model, hf.TransformersConfig)
@@ -390,12 +394,12 @@ def test_the_explorer_builds_transformers_scenarios():
     assert e.scenario == tk.Scenario(
         stack="transformers",
         model=hf.TransformersConfig(family="mixtral"),
-        ac=tk.ACConfig(mode="selective_layer", layer_every=e.controls["layer_every"].value),
+        ac=tk.ACConfig.of(mode="selective_layer", layer_every=e.controls["layer_every"].value),
         compile=tk.CompileConfig(scope="blocks"),
     )
     e.controls["ac_mode"].value = "reentrant"
     e.controls["offload"].value = True  # transformers' offload=True
-    assert not e.controls["offload"].disabled and e.scenario.ac == tk.ACConfig(mode="reentrant", offload=True)
+    assert not e.controls["offload"].disabled and e.scenario.ac == tk.ACConfig.of(mode="reentrant", offload=True)
     e.controls["offload"].value = False
     e.controls["scope"].value, e.controls["method"].value = "model", "torch_compile"  # torch.compile(model)
     assert not e.run_button.disabled and e.scenario.compile == tk.CompileConfig(scope="model", method="torch_compile")

@@ -38,7 +38,7 @@ def test_inductor_saved_bytes_and_graphs_equal_an_independent_truth(ac):
     torch._dynamo.reset()
     comp = tk.CompileConfig(scope="model", backend="inductor", **flag)
     report = tk.run(
-        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), compile=comp, measure_memory=False)
+        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), compile=comp, measure_memory=False)
     )
     torch._dynamo.reset()
     assert report.ok and report.verdict == "ok", report

@@ -124,7 +124,7 @@ def test_the_eager_backend_hides_which_layers_it_checkpointed_and_says_so():
 def test_the_toolkits_own_transforms_leave_nothing_unwrapped():
     """Every module `apply_ac` wrapped ran under its checkpoint, eagerly and compiled either way round."""
     for compile_cfg in (tk.CompileConfig(), tk.CompileConfig(scope="blocks"), tk.CompileConfig(scope="moe")):
-        r = tk.run(tk.Scenario(ac=tk.ACConfig(mode="per_submodule"), compile=compile_cfg, measure_memory=False))
+        r = tk.run(tk.Scenario(ac=tk.ACConfig.of(mode="per_submodule"), compile=compile_cfg, measure_memory=False))
         t = r.transforms
         assert r.ok and t.checkpointed and t.left_unwrapped == () and t.unplaced == (), (compile_cfg, t)
         assert {"layers.0.moe.router", "layers.1.attention.wq"} <= set(t.under_checkpoint)

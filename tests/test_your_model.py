@@ -207,7 +207,7 @@ def test_toolkit_cells_get_the_same_verdict_and_cases_from_measure(ac, scope, or
     `tk.measure` (as a user who calls the toolkit's transforms does): the same verdict, explanation and cases."""
     cfg = tk.ModelConfig(n_layers=2, experts_impl="for_loop")
     options = {"memory_budget": 0.3} if ac == "memory_budget" else {}
-    ac_cfg = tk.ACConfig(mode=ac, **options)
+    ac_cfg = tk.ACConfig.of(mode=ac, **options)
     comp = tk.CompileConfig(
         scope=scope, backend="aot_eager", order=order if ac != "none" and scope == "blocks" else None
     )
@@ -285,7 +285,7 @@ def test_transformers_cells_get_the_same_verdict_and_cases_whoever_built_the_mod
         )
     )
     ours = tk.run(
-        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig(mode=ac), compile=compile_, steady_steps=0)
+        tk.Scenario(stack="transformers", model=cfg, ac=tk.ACConfig.of(mode=ac), compile=compile_, steady_steps=0)
     )
     model, counter = _users_model(ac, scope)
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -653,7 +653,7 @@ def test_a_bug_bundle_of_a_users_model_runs_from_a_fresh_directory(tmp_path):
     scenario = tk.Scenario(
         stack="user",
         model=UserModelConfig(build=f"{tmp_path / 'mine.py'}:build"),
-        ac=tk.ACConfig(mode="full"),
+        ac=tk.ACConfig.of(mode="full"),
         compile=tk.CompileConfig(scope="blocks", backend="aot_eager"),
         measure_memory=False,
         steady_steps=0,

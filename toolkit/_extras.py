@@ -30,8 +30,8 @@ EXTRAS: dict[str, Extra] = {
         Extra(
             "torch_remat",
             'pip install -e ".[dev]"  (or: pip install torch-remat)',
-            "torchtitan main's activation checkpointing: ACConfig(mode='remat'), the torchtitan_main recipe, C30-C33, "
-            "C45, C46",
+            "torchtitan main's activation checkpointing: ACConfig.of(mode='remat'), the torchtitan_main recipe, "
+            "C30-C33, C45, C46",
             api=(
                 "checkpoint",
                 "region",

@@ -38,7 +38,7 @@ def main(out: str) -> int:
         torch._dynamo.reset()
         cfg = config(impl)
         model = tk.build_model(cfg)
-        tk.apply_ac(model, tk.ACConfig(mode=ac))
+        tk.apply_ac(model, tk.ACConfig.of(mode=ac))
         if backend:
             tk.apply_compile(model, tk.CompileConfig(scope="blocks", backend=backend))
         apply_fsdp(model, "blocks", reshard_after_forward=reshard)

@@ -20,7 +20,7 @@ def sharded(ac: str, backend: str | None):
 
     cfg = tk.ModelConfig(n_layers=2, experts_impl="masked")
     model = tk.build_model(cfg)
-    tk.apply_ac(model, tk.ACConfig(mode=ac))
+    tk.apply_ac(model, tk.ACConfig.of(mode=ac))
     if backend:
         tk.apply_compile(model, tk.CompileConfig(scope="blocks", backend=backend, fullgraph=True))
     for block in model.layers.values():

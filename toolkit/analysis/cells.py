@@ -86,7 +86,7 @@ class Cell:
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
             st = foreign(self.stack)
             comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
-            ac = ACConfig(mode=mode, memory_budget=0.3) if mode == "memory_budget" else ACConfig(mode=mode)
+            ac = ACConfig.of(mode=mode, memory_budget=0.3) if mode == "memory_budget" else ACConfig.of(mode=mode)
             return Scenario(
                 stack=self.stack,
                 **{st.config_field: st.config_for(self.block)},
@@ -97,15 +97,15 @@ class Cell:
         if self.recipe:
             return Scenario(model=self.model_config(), recipe=self.recipe, recipe_backend=self.backend, **common)
         ac = (
-            ACConfig(mode=mode, memory_budget=0.3)
+            ACConfig.of(mode=mode, memory_budget=0.3)
             if mode == "memory_budget"
             else ACConfig.remat_selective()
             if mode == "remat_selective"
-            else ACConfig(mode="full", preserve_rng_state=False)
+            else ACConfig.of(mode="full", preserve_rng_state=False)
             if mode == "full_no_rng"
-            else ACConfig(mode="remat", preserve_rng_state=True)
+            else ACConfig.of(mode="remat", preserve_rng_state=True)
             if mode == "remat_rng"
-            else ACConfig(mode=mode)
+            else ACConfig.of(mode=mode)
         )
         ac = ac.replace(offload=True) if offload else ac
         comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)

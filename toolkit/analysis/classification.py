@@ -168,11 +168,11 @@ def reference_scenarios(scenario) -> dict[str, Any]:
     # Without AC there is no wrapper for `order` to place compile around, so the scope decides alone.
     refs = {
         "none": scenario.replace(
-            ac=ACConfig(), compile=scenario.compile.replace(order=None), name=f"{label} [reference: no AC]", **quick
+            ac=ACConfig.of(), compile=scenario.compile.replace(order=None), name=f"{label} [reference: no AC]", **quick
         )
     }
     if scenario.ac.mode in _SELECTIVE:
-        refs["full"] = scenario.replace(ac=ACConfig(mode="full"), name=f"{label} [reference: full AC]", **quick)
+        refs["full"] = scenario.replace(ac=ACConfig.of(mode="full"), name=f"{label} [reference: full AC]", **quick)
     return refs
 
 

@@ -57,7 +57,7 @@ class Setup:
         return f"{ac}, compile {self.scope} ({self.backend}){order}"
 
     def scenario(self, base: Scenario) -> Scenario:
-        ac = ACConfig(mode=self.ac)
+        ac = ACConfig.of(mode=self.ac)
         # The setup's names, the config's words (CompileConfig checks them at run time).
         order = cast('Literal["compile_outside", "ac_outside"] | None', self.order)
         compile = (

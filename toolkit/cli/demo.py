@@ -30,15 +30,15 @@ def demo_scenarios(backend: str = "aot_eager", n_layers: int = 2) -> list[tuple[
     blocks: dict[str, Any] = dict(scope="blocks", backend=backend)
     return [
         ("no AC, eager", Scenario(**quick)),
-        ("full AC, eager", Scenario(ac=ACConfig(mode="full"), **quick)),
-        ("selective_op AC, eager", Scenario(ac=ACConfig(mode="selective_op"), **quick)),
+        ("full AC, eager", Scenario(ac=ACConfig.of(mode="full"), **quick)),
+        ("selective_op AC, eager", Scenario(ac=ACConfig.of(mode="selective_op"), **quick)),
         (
             "full AC, compile(AC(block)), fullgraph=False",
-            Scenario(ac=ACConfig(mode="full"), compile=CompileConfig(**blocks), **quick),
+            Scenario(ac=ACConfig.of(mode="full"), compile=CompileConfig(**blocks), **quick),
         ),
         (
             "full AC, compile(AC(block)), fullgraph=True",
-            Scenario(ac=ACConfig(mode="full"), compile=CompileConfig(**blocks, fullgraph=True), **quick),
+            Scenario(ac=ACConfig.of(mode="full"), compile=CompileConfig(**blocks, fullgraph=True), **quick),
         ),
         ("recipe torchtitan_0_3_0", Scenario(recipe="torchtitan_0_3_0", recipe_backend=backend, **quick)),
     ]

@@ -127,8 +127,8 @@ _SPECS: dict[str, tuple[str, str, str]] = {
     ),
     "torch_remat": (
         "torch_remat (PyPI torch-remat >= 0.2: checkpoint, region, current_saved_tensor_info) — not torch, optional",
-        "ACConfig(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
-        "ACConfig(mode='remat') and the torchtitan_main recipe are refused before anything runs (a ConfigError with "
+        "ACConfig.of(mode='remat'), and which saved tensors a torch_remat region keeps (kind 'remat_save')",
+        "ACConfig.of(mode='remat') and the torchtitan_main recipe are refused before anything runs (a ConfigError with "
         "toolkit._extras' install line); every other mode measures as usual",
     ),
     "fake_process_group": (
@@ -183,10 +183,10 @@ _SPECS: dict[str, tuple[str, str, str]] = {
     "checkpoint_policy_dict": (
         "torch.utils.checkpoint.checkpoint(policy={op or name: CheckpointPolicy}) and torch.utils.checkpoint.name "
         "(pytorch#186277)",
-        "ACConfig(mode='policy_dict'): SAC from a dict of ops and tensor names",
+        "ACConfig.of(mode='policy_dict'): SAC from a dict of ops and tensor names",
         # Not a measurement: without the API the mode is refused before anything runs (a ConfigError naming the
         # release; the Explorer does not offer it), so no Report is ever missing a figure for it.
-        "ACConfig(mode='policy_dict') is refused on this torch (no released torch has the API: 2.13.0, 2.14.1 and "
+        "ACConfig.of(mode='policy_dict') is refused on this torch (no released torch has the API: 2.13.0, 2.14.1 and "
         "2.15.0 lack it); every other AC mode measures as usual",
     ),
 }

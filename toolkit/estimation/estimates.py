@@ -561,9 +561,9 @@ def estimate(
     )
     check_bool("estimate", "cuda_rounding", cuda_rounding)
     if ac is not None:
-        check_instance("estimate", "ac", ac, ACConfig, "pass tk.ACConfig(mode=...), or None.")
+        check_instance("estimate", "ac", ac, ACConfig, "pass tk.ACConfig.of(mode=...), or None.")
     if isinstance(scenario, ModelConfig):
-        scenario = Scenario(model=scenario, ac=ac or ACConfig(), name="estimate")
+        scenario = Scenario(model=scenario, ac=ac or ACConfig.of(), name="estimate")
     elif ac is not None:
         scenario = dataclasses.replace(scenario, ac=ac)
     notes = check(scenario)

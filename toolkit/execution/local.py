@@ -58,7 +58,7 @@ def run_here(scenario: Scenario, on_stage: Callable[[str], None] | None = None) 
                 stage("reference")
                 ref = build(scenario, sharded=False)
                 if reference.compile is not None:  # compiled the same way by the stack's own code, without AC
-                    plain = scenario.replace(ac=ACConfig(), compile=reference.compile, fsdp="none", ep=1, name="")
+                    plain = scenario.replace(ac=ACConfig.of(), compile=reference.compile, fsdp="none", ep=1, name="")
                     transform(plain, ref.model, lambda _stage: None)
                 torch.manual_seed(built.seed)
                 with torch_settings(ref.model):

@@ -16,22 +16,22 @@ PRESETS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(name="moe_eager", model=_MOE),
-        Scenario(name="moe_full_ac", model=_MOE, ac=ACConfig(mode="full")),
-        Scenario(name="moe_selective_ac", model=_MOE, ac=ACConfig(mode="selective_op")),
+        Scenario(name="moe_full_ac", model=_MOE, ac=ACConfig.of(mode="full")),
+        Scenario(name="moe_selective_ac", model=_MOE, ac=ACConfig.of(mode="selective_op")),
         Scenario(name="moe_compile_blocks", model=_MOE, compile=CompileConfig(scope="blocks", fullgraph=True)),
         Scenario(
             name="graph_break_in_checkpoint",
             model=_MOE_2025,
-            ac=ACConfig(mode="full"),
+            ac=ACConfig.of(mode="full"),
             compile=CompileConfig(scope="blocks"),
         ),
         Scenario(
             name="memory_budget",
             model=_MOE,
-            ac=ACConfig(mode="memory_budget", memory_budget=0.3),
+            ac=ACConfig.of(mode="memory_budget", memory_budget=0.3),
             compile=CompileConfig(scope="blocks", fullgraph=True),
         ),
-        Scenario(name="dense_selective_ac", model=_MOE.replace(moe_layers="none"), ac=ACConfig(mode="selective_op")),
+        Scenario(name="dense_selective_ac", model=_MOE.replace(moe_layers="none"), ac=ACConfig.of(mode="selective_op")),
         Scenario(
             name="torchtitan_0_3_0", model=RECIPES["torchtitan_0_3_0"].model_config(_MOE), recipe="torchtitan_0_3_0"
         ),

@@ -42,7 +42,7 @@ class Scenario:
     default it becomes when left at `ModelConfig()`)."""
     torchtitan: TorchtitanConfig | None = None
     """torchtitan's model to build (stack "torchtitan"; default `TorchtitanConfig()`, a tiny Qwen3-MoE)."""
-    ac: ACConfig = field(default_factory=ACConfig)
+    ac: ACConfig = field(default_factory=ACConfig.of)
     """Activation checkpointing to apply (ignored when `recipe` is set)."""
     compile: CompileConfig = field(default_factory=CompileConfig)
     """What to compile (ignored when `recipe` is set)."""
@@ -121,7 +121,7 @@ class Scenario:
             why = RECIPES[self.recipe].missing()
             if why:
                 raise ConfigError(own, "recipe", f"{self.recipe!r} {why}", "install it, or pick another recipe.")
-            if self.ac != ACConfig() or self.compile != CompileConfig():
+            if self.ac != ACConfig.of() or self.compile != CompileConfig():
                 raise ConfigError(
                     own,
                     "recipe",

@@ -49,7 +49,7 @@ class ModelConfig:
     [2, F, D] + `w2`; only `experts_impl="grouped_mm"` and `token_count="scatter"`, main's only paths); or the
     historical "torchtitan_2025" (`output`; `moe.experts` with `w1`/`w2`/`w3`, `_grouped_mm` in the model's dtype;
     buffers `expert_bias`, `tokens_per_expert` with load balancing only), the layout of PR #2052's era that the
-    2025 recipes and some bug notebooks rebuild. Every layout declares main's remat regions (`ACConfig(mode=
+    2025 recipes and some bug notebooks rebuild. Every layout declares main's remat regions (`ACConfig.of(mode=
     "remat")` chooses among them), and one seed gives the same weights in each."""
     n_layers: int = 2
     """Number of transformer blocks, registered as `layers.0` … `layers.{n-1}`."""

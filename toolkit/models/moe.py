@@ -4,7 +4,7 @@ Shape legend (suffixes on tensor names):
     B batch, S sequence, D model dim, T = B·S tokens, E routed experts, K top-k,
     N = T·K routed rows (token copies, sorted by expert), F expert hidden dim.
 
-Remat regions (see `regions.py`; plain calls unless ACConfig(mode="remat") configured the block): `<fqn>.linear`
+Remat regions (see `regions.py`; plain calls unless ACConfig.of(mode="remat") configured the block): `<fqn>.linear`
 per Linear, `<fqn>.grouped_mm` per grouped matmul (0.3.0's inner experts name theirs after main's,
 `moe.routed_experts.w13.grouped_mm` for w1_EFD and w3_EFD together and `moe.routed_experts.w2.grouped_mm`, so
 main's patterns apply unchanged), the fixed kept regions `routing_decision` and `moe.shared_add`, and a

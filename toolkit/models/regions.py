@@ -32,7 +32,7 @@ _DECISIONS = "_remat_decisions"
 
 
 def active(module: nn.Module) -> bool:
-    """A policy is configured on `module` (by `configure`, i.e. ACConfig(mode="remat"))."""
+    """A policy is configured on `module` (by `configure`, i.e. ACConfig.of(mode="remat"))."""
     return _SAVE in module.__dict__
 
 

@@ -606,7 +606,7 @@ def _busy(button: W.Button, out: W.HTML, doing: str, refused: str, work: Any) ->
 def _ac_from(v: dict[str, Any]) -> ACConfig:
     """The AC controls as an ACConfig: the mode, and only the options that mode reads (its config says which)."""
     mode = v["ac_mode"]
-    return ACConfig(mode=mode, **{name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()})
+    return ACConfig.of(mode=mode, **{name: v[name] for name in AC_OPTION_CONTROLS if name in MODES[mode].options()})
 
 
 def _compile_from(v: dict[str, Any], **more: Any) -> CompileConfig:

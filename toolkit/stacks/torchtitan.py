@@ -466,17 +466,17 @@ class TorchtitanStack:
                 "recipe",
                 "a recipe is the toolkit's rebuild of torchtitan's transforms; with "
                 "stack='torchtitan' its own code applies them.",
-                "pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).",
+                "pass ac=ACConfig.of(mode=...) and compile=CompileConfig(scope='blocks', fullgraph=True).",
             )
         ac = scenario.ac
-        if ac.mode not in ("none", "full", "selective_op") or ac != ACConfig(mode=ac.mode):
+        if ac.mode not in ("none", "full", "selective_op") or ac != ACConfig.of(mode=ac.mode):
             raise ConfigError(
                 own,
                 "ac",
                 "torchtitan 0.3.0's AC is FullAC ('full') or SelectiveAC ('selective_op') with "
                 "its own defaults (torch_remat arrived on main after the release, PR #4497).",
-                "pass ACConfig(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
-                "remat use stack='toolkit' with ACConfig(mode='remat') or recipe='torchtitan_main'.",
+                "pass ACConfig.of(mode='none' | 'full' | 'selective_op') only; for torchtitan main's "
+                "remat use stack='toolkit' with ACConfig.of(mode='remat') or recipe='torchtitan_main'.",
             )
         c = scenario.compile
         if c.enabled and (

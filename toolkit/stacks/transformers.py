@@ -395,7 +395,7 @@ class TransformersStack:
                 own,
                 "recipe",
                 "a recipe is the toolkit's rebuild of torchtitan's transforms; transformers applies its own.",
-                "drop recipe and pass ac=ACConfig(mode=...) and compile=CompileConfig(scope='model' | 'blocks').",
+                "drop recipe and pass ac=ACConfig.of(mode=...) and compile=CompileConfig(scope='model' | 'blocks').",
             )
         ac = scenario.ac
         if ac.mode not in AC_MODES:

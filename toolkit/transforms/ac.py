@@ -1,9 +1,9 @@
-"""`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied the way torchtitan does it.
+"""`apply_ac(model, ACConfig.of(mode=...))`: activation checkpointing applied the way torchtitan does it.
 
-`apply_ac(model, ACConfig(mode=...))`: activation checkpointing applied to `model.layers` the way torchtitan does it;
+`apply_ac(model, ACConfig.of(mode=...))`: activation checkpointing applied to `model.layers` the way torchtitan does it;
 one config class per mode, which owns its options and applies itself.
 
-`ACConfig(mode="selective_op", ...)` is the one entry point: it builds that mode's own config (`MODES`), a frozen
+`ACConfig.of(mode="selective_op", ...)` is the one entry point: it builds that mode's own config (`MODES`), a frozen
 dataclass holding only the options the mode reads. An option another mode reads is a ConfigError naming that mode.
 torchtitan does the same with one `Config` per policy (`FullAC.Config`, `SelectiveAC.Config`).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, cast
+from typing import Any, Callable, ClassVar, Literal, cast
 
 import torch
 from torch import nn
@@ -66,7 +66,7 @@ REMAT_REFUSED = {
 class ACConfig:
     """How to checkpoint activations, per block of `model.layers` like torchtitan's `apply_ac`.
 
-    `ACConfig(mode=..., **options)` builds the mode's own config (`FullAC`, `SelectiveOpAC`, … in `MODES`); the
+    `ACConfig.of(mode=..., **options)` builds the mode's own config (`FullAC`, `SelectiveOpAC`, … in `MODES`); the
     classes can be used directly too. Each holds only its mode's options, with their defaults."""
 
     mode: ACMode = "none"
@@ -83,30 +83,35 @@ class ACConfig:
     """The mode's blocks get a selective policy that decides op by op (a `context_fn`); `uses_sac` reads it."""
     wraps: ClassVar[bool] = False
     """The mode puts modules into CheckpointWrappers."""
+    IGNORES: ClassVar[str]
+    """What the mode leaves alone, said when an option it does not read is refused (each mode's class sets it)."""
 
-    if TYPE_CHECKING:
-        # For the checker only: `__new__` builds the mode's own config from any of the modes' options (an unknown
-        # one is a ConfigError at run time), and every mode's class sets what its mode ignores. Not defined at run
-        # time, where `@dataclass` generates `__init__`.
-        IGNORES: ClassVar[str]
-
-        def __init__(self, *, mode: str = "none", **options: Any) -> None: ...
+    def __init__(self, **options: Any) -> None:
+        # Each mode's class is a dataclass with an `__init__` of its own; this one is reached only by calling the
+        # family's base itself, which holds no mode's options.
+        raise ConfigError(
+            "ACConfig",
+            "mode",
+            "ACConfig is the family of AC configs, not one of them.",
+            f"use ACConfig.of(mode={options.get('mode', 'none')!r}, ...) or the mode's own class "
+            f"({', '.join(c.__name__ for c in MODES.values())}).",
+        )
 
     @property
     def uses_sac(self) -> bool:
         """A selective policy decides op by op (a `context_fn`) for this config."""
         return self.SELECTIVE
 
-    def __new__(cls, **options: Any):
-        if cls is not ACConfig:
-            return object.__new__(cls)
-        mode = options.get("mode", "none")
+    @staticmethod
+    def of(mode: str = "none", **options: Any) -> ACConfig:
+        """The config of `mode` with `options`: the family's one entry point by name (`MODES[mode](**options)`). An
+        option the mode does not read is a ConfigError naming the modes that read it."""
         check_choice("ACConfig", "mode", mode, tuple(MODES))
         own = MODES[mode]
         for name, value in options.items():
-            if name != "mode" and name not in own.options():
+            if name not in own.options():
                 _refuse_option(name, own, value)
-        return object.__new__(own)
+        return own(**options)
 
     def __post_init__(self) -> None:
         own = type(self).own_mode()
@@ -115,7 +120,7 @@ class ACConfig:
                 "ACConfig",
                 "mode",
                 f"{type(self).__name__} is mode {own!r}, not {self.mode!r}.",
-                f"use ACConfig(mode={self.mode!r}, ...) instead.",
+                f"use ACConfig.of(mode={self.mode!r}, ...) instead.",
             )
 
     @classmethod
@@ -152,7 +157,7 @@ class ACConfig:
             for f in dataclasses.fields(self)
             if f.name != "mode" and getattr(self, f.name) != getattr(default, f.name)
         }
-        return ACConfig(**{**carried, **changes})
+        return ACConfig.of(**{**carried, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record, the same for every mode: each option the mode does not read at its "unset" value
@@ -221,14 +226,14 @@ def _fixed_remat(owner: str, policy: dict[str, tuple[str, ...]], options: dict[s
                 owner,
                 name,
                 f"{owner} is a fixed policy (torchtitan main's).",
-                "use ACConfig(mode='remat', save_regions=..., recompute_regions=...) to customize "
+                "use ACConfig.of(mode='remat', save_regions=..., recompute_regions=...) to customize "
                 "it, as main's ActivationRematConfig.",
             )
     return RematAC(**{**policy, **options})
 
 
 def _refuse_option(name: str, own: type[ACConfig], value: Any) -> None:
-    """`ACConfig(mode=..., name=value)` where that mode does not read `name`. A value of the wrong type is named as
+    """`ACConfig.of(mode=..., name=value)` where that mode does not read `name`. A value of the wrong type is named as
     such first (whichever mode reads it would refuse it too); a good value is refused naming the modes that read it."""
     if name in ("policy", "save_ops"):
         raise ConfigError(

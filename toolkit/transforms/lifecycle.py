@@ -19,7 +19,7 @@ def prepare(model: nn.Module, *, ac: ACConfig | None = None, compile: CompileCon
     for name, value, kind in (("ac", ac, ACConfig), ("compile", compile, CompileConfig)):
         if value is not None:
             check_instance("prepare", name, value, kind, f"pass tk.{kind.__name__}(...) or None.")
-    ac = ac or ACConfig()
+    ac = ac or ACConfig.of()
     compile = compile or CompileConfig()
     check_ac_compile(ac, compile)
     apply_ac(model, ac)

@@ -71,7 +71,7 @@ class Recipe:
 
 
 def _sac(mode: str = "selective_op") -> ACConfig:
-    return ACConfig(mode=mode, preserve_rng_state=False)
+    return ACConfig.of(mode=mode, preserve_rng_state=False)
 
 
 def _start(model: nn.Module, name: str) -> None:
@@ -149,7 +149,7 @@ def torchtitan_2025_09(model: nn.Module, *, backend: str = "aot_eager", see_thro
     """
     name = "torchtitan_2025_09_see_through" if see_through else "torchtitan_2025_09"
     _start(model, name)
-    ac_cfg = cast(PerSubmoduleAC, _sac("per_submodule"))  # the config `ACConfig(mode="per_submodule")` builds
+    ac_cfg = cast(PerSubmoduleAC, _sac("per_submodule"))  # the config `ACConfig.of(mode="per_submodule")` builds
     wrapped = []
     layers = cast(nn.Module, unwrap(model).layers)  # the ModuleDict of blocks (`_start` checked it is there)
     for key, block in blocks(model):
@@ -212,7 +212,7 @@ def torchtitan_0_3_0(model: nn.Module, *, backend: str = "aot_eager", ac: str = 
     _start(model, name)
     prepare(
         model,
-        ac=ACConfig(mode=ac, preserve_rng_state=True, early_stop=False),
+        ac=ACConfig.of(mode=ac, preserve_rng_state=True, early_stop=False),
         compile=CompileConfig(
             scope="blocks",
             backend=backend,
