@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Self, TypeVar
 
+from . import _migrations
 from ._escape import UNSAFE, unsafe
 
 if TYPE_CHECKING:
@@ -251,21 +252,21 @@ def literal_choices(cls: type, field: str) -> tuple[Any, ...]:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-safe dict of a config dataclass; callables become their qualified name (not restorable)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
-            v = to_dict(v)
-        elif callable(v):
-            v = f"<callable {getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', repr(v))}>"
-        elif isinstance(v, (tuple, frozenset, set)):
-            v = (
-                sorted(map(str, v))
-                if isinstance(v, (frozenset, set))
-                else [str(x) if not isinstance(x, (int, float, str, bool)) else x for x in v]
-            )
-        out[f.name] = v
-    return out
+    return {f.name: plain_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def plain_value(v: Any) -> Any:
+    """One field's value as a record holds it: a nested config as its dict, a callable as its name, a tuple as a list,
+    a set as a sorted list of names."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return to_dict(v)
+    if callable(v):
+        return f"<callable {getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', repr(v))}>"
+    if isinstance(v, (frozenset, set)):
+        return sorted(map(str, v))
+    if isinstance(v, tuple):
+        return [str(x) if not isinstance(x, (int, float, str, bool)) else x for x in v]
+    return v
 
 
 def check_object(owner: str, data: Any, example: str) -> None:
@@ -317,15 +318,49 @@ def from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
 
 
 class PlainData:
-    """`replace`, `to_dict` and `from_dict` for a frozen config dataclass: a copy with changes, and its JSON record."""
+    """The one base of the toolkit's frozen config dataclasses: `replace` (a copy with changes), `to_dict` and
+    `from_dict` (its JSON record). The record's history — fields added later, older shapes — is `_migrations`' table,
+    applied here for every config alike; a config says only how its own fields are written and read (`_record`,
+    `_from_record`)."""
 
-    def replace(self, **changes: Any) -> Any:
+    RECORD: ClassVar[str] = ""
+    """The record's kind in `_migrations` (a family's classes share their base's: every AC mode is "ACConfig");
+    "" for the class's own name."""
+    RECORD_EXAMPLE: ClassVar[str] = "{...} as to_dict() writes it"
+    """A record to show in the error for something that is not one."""
+
+    def replace(self, **changes: Any) -> Self:
         # Every subclass is a dataclass, which PlainData itself is not.
-        return dataclasses.replace(typing.cast("DataclassInstance", self), **changes)
+        return typing.cast(Self, dataclasses.replace(typing.cast("DataclassInstance", self), **changes))
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        kind = self._kind()
+        data = _migrations.shape(kind, self._record())
+        for name in _migrations.added(kind):  # absent while unset, as before they existed: records keep their keys
+            if name in data and data[name] == self._unset(name):
+                data.pop(name)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
+        check_object(cls._kind(), data, cls.RECORD_EXAMPLE)
+        return cls._from_record(_migrations.upgrade(cls._kind(), dict(data)))
+
+    @classmethod
+    def _kind(cls) -> str:
+        return cls.RECORD or cls.__name__
+
+    def _record(self) -> dict[str, Any]:
+        """This config's fields as a record holds them, before the table's rules."""
+        return to_dict(self)
+
+    def _unset(self, name: str) -> Any:
+        """The value a field added later holds while unset, as its record writes it: its default."""
+        f = typing.cast("DataclassInstance", self).__dataclass_fields__[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        return plain_value(default)
+
+    @classmethod
+    def _from_record(cls, data: dict[str, Any]) -> Any:
+        """The config from its record, after the table's rules."""
         return from_dict(cls, data)

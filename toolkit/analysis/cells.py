@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import torch
 
-from .. import compat
+from .. import _migrations, compat
 from .._config import ConfigError
 from ..measurement import Scenario, check_structure
 from ..models import ModelConfig
@@ -280,16 +280,11 @@ def valid(cell: Cell) -> str | None:
     return None
 
 
-# ACConfig fields added after results were first recorded: left out of the key while unset, so that the results
-# of every cell that does not use them stay valid.
-_LATER_AC_FIELDS = ("save_regions", "recompute_regions", "policy_save")
-
-
 def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     """Cache key: the scenario, the torch version and the device."""
     data = scenario.to_dict()
     if isinstance(data.get("ac"), dict):
-        data["ac"] = {k: v for k, v in data["ac"].items() if not (k in _LATER_AC_FIELDS and v is None)}
+        data["ac"] = _migrations.keyed("ACConfig", data["ac"])
     key = {"scenario": data, "torch": torch.__version__, "device": device}
     release = scenario.stack_impl.release()
     if release is not None:  # transformers: another release is another measurement

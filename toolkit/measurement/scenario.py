@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -11,6 +10,7 @@ from .._config import (
     MAX_RANKS,
     MAX_STEADY_STEPS,
     ConfigError,
+    PlainData,
     check_bool,
     check_choice,
     check_int,
@@ -28,7 +28,7 @@ from ..transforms.recipes import RECIPES
 
 
 @dataclass(frozen=True, kw_only=True)
-class Scenario:
+class Scenario(PlainData):
     """Everything needed to rebuild and measure one training step."""
 
     stack: str = "toolkit"
@@ -182,22 +182,16 @@ class Scenario:
     def label(self) -> str:
         return self.name or self.stack_impl.label(self)
 
-    def replace(self, **changes: Any) -> "Scenario":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"stack": self.stack} if self.stack != "toolkit" else {}
+    def _record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stack": self.stack}
         field_name = self.stack_impl.config_field
         if field_name != "model":
             out[field_name] = self.config.to_dict()
-        if self.fsdp != "none":
-            out["fsdp"] = self.fsdp  # only when set: the cache keys of existing matrix cells stay the same
-        if self.ep > 1:
-            out["ep"] = self.ep
-        if not self.instrument:
-            out["instrument"] = False  # only when off: the cache keys of instrumented cells stay the same
         return {
             **out,
+            "fsdp": self.fsdp,
+            "ep": self.ep,
+            "instrument": self.instrument,
             "model": self.model.to_dict(),
             "ac": self.ac.to_dict(),
             "compile": self.compile.to_dict(),
@@ -213,8 +207,8 @@ class Scenario:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Scenario":
-        if not isinstance(data, dict):
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        if not isinstance(data, dict):  # said with an example of this record's nested configs
             raise ConfigError(
                 "Scenario",
                 "",
@@ -222,7 +216,10 @@ class Scenario:
                 'write an object such as {"ac": {"mode": "full"}, "compile": {"scope": "blocks"}} '
                 "(Scenario.to_json() writes one).",
             )
-        data = dict(data)
+        return cast(Scenario, super().from_dict(data))
+
+    @classmethod
+    def _from_record(cls, data: dict[str, Any]) -> Scenario:
         check_known(cls, data)
         check_choice("Scenario", "stack", data.get("stack", "toolkit"), STACKS)
         st = get(data.get("stack", "toolkit"))
@@ -243,7 +240,8 @@ class Scenario:
                     "Scenario",
                     name,
                     f"is {what}, not an object of {sub.__name__} fields.",
-                    f'write "{name}": {example}, or leave "{name}" out for the default {sub.__name__}().',
+                    f'write "{name}": {example}, or leave "{name}" out for the default '
+                    f"{'ACConfig.of' if name == 'ac' else sub.__name__}().",
                 )
             data[name] = sub.from_dict(value)
         if st.config_field != "model" and isinstance(data.get(st.config_field), dict):

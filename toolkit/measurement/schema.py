@@ -8,6 +8,7 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any, Literal
 
+from .. import _migrations
 from .._config import ConfigError, check_object
 
 if TYPE_CHECKING:
@@ -60,14 +61,20 @@ def read(cls: type[Report], data: dict[str, Any]) -> Report:
             f"is {data.get('error')!r}, but outcome {data['outcome']!r} needs the error it ended on.",
             "pass a Report record as Report.to_json() writes it.",
         )
-    data = dict(data)
-    scen = data.get("scenario")
-    if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
-        data["scenario"] = _legacy_scenario(scen)  # schema 1: the Scenario dict itself
+    data = _migrations.upgrade("Report", dict(data), version)
     return typing.cast("Report", _build(cls, data))  # not None: data is a dict
 
 
-def _legacy_scenario(d: dict[str, Any]) -> dict[str, Any]:
+def scenario_of_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 Report (`_migrations`, Report 2), whose `scenario` was the Scenario's own dict, with the
+    ScenarioRecord schema 2 reads in its place."""
+    scen = data.get("scenario")
+    if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
+        data["scenario"] = _record_of(scen)
+    return data
+
+
+def _record_of(d: dict[str, Any]) -> dict[str, Any]:
     if d.get("measured") == "user module" or "model" not in d:
         return {"name": d.get("name", ""), "measured": "module", "ac_mode": "unknown"}
     comp = d.get("compile") or {}

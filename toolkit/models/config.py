@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from .._config import (
     ConfigError,
+    PlainData,
     check_bool,
     check_choice,
     check_int,
     check_number,
-    check_object,
-    from_dict,
     literal_choices,
-    to_dict,
 )
 
 if TYPE_CHECKING:
@@ -26,17 +23,15 @@ TokenCount = Literal["scatter", "histc", "bincount"]
 Layout = Literal["torchtitan_0_3_0", "torchtitan_main", "torchtitan_2025"]
 
 
-# Fields added after results were first recorded (left out of `to_dict` while at their defaults).
-_LATER_FIELDS = ("n_kv_heads", "attention_head_dim", "qk_norm", "attention_dropout", "residual_dropout")
-
-
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(PlainData):
     """A small transformer laid out like torchtitan's (llama3 dense blocks, DeepSeek/llama4-style MoE).
 
     The default is a 2-layer all-MoE model with torchtitan 0.3.0's module, parameter and buffer names and its
     experts (`_grouped_mm` in bfloat16), whose eager training step takes a few milliseconds on a CPU.
     """
+
+    RECORD_EXAMPLE: ClassVar[str] = '{"n_layers": 4, "experts_impl": "for_loop"}'
 
     layout: Layout = "torchtitan_0_3_0"
     """Names as in a torchtitan release: "torchtitan_0_3_0" (`lm_head`; `attention.wq`/`wk`/`wv`/`wo`;
@@ -378,20 +373,3 @@ class ModelConfig:
             "moe_hidden": n_moe * experts,
             "n_experts": n_moe * D * self.n_experts,
         }
-
-    def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = to_dict(self)
-        for name in _LATER_FIELDS:  # absent while unset, as before they existed: stored results keep their keys
-            if d[name] == getattr(ModelConfig, name):
-                d.pop(name)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        check_object("ModelConfig", data, '{"n_layers": 4, "experts_impl": "for_loop"}')
-        if isinstance(data.get("moe_layers"), list):
-            data = {**data, "moe_layers": tuple(data["moe_layers"])}
-        return from_dict(cls, data)

@@ -21,14 +21,13 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .. import compat
 from .._config import (
     ConfigError,
+    PlainData,
     check_bool,
     check_choice,
     check_int,
     check_number,
-    check_object,
     check_strings,
     from_dict,
-    to_dict,
     warn_input,
 )
 from .containers import block_container, blocks
@@ -63,7 +62,7 @@ REMAT_REFUSED = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class ACConfig:
+class ACConfig(PlainData):
     """How to checkpoint activations, per block of `model.layers` like torchtitan's `apply_ac`.
 
     `ACConfig.of(mode=..., **options)` builds the mode's own config (`FullAC`, `SelectiveOpAC`, … in `MODES`); the
@@ -83,6 +82,8 @@ class ACConfig:
     """The mode's blocks get a selective policy that decides op by op (a `context_fn`); `uses_sac` reads it."""
     wraps: ClassVar[bool] = False
     """The mode puts modules into CheckpointWrappers."""
+    RECORD: ClassVar[str] = "ACConfig"
+    RECORD_EXAMPLE: ClassVar[str] = '{"mode": "selective_op"}'
     IGNORES: ClassVar[str]
     """What the mode leaves alone, said when an option it does not read is refused (each mode's class sets it)."""
 
@@ -159,47 +160,12 @@ class ACConfig:
         }
         return ACConfig.of(**{**carried, **changes})
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON record, the same for every mode: each option the mode does not read at its "unset" value
-        (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written before the
-        modes had classes of their own, so files and matrix cache keys stay valid."""
-        own, later = to_dict(self), _omitted_unset()
-        return {
-            name: own.get(name, unset)
-            for name, unset in _record_fields().items()
-            if not (name in later and own.get(name, unset) == unset)  # added later: absent when unset
-        } | {"mode": self.mode}
+    def _unset(self, name: str) -> Any:
+        return _record_fields().get(name)  # what the record holds where the mode does not read it
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ACConfig":
-        """Rebuild from `to_dict` output (or any object of the mode's options). The record carries every option;
-        the ones the mode does not read must hold their unset value, or the default they had before options
-        became mode-specific — anything else is an error naming the field."""
-        check_object("ACConfig", data, '{"mode": "selective_op"}')
-        data = dict(data)
-        mode = data.get("mode", "none")
-        check_choice("ACConfig", "mode", mode, tuple(MODES))
-        own = MODES[mode]
-        record = _record_fields()
-        for name in list(data):
-            value = tuple(data[name]) if isinstance(data[name], list) else data[name]
-            if name in own.options() and value is None:
-                data.pop(name)  # unset: the mode's default
-            elif name not in own.options() and name != "mode" and name in record:
-                if value is None or value == () or value == record[name]:
-                    data.pop(name)  # the record's unset value
-                elif value in _defaults(name):
-                    data.pop(name)
-                    warn_input(
-                        "ACConfig",
-                        name,
-                        f"{value!r} dropped: mode={mode!r} does not read it (a record written before options became "
-                        "mode-specific held every option).",
-                        f"remove {name!r} from the record, or set the mode that reads it.",
-                    )
-                else:
-                    _refuse_option(name, own, value)
-        return from_dict(own, data)
+    def _from_record(cls, data: dict[str, Any]) -> ACConfig:
+        return from_dict(MODES[data.get("mode", "none")], data)
 
     @classmethod
     def remat_selective(cls, **options: Any) -> "RematAC":
@@ -213,6 +179,49 @@ class ACConfig:
         """torchtitan main's `FullActivationRematConfig`: save `()` — every block recomputed but the regions the
         model code always keeps (`routing_decision`, `ffn_residual`, `moe.shared_add`)."""
         return _fixed_remat("FullActivationRematConfig", REMAT_FULL, options)
+
+
+def every_option_record(own: dict[str, Any]) -> dict[str, Any]:
+    """A mode's record (`_migrations`, ACConfig 2) holds every mode's option, each the mode does not read at its
+    "unset" value (null; [] for `extra_save_ops`, false for `wrap_inductor_compiled_regions`), as it was written
+    before the modes had classes of their own, so files and matrix cache keys stay valid."""
+    return {name: own.get(name, unset) for name, unset in _record_fields().items()} | {"mode": own["mode"]}
+
+
+def remat_debug_unset(data: dict[str, Any]) -> dict[str, Any]:
+    """`debug` can only be False under remat (main's configs refuse True): the remat records written before the modes
+    had classes of their own hold null for it (`_migrations`, ACConfig 4), and the remat cells' keys must not change."""
+    return data | {"debug": None} if data["mode"] == "remat" else data
+
+
+def from_every_option_record(data: dict[str, Any]) -> dict[str, Any]:
+    """Such a record (or any object of the mode's options) as the mode's class reads it: the options the mode does
+    not read must hold their unset value, or the default they had before options became mode-specific (dropped
+    with a warning) — anything else is an error naming the field."""
+    data = dict(data)
+    mode = data.get("mode", "none")
+    check_choice("ACConfig", "mode", mode, tuple(MODES))
+    own = MODES[mode]
+    record = _record_fields()
+    for name in list(data):
+        value = tuple(data[name]) if isinstance(data[name], list) else data[name]
+        if name in own.options() and value is None:
+            data.pop(name)  # unset: the mode's default
+        elif name not in own.options() and name != "mode" and name in record:
+            if value is None or value == () or value == record[name]:
+                data.pop(name)  # the record's unset value
+            elif value in _defaults(name):
+                data.pop(name)
+                warn_input(
+                    "ACConfig",
+                    name,
+                    f"{value!r} dropped: mode={mode!r} does not read it (a record written before options became "
+                    "mode-specific held every option).",
+                    f"remove {name!r} from the record, or set the mode that reads it.",
+                )
+            else:
+                _refuse_option(name, own, value)
+    return data
 
 
 def _fixed_remat(owner: str, policy: dict[str, tuple[str, ...]], options: dict[str, Any]) -> "RematAC":
@@ -296,7 +305,7 @@ class Checkpointing(ACConfig):
     wrap_inductor_compiled_regions: bool = dataclasses.field(default=False, metadata={"unset": False})
     """Make Inductor-compiled regions one `inductor_compiled_code` op that SAC policies can see (C7); only for
     torch versions that have the option and only with the inductor backend."""
-    offload: bool = dataclasses.field(default=False, metadata={"unset": False, "omit_unset": True})
+    offload: bool = dataclasses.field(default=False, metadata={"unset": False})
     """Keep what each checkpoint saves on the host: `torch.autograd.graph.save_on_cpu` around every checkpoint call
     (transformers' `activation_checkpointing_enable(offload=True)`); its host copies read as kind "offloaded"."""
 
@@ -375,7 +384,7 @@ class ReentrantAC(ACConfig):
     wraps: ClassVar[bool] = True
     preserve_rng_state: bool = True
     """Stash and restore the RNG state around the re-run."""
-    offload: bool = dataclasses.field(default=False, metadata={"unset": False, "omit_unset": True})
+    offload: bool = dataclasses.field(default=False, metadata={"unset": False})
     """Keep what each checkpoint saves on the host: `torch.autograd.graph.save_on_cpu` around every checkpoint call
     (transformers' `activation_checkpointing_enable(offload=True)`); its host copies read as kind "offloaded"."""
 
@@ -631,11 +640,6 @@ class RematAC(ACConfig):
 
             raise ConfigError(own, "mode", f"'remat' {reason('torch_remat')}", "install it, or pick another mode.")
 
-    def to_dict(self) -> dict[str, Any]:
-        # `debug` can only be False here (main's configs refuse True): records written before the modes had classes
-        # of their own hold null for it, and the remat cells' cache keys must not change.
-        return super().to_dict() | {"debug": None}
-
     def _apply(self, model, layer_items, rec, undo):
         from .remat import apply_remat, check_patterns, region_names
 
@@ -706,12 +710,6 @@ MODES: dict[str, type[ACConfig]] = {
         PolicyDictAC,
     )
 }
-
-
-def _omitted_unset() -> set[str]:
-    """Options added after records were first written (metadata `omit_unset`): left out of a record while unset, so
-    that files and the matrix cache keys written before them stay valid."""
-    return {f.name for c in MODES.values() for f in dataclasses.fields(c) if f.metadata.get("omit_unset")}
 
 
 def _record_fields() -> dict[str, Any]:

@@ -7,13 +7,13 @@ import re
 import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, cast
+from typing import Any, Callable, ClassVar, Literal, cast
 
 import torch
 from torch import nn
 
 from .. import compat
-from .._config import ConfigError, check_bool, check_choice, check_known, check_object, refuse_callables, to_dict
+from .._config import ConfigError, PlainData, check_bool, check_choice, check_known, refuse_callables, to_dict
 from ..models.moe import EXPERTS_ATTRS, experts_attr
 from .ac import ac_region_of
 from .containers import block_container, blocks
@@ -28,8 +28,10 @@ COMPILE_OUTSIDE, AC_OUTSIDE = "compile(AC(x))", "AC(compile(x))"
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompileConfig:
+class CompileConfig(PlainData):
     """What to compile and how."""
+
+    RECORD_EXAMPLE: ClassVar[str] = '{"scope": "blocks", "backend": "aot_eager"}'
 
     scope: Scope | tuple[str, ...] = "none"
     """"none", "model", "blocks" (each `layers.i`), "attention", "moe", "experts" (`moe.routed_experts`, or the
@@ -177,20 +179,11 @@ class CompileConfig:
     def backend_name(self) -> str:
         return self.backend if isinstance(self.backend, str) else getattr(self.backend, "__name__", "custom")
 
-    def replace(self, **changes) -> "CompileConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        d = to_dict(self)
-        d["inductor_options"] = {k: v for k, v in self.inductor_options}
-        if not self.functions:
-            d.pop("functions")  # absent as before the field existed, so stored results keep their keys
-        return d
+    def _record(self) -> dict[str, Any]:
+        return to_dict(self) | {"inductor_options": dict(self.inductor_options)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CompileConfig":
-        check_object("CompileConfig", data, '{"scope": "blocks", "backend": "aot_eager"}')
-        data = dict(data)
+    def _from_record(cls, data: dict[str, Any]) -> CompileConfig:
         check_known(cls, data)
         refuse_callables(cls, data)
         for key in ("scope", "functions"):
