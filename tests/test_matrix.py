@@ -240,7 +240,8 @@ def test_reference_scenarios_are_the_same_setup_without_ac_and_with_full_ac():
 def test_fsdp_and_torchtitan_axes_of_the_matrix(tmp_path):
     """Real FSDP2 in the full sweep (PR #2052 with `fully_shard(moe.experts)` itself, C4) and torchtitan's own
     models with its own transforms (`--stack torchtitan`), measured, classified and drawn like any cell."""
-    from toolkit.analysis.cells import full_cells, stack_cells, torchtitan_cells
+    from toolkit.analysis.cells import full_cells
+    from toolkit.analysis.grids import stack_cells, torchtitan_cells
     from toolkit.analysis.sweeps import default_cells
 
     c4 = Cell("moe:for_loop", recipe="torchtitan_2025_09", fsdp="blocks+experts")

@@ -367,7 +367,7 @@ def test_the_sweeps_cells_are_transformers_own_and_its_failures_are_named():
     """`matrix --stack transformers`: the quick grid (2 families × 2 AC × eager and 3 compiles), every cell a
     transformers scenario; the per-layer compile under checkpointing is classified and named C2 (a graph break in a
     checkpointed block disables compile) and C67 (this one's cause)."""
-    from toolkit.analysis.cells import stack_cells
+    from toolkit.analysis.grids import stack_cells
 
     quick, full = stack_cells("transformers", quick=True), stack_cells("transformers")
     assert len(quick) == 16 and len(full) == 120

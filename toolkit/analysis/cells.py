@@ -1,7 +1,7 @@
 """The matrix's grid: its cells (block × AC × scope × order × backend, recipes), their scenarios and keys.
 
 The matrix's grid: one cell per block kind × AC mode × compile scope × order × backend (and the recipes), what `run`
-measures for each, and its cache key.
+measures for each, and its cache key. The other stacks' grids are `grids.py`'s, and their blocks' names `blocks.py`'s.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from .. import _migrations, compat
 from .._config import ConfigError
 from ..measurement import Scenario, check_structure
 from ..models import ModelConfig
-from ..stacks import foreign, of_block
+from ..stacks import get
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.recipes import RECIPES
+from .blocks import config_of, stack_of
 
 if TYPE_CHECKING:
     from ..models.config import ExpertsImpl
-    from ..stacks.user import UserStack
 
 BLOCKS = ("dense", "moe:for_loop", "moe:grouped_mm", "moe:masked", "moe:nonzero")
 # The torch_remat AC modes of a cell: "remat" (full recompute, routing kept) and torchtitan main's selective policy.
@@ -59,7 +59,7 @@ class Cell:
     def stack(self) -> str:
         """Whose model and transforms: the stack whose block prefix this is (`titan:FAMILY` → "torchtitan",
         `hf:FAMILY[:EXPERTS]` → "transformers"), else "toolkit"."""
-        return of_block(self.block)
+        return stack_of(self.block)
 
     def model_config(self) -> ModelConfig:
         """The block kind's model; a recipe cell's as the recipe needs it (`Recipe.model_config`)."""
@@ -84,12 +84,11 @@ class Cell:
         # "MODE+offload": the mode with each checkpoint call inside save_on_cpu (transformers' offload=True).
         mode, offload = self.ac.removesuffix(OFFLOAD), self.ac.endswith(OFFLOAD)
         if self.stack != "toolkit":  # another stack's own model, its own AC modes and compile
-            st = foreign(self.stack)
             comp = CompileConfig.of(self.scope, backend=self.backend, fullgraph=self.fullgraph, order=self.order)
             ac = ACConfig.of(mode=mode, memory_budget=0.3) if mode == "memory_budget" else ACConfig.of(mode=mode)
             return Scenario(
                 stack=self.stack,
-                **{st.config_field: st.config_for(self.block)},
+                **{get(self.stack).config_field: config_of(self.block)},
                 ac=ac.replace(offload=True) if offload else ac,
                 compile=comp,
                 **common,
@@ -158,7 +157,7 @@ def quick_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
         for recipe in ("torchtitan_2025_09", "torchtitan_2025_12", "torchtitan_0_3_0", "torchtitan_main"):
             if RECIPES[recipe].missing() is None:
                 cells.append(Cell("moe:for_loop", recipe=recipe, backend=backend))
-    return _dedupe(cells)
+    return dedupe(cells)
 
 
 def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
@@ -199,7 +198,7 @@ def full_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
                     cells.append(Cell(block, ac, "blocks", True, backend=backend, fsdp=fsdp))
         for fsdp in ("blocks", "blocks+experts"):
             cells.append(Cell("moe:for_loop", recipe="torchtitan_2025_09", backend=backend, fsdp=fsdp))
-    return _dedupe(cells + random_cells(backends))
+    return dedupe(cells + random_cells(backends))
 
 
 def random_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
@@ -216,7 +215,7 @@ def random_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
             if ac != "memory_budget":
                 cells.append(Cell(DROPOUT_BLOCK, ac))
             cells.append(Cell(DROPOUT_BLOCK, ac, "blocks", True, None, backend))
-    return _dedupe(cells)
+    return dedupe(cells)
 
 
 def left_out() -> list[str]:
@@ -240,29 +239,8 @@ def left_out() -> list[str]:
     return out
 
 
-def stack_cells(stack: str, backends: Iterable[str] = ("aot_eager",), *, quick: bool = False) -> list[Cell]:
-    """Another stack's own grid (`Stack.sweep_cells`): its models with its own transforms. Needs its package."""
-    return _dedupe([Cell(**fields) for fields in foreign(stack).sweep_cells(tuple(backends), quick=quick)])
-
-
-def model_cells(
-    build: str, blocks: str | None = None, backends: Iterable[str] = ("aot_eager",), *, quick: bool = False
-) -> list[Cell]:
-    """A user's own model (`matrix --model FILE.py:FUNCTION`, `stacks/user.py`): the toolkit's AC modes × eager, the
-    whole model, or each block in both orders × `backends`, on the blocks `blocks` names (a class) or finds."""
-    from ..stacks.user import STACK, UserModelConfig
-
-    cfg = UserModelConfig(build=build, blocks=blocks)
-    return _dedupe([Cell(**fields) for fields in STACK.cells(cfg, tuple(backends), quick=quick)])
-
-
-def torchtitan_cells(backends: Iterable[str] = ("aot_eager",)) -> list[Cell]:
-    """torchtitan's own models with its own transforms (`stack="torchtitan"`): each family × its AC modes × eager
-    or its compile (blocks whole, fullgraph) × without / with its FSDP2. Needs torchtitan installed."""
-    return stack_cells("torchtitan", backends)
-
-
-def _dedupe(cells: list[Cell]) -> list[Cell]:
+def dedupe(cells: list[Cell]) -> list[Cell]:
+    """`cells` in order, each once (an eager cell comes once per backend)."""
     seen, out = set(), []
     for c in cells:
         if c not in seen:
@@ -290,6 +268,8 @@ def cell_key(scenario: Scenario, device: str = "cpu") -> str:
     if release is not None:  # transformers: another release is another measurement
         key[scenario.stack] = release
     if scenario.stack == "user":  # an edited model is another measurement
-        key["source"] = cast("UserStack", scenario.stack_impl).source_digest(scenario.model)
+        from ..stacks.user import source_digest
+
+        key["source"] = source_digest(scenario.model)
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -22,12 +22,12 @@ from .._config import ConfigError, check_bool, check_int, check_seconds
 from .._stamp import render
 from ..execution import environment as run_environment
 from ..measurement import Report
-from ..stacks import OWN_MODELS as STACK_NAMES
 from ..stacks import get
 from ..transforms.compile import BACKENDS
-from .cells import Cell, cell_key, full_cells, model_cells, quick_cells, stack_cells, valid
+from .cells import Cell, cell_key, full_cells, quick_cells, valid
 from .classification import EXPLAIN, SEVERITY, Classification, classify
 from .executors import Executor, Job, make
+from .grids import GRIDS, model_cells, stack_cells
 from .matrix import MatrixResult, Row
 from .progress import Progress
 from .store import RESULTS, Folder, check_out, read_records, read_results, replaces, skipped_text
@@ -56,6 +56,8 @@ def environment() -> dict[str, Any]:
     return {**run_environment(features=False), "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
+STACK_NAMES = ("toolkit", *GRIDS)
+"""The stacks `matrix --stack` sweeps: the toolkit's own grid (`cells`) and each other stack's (`grids.GRIDS`)."""
 STACKS = (*STACK_NAMES, "all")
 
 
@@ -82,7 +84,7 @@ def default_cells(*, quick: bool, backends: str | tuple[str, ...], stack: str | 
             f"pass a tuple of {', '.join(map(repr, BACKENDS))}, e.g. backends=('aot_eager',).",
         )
     cells = (quick_cells(backends) if quick else full_cells(backends)) if "toolkit" in wanted else []
-    for name in STACK_NAMES[1:]:
+    for name in GRIDS:
         if name in wanted:
             get(name).require("sweep", "stack")
             cells += stack_cells(name, backends, quick=quick)

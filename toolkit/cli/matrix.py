@@ -181,7 +181,7 @@ def command(argv: list[str]) -> int:
     if args.model is not None and args.stack:
         parser.error("--model sweeps your model alone. Fix: drop --stack, or sweep the stacks in another --out.")
     if args.model is not None:
-        from ..analysis.cells import model_cells
+        from ..analysis.grids import model_cells
         from ..stacks.user import UserModelConfig, preflight
 
         stacks = ("user",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from .._config import (
     MAX_RANKS,
@@ -18,7 +18,7 @@ from .._config import (
     check_text,
 )
 from ..models import ModelConfig, build_model
-from ..stacks import STACKS, Stack, get
+from ..stacks import STACKS, Stack, StackConfig, get
 from ..stacks.torchtitan import TorchtitanConfig
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import BACKENDS, SCOPES, check_ac_compile
@@ -224,8 +224,12 @@ class Scenario(PlainData):
         check_choice("Scenario", "stack", data.get("stack", "toolkit"), STACKS)
         st = get(data.get("stack", "toolkit"))
         model_type = st.config_type if st.config_field == "model" else ModelConfig
-        sub: Any  # a config class with a from_dict classmethod (Stack.config_type says only `type`)
-        for name, sub in (("model", model_type), ("ac", ACConfig), ("compile", CompileConfig)):
+        subs: tuple[tuple[str, type[StackConfig] | type[ACConfig] | type[CompileConfig]], ...] = (
+            ("model", model_type),
+            ("ac", ACConfig),
+            ("compile", CompileConfig),
+        )
+        for name, sub in subs:
             if name not in data:
                 continue
             value = data[name]
@@ -245,7 +249,7 @@ class Scenario(PlainData):
                 )
             data[name] = sub.from_dict(value)
         if st.config_field != "model" and isinstance(data.get(st.config_field), dict):
-            data[st.config_field] = cast(Any, st.config_type).from_dict(data[st.config_field])  # see `sub` above
+            data[st.config_field] = st.config_type.from_dict(data[st.config_field])
         return cls(**data)
 
     def to_json(self) -> str:

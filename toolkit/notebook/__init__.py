@@ -1,4 +1,4 @@
-"""The notebook front end: `display`, the Explorer (`widgets`) and `setup_notebook()`, loaded on use.
+"""The notebook front end: `display`, the Explorer (`widgets`, its `models`) and `setup_notebook()`, loaded on use.
 
 `display` draws figures with plain-text twins; `display` and `widgets` (ipywidgets, plotly) are imported when first
 used, so that the instrument runs without the notebook stack.

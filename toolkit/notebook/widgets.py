@@ -17,6 +17,7 @@ import ipywidgets as W
 
 from .. import _escape, _files, compat
 from .._config import ConfigError, literal_choices
+from ..analysis.blocks import config_of, stack_of
 from ..analysis.classification import Classification, classify, describe, headline, reference_scenarios
 from ..analysis.plan import Plan, candidates
 from ..analysis.plan import plan as plan_setups
@@ -25,8 +26,6 @@ from ..estimation import estimate as estimate_step
 from ..execution import run
 from ..measurement import Report, Scenario, check_structure
 from ..models import ModelConfig
-from ..stacks import OWN_MODELS as STACK_NAMES
-from ..stacks import foreign, of_block
 from ..stacks import get as get_stack
 from ..stacks.user import UserModelConfig, preflight, spec_of
 from ..transforms import ACConfig, CompileConfig
@@ -35,6 +34,7 @@ from ..transforms.compile import BACKENDS, SCOPES
 from ..transforms.fsdp import FSDP_MODES
 from ..transforms.recipes import RECIPES
 from . import display
+from .models import choice_of, choices, sized
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
 # `order` and `recipe` carry these strings and `build_scenario` maps them back to None.
@@ -48,18 +48,6 @@ EXPLORER_CSS = (
     f".{EXPLORER_CLASS} .widget-toggle-buttons > .widget-label{{text-align:right;margin-right:8px;flex:0 0 auto}}"
     f".{EXPLORER_CLASS} .widget-slider .noUi-target[disabled] .noUi-connects{{background:#a0a0a0}}"
 )
-
-
-# The model the Explorer builds: the toolkit's own, or one of torchtitan's or transformers' (each offered when its
-# package is installed).
-def _models() -> list[tuple[str, str]]:
-    """(label, block) of every stack's models whose package is installed (`Stack.explorer_models`)."""
-    return [
-        (label, key)
-        for name in STACK_NAMES
-        if get_stack(name).available()
-        for key, label in get_stack(name).explorer_models.items()
-    ]
 
 
 # The controls named after an ACConfig option: each is enabled, and read, only for the modes whose config has it.
@@ -95,14 +83,8 @@ class Explorer:
         fixed = W.Layout(flex="0 0 auto", width="260px")
         free = W.Layout(flex="0 0 auto", width="auto")  # a checkbox as wide as its description
         wide = W.Layout(flex="0 0 auto", width="420px")  # the controls alone on their row, whose choices are long
-        stacks = _models()
-        own = get_stack(s.stack).cell_prefix
-        if isinstance(s.config, UserModelConfig):
-            # Your model is offered beside the stacks' own, as the matrix addresses it (`user:FILE.py:FUNCTION`).
-            stack = s.config.block
-            stacks.append((f"your model: {s.config.label}", stack))
-        else:
-            stack = f"{own}:{s.config.family}" if own else "toolkit"
+        # The toolkit's model, each installed stack's own, and your model beside them (`notebook/models.py`).
+        stacks, stack = choices(s), choice_of(s)
         self.controls: dict[str, W.ValueWidget] = {
             "stack": W.Dropdown(options=stacks, value=stack, description="model from", style=style, layout=wide),
             # A flex box, as the other controls are, so that its label sits left of the buttons, not above them.
@@ -328,15 +310,15 @@ class Explorer:
     def build_scenario(self) -> Scenario:
         """The Scenario the controls describe (raises ConfigError naming the field when invalid)."""
         v = {k: w.value for k, w in self.controls.items()}
-        if of_block(v["stack"]) == "user":
+        if stack_of(v["stack"]) == "user":
             # Your model as your build() returns it (its sizes are its own), the toolkit's AC and compile on its blocks.
-            cfg = foreign("user").config_for(v["stack"])
+            cfg = config_of(v["stack"])
             return Scenario(stack="user", model=cfg, ac=_ac_from(v), compile=_compile_from(v))
         if v["stack"] != "toolkit":
-            # Another stack's own model at the Explorer's size, with its own AC and compile (`Stack.sized`).
-            name = of_block(v["stack"])
-            st = foreign(name)
-            cfg = st.sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
+            # Another stack's own model at the Explorer's size, with its own AC and compile (`models.sized`).
+            name = stack_of(v["stack"])
+            st = get_stack(name)
+            cfg = sized(v["stack"], n_layers=v["n_layers"], n_experts=v["n_experts"], top_k=v["top_k"])
             comp = CompileConfig.of(v["scope"], backend=v["backend"], fullgraph=v["fullgraph"], method=v["method"])
             return Scenario(stack=name, **{st.config_field: cfg}, ac=_ac_from(v), compile=comp, fsdp=v["fsdp"])
         recipe = None if v["recipe"] == NO_RECIPE else v["recipe"]
@@ -398,7 +380,7 @@ class Explorer:
                 ctl[name].disabled = False
             for name in ("layer_every", "offload"):  # transformers' every_n_layers and offload
                 ctl[name].disabled = name not in MODES[mode].options()
-        user = of_block(ctl["stack"].value) == "user"
+        user = stack_of(ctl["stack"].value) == "user"
         if user:  # its build() sets its sizes; the toolkit's AC modes and both orders apply to its blocks
             for name in ("n_layers", "n_experts", "top_k", "fsdp"):
                 ctl[name].disabled = True

@@ -9,7 +9,7 @@ from typing import Literal, overload
 
 from .. import _extras
 from .._extras import Extra
-from .base import Built, ForeignStack, Stack
+from .base import Built, Stack, StackConfig
 
 _MODULES: dict[str, tuple[str, Extra | None]] = {
     "toolkit": ("toolkit", None),
@@ -33,30 +33,16 @@ _MODULES: dict[str, tuple[str, Extra | None]] = {
     "user": ("user", None),
 }
 """Stack name → (its module in this package, which defines `STACK`; the optional package that brings it, with its
-install line, or None). Adding a stack is a module and a line here. Read without importing torch (the CLI's stamp)."""
+install line, or None). Adding a stack is a module and a line here (docs/stacks.md: and, for its models in the matrix
+and the Explorer, a line in each of `analysis/blocks.py`, `analysis/grids.py` and `notebook/models.py`). Read without
+importing torch (the CLI's stamp)."""
 
 STACKS: tuple[str, ...] = tuple(_MODULES)
-OWN_MODELS: tuple[str, ...] = tuple(name for name in STACKS if name != "user")
-"""The stacks that bring models of their own (`matrix --stack`, the Explorer's models); `user` measures the model a
-user's build() returns (`matrix --model`)."""
 
 
 def get(name: str) -> Stack:
     """The stack called `name` (KeyError for another name: `Scenario` checks the name first)."""
     return importlib.import_module(f"{__name__}.{_MODULES[name][0]}").STACK
-
-
-def foreign(name: str) -> ForeignStack:
-    """A stack with models of its own in the matrix and the Explorer (every stack but the toolkit's)."""
-    if name == "toolkit":
-        raise KeyError("the toolkit's own grid is toolkit.analysis.cells'; it is not a ForeignStack")
-    return get(name)  # type: ignore[return-value]
-
-
-def of_block(block: str) -> str:
-    """The stack whose matrix block `block` is (`titan:qwen3_moe` → "torchtitan"; no known prefix → "toolkit")."""
-    prefix = block.split(":", 1)[0]
-    return next((name for name in STACKS[1:] if get(name).cell_prefix == prefix), "toolkit")
 
 
 @overload
@@ -86,16 +72,13 @@ def missing(modules: tuple[str, ...] | list[str]) -> str | None:
 
 
 __all__ = [
-    "OWN_MODELS",
     "STACKS",
     "Built",
-    "ForeignStack",
     "Stack",
+    "StackConfig",
     "extra_of",
     "extras",
-    "foreign",
     "get",
     "missing",
-    "of_block",
     "reason",
 ]

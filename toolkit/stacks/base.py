@@ -1,9 +1,11 @@
 """`Stack`: the one small interface through which a training stack's own model, loss, AC and compile are measured.
 
 A stack is whose code builds the model and applies the transforms: the toolkit's own (`stacks/toolkit.py`),
-torchtitan's (`stacks/torchtitan.py`) or Hugging Face transformers' (`stacks/transformers.py`). The measurement asks a
-stack only what is here, so adding one touches `stacks/` and the registry (`stacks/__init__.py`), nothing else.
-Methods receive the `Scenario` being measured as a plain object (this layer sits below the measurement).
+torchtitan's (`stacks/torchtitan.py`), Hugging Face transformers' (`stacks/transformers.py`) or a user's own model
+(`stacks/user.py`). The measurement asks a stack only what is here: check, build, transform, what ran, undo and
+randomness. Methods receive the `Scenario` being measured as a plain object (this layer sits below the measurement).
+How the matrix addresses a stack's models and sweeps them (`analysis/blocks.py`, `analysis/grids.py`) and what the
+Explorer offers of them (`notebook/models.py`) live with those layers.
 """
 
 from __future__ import annotations
@@ -12,8 +14,28 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 if TYPE_CHECKING:  # annotations only: the registry is read without importing torch (the CLI's stamp replay)
+    from typing import Self  # Python 3.11; the package runs on 3.10
+
     import torch
     from torch import nn
+
+
+class StackConfig(Protocol):
+    """A stack's model config (`Stack.config_type`): a frozen dataclass that a `Scenario` holds, records as JSON and
+    reads back, with its device and seed overridable."""
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self: ...
+
+    def replace(self, **changes: Any) -> Self: ...
 
 
 @dataclass
@@ -37,18 +59,17 @@ class Stack(Protocol):
     """What the measurement asks of a training stack (an object per stack, `stacks.get(name)`)."""
 
     name: str
-    config_type: type
-    """Its model config: a frozen dataclass with `to_dict` / `from_dict` / `replace`, `device` and `seed`."""
+
+    @property
+    def config_type(self) -> type[StackConfig]:
+        """Its model config's class (called with no arguments: the stack's default model). Read-only, so that a
+        stack's own config class stands for any `StackConfig`."""
+
     config_field: str
     """The `Scenario` field that holds that config ("model"; torchtitan's is "torchtitan", as it was first written)."""
 
-    cell_prefix: str
-    """The prefix of its blocks in the matrix (`titan:qwen3_moe`, `hf:mixtral`); "" for the toolkit's own."""
-    explorer_models: dict[str, str]
-    """The Explorer's choices of its model: block name → label."""
-
     def available(self) -> bool:
-        """Its package is installed (found, not imported): what the Explorer offers."""
+        """Its package is installed (found, not imported)."""
 
     def require(self, owner: str, field: str) -> None:
         """Raise ConfigError naming the install line when the stack's package is missing or not a checked release."""
@@ -91,19 +112,4 @@ class Stack(Protocol):
         """The names of its repeated blocks (the modules its AC and per-block compile target)."""
 
 
-class ForeignStack(Stack, Protocol):
-    """A stack whose models are someone else's (torchtitan's, transformers'): the matrix and the Explorer address them
-    by `cell_prefix:FAMILY`, and the stack itself says which there are. The toolkit's own model has its grid in
-    `analysis/cells.py` and its size controls in the Explorer, so it implements `Stack` alone."""
-
-    def config_for(self, block: str) -> Any:
-        """The model config of one of its matrix blocks (`PREFIX:FAMILY[:VARIANT]`)."""
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> Any:
-        """The config of `block` at the Explorer's size (what the family cannot take is left at its own)."""
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        """Its grid for `matrix --stack NAME`: the fields of each cell (block, ac, scope, fullgraph, backend, fsdp)."""
-
-
-__all__ = ["Built", "ForeignStack", "Stack"]
+__all__ = ["Built", "Stack", "StackConfig"]

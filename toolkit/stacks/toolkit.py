@@ -16,18 +16,15 @@ from ..transforms.fsdp import apply_fsdp
 from ..transforms.lifecycle import reset
 from ..transforms.recipes import apply_recipe
 from ..transforms.record import applied
-from .base import Built
+from .base import Built, Stack
 
 
 class ToolkitStack:
-    """The toolkit's own model behind the `Stack` interface (its matrix grid is `analysis/cells.py`'s, its Explorer
-    sizes the Explorer's own controls: it is not a `ForeignStack`)."""
+    """The toolkit's own model behind the `Stack` interface."""
 
     name = "toolkit"
     config_type = ModelConfig
     config_field = "model"
-    cell_prefix = ""
-    explorer_models = {"toolkit": "the toolkit's model"}
 
     def available(self) -> bool:
         return True
@@ -104,4 +101,4 @@ class ToolkitStack:
         return [f"layers.{key}" for key, _ in blocks(model)]
 
 
-STACK = ToolkitStack()
+STACK: Stack = ToolkitStack()

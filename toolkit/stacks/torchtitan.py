@@ -28,10 +28,11 @@ from .._config import ConfigError, PlainData, check_bool, check_choice, check_in
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.naming import canonical_name, is_checkpoint_wrapper, is_compiled
 from . import extra_of
-from .base import Built
+from .base import Built, Stack
 
 RELEASE = "0.3.0"
 Family = Literal["qwen3_moe", "deepseek_v3"]
+FAMILIES: tuple[str, ...] = ("qwen3_moe", "deepseek_v3")
 INSTALL = extra_of("torchtitan").install  # the one install line: its line in the registry (stacks/__init__.py)
 
 
@@ -92,7 +93,7 @@ class TorchtitanConfig(PlainData):
 
     def __post_init__(self) -> None:
         own = "TorchtitanConfig"
-        check_choice(own, "family", self.family, ("qwen3_moe", "deepseek_v3"))
+        check_choice(own, "family", self.family, FAMILIES)
         for name, minimum in (
             ("n_layers", 1),
             ("dim", 8),
@@ -154,6 +155,10 @@ class TorchtitanConfig(PlainData):
     def of_family(cls, family: str, **kw: Any) -> "TorchtitanConfig":
         """The preset of `family` ("qwen3_moe" → `qwen3()`, "deepseek_v3" → `deepseek_v3()`), with `kw` over it."""
         return cls.qwen3(**kw) if family == "qwen3_moe" else cls.deepseek_v3(**kw)
+
+    def at_size(self, *, n_layers: int, n_experts: int, top_k: int) -> "TorchtitanConfig":
+        """This model with other sizes; at least one MoE block after DeepSeek-V3's dense ones."""
+        return self.replace(n_layers=max(n_layers, self.n_dense_layers + 1), n_experts=n_experts, top_k=top_k)
 
     @property
     def label(self) -> str:
@@ -404,28 +409,6 @@ class TorchtitanStack:
     name = "torchtitan"
     config_type = TorchtitanConfig
     config_field = "torchtitan"
-    cell_prefix = "titan"
-    explorer_models = {"titan:qwen3_moe": "torchtitan Qwen3-MoE", "titan:deepseek_v3": "torchtitan DeepSeek-V3"}
-
-    def config_for(self, block: str) -> TorchtitanConfig:
-        return TorchtitanConfig.of_family(block.split(":", 1)[1])
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> TorchtitanConfig:
-        base = self.config_for(block)
-        return base.replace(n_layers=max(n_layers, base.n_dense_layers + 1), n_experts=n_experts, top_k=top_k)
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        """Each family × its AC modes × eager or its compile (blocks whole, fullgraph) × without / with its FSDP2."""
-        cells: list[dict[str, Any]] = []
-        for backend in backends:
-            for block in self.explorer_models:
-                for ac in ("none", "full", "selective_op"):
-                    for fsdp in ("none", "blocks"):
-                        cells.append(dict(block=block, ac=ac, fsdp=fsdp))
-                        cells.append(
-                            dict(block=block, ac=ac, scope="blocks", fullgraph=True, backend=backend, fsdp=fsdp)
-                        )
-        return cells
 
     def available(self) -> bool:
         return available()
@@ -584,9 +567,10 @@ def _default_model(model: Any) -> bool:
     return isinstance(model, ModelConfig) and model == ModelConfig()
 
 
-STACK = TorchtitanStack()
+STACK: Stack = TorchtitanStack()
 
 __all__ = [
+    "FAMILIES",
     "RELEASE",
     "TorchtitanConfig",
     "available",

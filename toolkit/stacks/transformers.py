@@ -22,7 +22,7 @@ from .. import _extras, compat
 from .._config import ConfigError, PlainData, check_choice, check_int
 from ..transforms.policies import per_op_context
 from . import extra_of
-from .base import Built
+from .base import Built, Stack
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -169,6 +169,12 @@ class TransformersConfig(PlainData):
     @property
     def label(self) -> str:
         return f"transformers {self.family}" + (f" ({self.experts})" if self.has_moe else "")
+
+    def at_size(self, *, n_layers: int, n_experts: int, top_k: int) -> "TransformersConfig":
+        """This model with other sizes, those its family has (a dense one has no experts; DeepSeek-V3's first block
+        is dense, so it keeps two)."""
+        moe = dict(n_experts=n_experts, top_k=top_k) if self.has_moe else {}
+        return self.replace(n_layers=max(n_layers, 2 if self.family == "deepseek_v3" else 1), **moe)
 
     @property
     def device_type(self) -> str:
@@ -334,41 +340,6 @@ class TransformersStack:
     name = "transformers"
     config_type = TransformersConfig
     config_field = "model"
-    cell_prefix = "hf"
-    explorer_models = {
-        "hf:qwen3_moe": "transformers Qwen3-MoE",
-        "hf:mixtral": "transformers Mixtral",
-        "hf:deepseek_v3": "transformers DeepSeek-V3",
-        "hf:qwen3": "transformers Qwen3 (dense)",
-    }
-    SWEEP_BLOCKS = ("hf:qwen3_moe", "hf:qwen3_moe:eager", "hf:mixtral", "hf:deepseek_v3", "hf:qwen3")
-    """Its MoE families with their default grouped_mm experts, Qwen3-MoE with the `eager` expert loop too (a
-    data-dependent count, transformers#47467), and one dense family."""
-
-    def config_for(self, block: str) -> TransformersConfig:
-        parts = block.split(":")  # hf:FAMILY or hf:FAMILY:EXPERTS
-        experts: dict[str, Any] = {"experts": parts[2]} if len(parts) > 2 else {}
-        return TransformersConfig(family=cast(Family, parts[1]), **experts)  # the config checks both names
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> TransformersConfig:
-        base = self.config_for(block)
-        moe = dict(n_experts=n_experts, top_k=top_k) if base.has_moe else {}
-        return base.replace(n_layers=max(n_layers, 2 if base.family == "deepseek_v3" else 1), **moe)
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        """Its models × its own AC × eager or its users' compiles (the whole model; each decoder layer, also with
-        fullgraph). `quick`: Qwen3-MoE and Mixtral, full AC and none. The full grid also has full AC with
-        `offload=True` ("full+offload": save_on_cpu around each checkpoint call)."""
-        blocks = ("hf:qwen3_moe", "hf:mixtral") if quick else self.SWEEP_BLOCKS
-        acs = ("none", "full") if quick else (*AC_MODES, "full+offload")
-        cells: list[dict[str, Any]] = []
-        for backend in backends:
-            for block in blocks:
-                for ac in acs:
-                    cells.append(dict(block=block, ac=ac))
-                    for scope, fullgraph in (("model", False), ("blocks", False), ("blocks", True)):
-                        cells.append(dict(block=block, ac=ac, scope=scope, fullgraph=fullgraph, backend=backend))
-        return cells
 
     def available(self) -> bool:
         return available()
@@ -519,7 +490,7 @@ class TransformersStack:
         return [n for n, _ in decoder_layers(model)]
 
 
-STACK = TransformersStack()
+STACK: Stack = TransformersStack()
 
 __all__ = [
     "CHECKED",

@@ -7,7 +7,7 @@ inputs or a dict of keyword inputs; without `loss_fn` the output's own `loss` (t
 labels) or its first tensor squared and averaged. The blocks AC and per-block compile work on are the children of
 `blocks_of`'s container: the ModuleList whose children are of class `blocks`, or by default the one holding the
 most parameters among those whose children are all one class (as FSDP's auto-wrap finds a model's blocks). The
-matrix addresses it as `user:SPEC` (`user:SPEC#CLASS` with a class named).
+matrix addresses it as `user:SPEC` (`user:SPEC#CLASS` with a class named: `analysis/blocks.py`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from .._config import ConfigError, PlainData, check_choice, check_text
-from .base import Built
+from .base import Built, Stack
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
 
-PREFIX = "user"
 AC_MODES = ("none", "full", "selective_op", "selective_layer", "memory_budget")
 """The toolkit's AC modes a model it did not build can take (per_submodule and remat name the toolkit's own
 submodules and regions)."""
@@ -59,11 +58,6 @@ class UserModelConfig(PlainData):
             if not self.blocks.isidentifier():
                 raise ConfigError(own, "blocks", f"{self.blocks!r} is not a class name.", "pass e.g. 'DecoderLayer'.")
         check_choice(own, "device", self.device, ("cpu", "cuda"))
-
-    @property
-    def block(self) -> str:
-        """This model's matrix block: `user:SPEC` or `user:SPEC#CLASS`."""
-        return f"{PREFIX}:{self.build}" + (f"#{self.blocks}" if self.blocks else "")
 
     @property
     def label(self) -> str:
@@ -228,40 +222,24 @@ def preflight(cfg: UserModelConfig) -> str:
     return f"{container}.{keys[0]}" + (f" … {container}.{keys[-1]} ({len(keys)})" if len(keys) > 1 else "")
 
 
+def source_digest(cfg: UserModelConfig) -> str:
+    """A digest of the file `build` lives in: part of a matrix cell's key, so an edited model measures again."""
+    from .. import _files
+
+    path = cfg.source()
+    try:
+        raw = _files.read_bytes_capped(path, "build", "file", _files.RECORD_CAP) if path is not None else None
+    except ConfigError:
+        return "unreadable"
+    return hashlib.sha256(raw).hexdigest()[:16] if raw is not None else "unknown"
+
+
 class UserStack:
     """A model the user built, with the toolkit's own AC and compile applied to its blocks."""
 
     name = "user"
     config_type = UserModelConfig
     config_field = "model"
-    cell_prefix = PREFIX
-    explorer_models: dict[str, str] = {}
-
-    def config_for(self, block: str) -> UserModelConfig:
-        spec = block.split(":", 1)[1]  # user:SPEC[#CLASS]
-        build, _, cls = spec.partition("#")
-        return UserModelConfig(build=build, blocks=cls or None)
-
-    def sized(self, block: str, *, n_layers: int, n_experts: int, top_k: int) -> UserModelConfig:
-        return self.config_for(block)  # its build() decides its size
-
-    def sweep_cells(self, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        raise ConfigError(
-            "sweep", "stack", "'user' sweeps one model of yours.", "pass --model FILE.py:FUNCTION (or tk.sweep(build))."
-        )
-
-    def cells(self, cfg: UserModelConfig, backends: tuple[str, ...], *, quick: bool) -> list[dict[str, Any]]:
-        """The toolkit's AC modes × eager, the whole model, or each block (both orders where AC and the blocks
-        meet) × `backends`; `quick`: none and full AC."""
-        acs = ("none", "full") if quick else AC_MODES
-        cells: list[dict[str, Any]] = []
-        for ac in acs:
-            cells.append(dict(block=cfg.block, ac=ac))
-            for backend in backends:
-                cells.append(dict(block=cfg.block, ac=ac, scope="model", backend=backend))
-                for order in (None,) if ac == "none" else ("compile_outside", "ac_outside"):
-                    cells.append(dict(block=cfg.block, ac=ac, scope="blocks", order=order, backend=backend))
-        return cells
 
     def available(self) -> bool:
         return True
@@ -271,18 +249,6 @@ class UserStack:
 
     def release(self) -> str | None:
         return None
-
-    def source_digest(self, cfg: UserModelConfig) -> str:
-        """A digest of the file `build` lives in: part of a matrix cell's key, so an edited model measures again."""
-        from .. import _files
-        from .._config import ConfigError
-
-        path = cfg.source()
-        try:
-            raw = _files.read_bytes_capped(path, "build", "file", _files.RECORD_CAP) if path is not None else None
-        except ConfigError:
-            return "unreadable"
-        return hashlib.sha256(raw).hexdigest()[:16] if raw is not None else "unknown"
 
     def check(self, scenario: Any) -> None:
         own = "Scenario"
@@ -392,7 +358,7 @@ class UserStack:
         return [f"{prefix}.{key}" for key, _ in blocks(model)]
 
 
-STACK = UserStack()
+STACK: Stack = UserStack()
 
 __all__ = [
     "STACK",
@@ -403,5 +369,6 @@ __all__ = [
     "default_loss",
     "load",
     "preflight",
+    "source_digest",
     "spec_of",
 ]
