@@ -55,7 +55,7 @@ def main() -> None:
         print(json.dumps(one(*args.one)))
         return
     if args.layers is None:
-        from toolkit.estimation.estimates import LAYER_SHAPES
+        from toolkit.estimation import LAYER_SHAPES
 
         args.layers = list(LAYER_SHAPES)
     gib = 2**30

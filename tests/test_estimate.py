@@ -13,7 +13,7 @@ from _helpers import extra
 from _truth import Truth, cpu_peaks, patch_sac_contexts
 
 import toolkit as tk
-from toolkit.estimation.estimates import CUDA_BLOCK
+from toolkit.estimation import CUDA_BLOCK
 from toolkit.models import loss_fn
 from toolkit.transforms import policies
 from toolkit.transforms.lifecycle import reset

@@ -57,12 +57,13 @@ def _runtime_nodes(tree: ast.AST):
         todo.extend(ast.iter_child_nodes(node))
 
 
-def _imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
+def _imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path], *, typing: bool = False) -> set[str]:
     """Every toolkit module `name` imports, at the top or inside a function (a deferred import is still one); not the
-    names imported under `if TYPE_CHECKING:`, which only the type checker reads."""
+    names imported under `if TYPE_CHECKING:`, which only the type checker reads, unless `typing`."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree) if typing else _runtime_nodes(tree):
         targets = []
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -82,9 +83,9 @@ def _imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> s
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, typing: bool = False) -> dict[str, set[str]]:
     known = _modules()
-    return {name: _imports(name, path, known) for name, path in known.items()}
+    return {name: _imports(name, path, known, typing=typing) for name, path in known.items()}
 
 
 def _layer(module: str) -> str:
@@ -151,6 +152,22 @@ def test_the_instrument_imports_only_compat_and_naming():
         if module.startswith("toolkit.instrument")
         for other in imported
         if not other.startswith(allowed)
+    )
+    assert wrong == []
+
+
+def test_the_estimation_reads_a_scenario_without_the_measurement_layer():
+    """The estimator reads what it needs of a scenario through its own protocol (`estimation.inputs.ScenarioLike`):
+    no module under `toolkit/estimation/` imports `toolkit.measurement` (the Scenario class, the Report), at the top,
+    inside a function or under `if TYPE_CHECKING:`, though the layers would allow it."""
+    graph = _graph(typing=True)
+    estimation = [m for m in graph if m == "toolkit.estimation" or m.startswith("toolkit.estimation.")]
+    assert "toolkit.estimation.estimates" in estimation and len(estimation) > 2, estimation
+    wrong = sorted(
+        f"{module} imports {other}"
+        for module in estimation
+        for other in graph[module]
+        if other == "toolkit.measurement" or other.startswith("toolkit.measurement.")
     )
     assert wrong == []
 

@@ -236,7 +236,7 @@ def test_the_scenario_estimated_at_a_full_size_the_user_picks():
     tensors: under full AC a Qwen3-30B-A3B layer keeps the final norm's tensors and the block's input, the sizes its
     shape gives."""
     import toolkit as tk
-    from toolkit.estimation.estimates import CUDA_BLOCK
+    from toolkit.estimation import CUDA_BLOCK
 
     ex = Explorer()
     assert list(ex.full_size.options) == list(tk.estimation.LAYER_SHAPES)

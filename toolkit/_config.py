@@ -89,11 +89,14 @@ def check_int(
         )
 
 
-def check_instance(owner: str, field: str, value: Any, kind: type | tuple[type, ...], fix: str) -> None:
+def check_instance(
+    owner: str, field: str, value: Any, kind: type | tuple[type, ...], fix: str, *, names: str = ""
+) -> None:
     """`value` is a `kind` (an API handed a string for a model, None for a Report): a ConfigError naming the field and
-    the fix, before anything reads an attribute of it."""
+    the fix, before anything reads an attribute of it. `names` says what the kinds are where a class's own name would
+    not (a protocol the caller never sees)."""
     if not isinstance(value, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        names = names or " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise ConfigError(owner, field, f"{_short(value)} ({type(value).__name__}) is not a {names}.", fix)
 
 

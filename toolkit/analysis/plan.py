@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .. import _files, compat
 from .._config import ConfigError, check_bytes, check_instance, check_int
-from ..estimation.estimates import MAX_WORLD_SIZE, Estimate, estimate
+from ..estimation import MAX_WORLD_SIZE, Estimate, estimate
 from ..instrument.records import fmt_bytes
 from ..measurement.scenario import Scenario
 from ..models import ModelConfig

@@ -13,7 +13,7 @@ INERT: tuple[Rule, ...] = ()
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     from .._config import arg_type, check_int
-    from ..estimation.estimates import LAYER_SHAPES
+    from ..estimation import LAYER_SHAPES
 
     p: argparse.ArgumentParser = sub.add_parser(
         "plan",
@@ -67,7 +67,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     from .._config import ConfigError, check_bytes
     from ..analysis.plan import candidates, plan
-    from ..estimation.estimates import LAYER_SHAPES
+    from ..estimation import LAYER_SHAPES
     from ..measurement import Scenario
 
     budget = check_bytes("plan", "budget", args.budget)  # before the model is read or anything sized
