@@ -14,6 +14,7 @@ import toolkit as tk
 from toolkit import _migrations
 from toolkit._config import PlainData
 from toolkit.analysis.cells import cell_key
+from toolkit.estimation.inputs import BareModel
 from toolkit.measurement import Scenario
 from toolkit.stacks.torchtitan import TorchtitanConfig
 from toolkit.stacks.transformers import TransformersConfig
@@ -21,7 +22,7 @@ from toolkit.stacks.user import UserModelConfig
 from toolkit.transforms.ac import MODES, ACConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = [tk.ModelConfig, tk.CompileConfig, Scenario, TorchtitanConfig, TransformersConfig, UserModelConfig]
+CONFIGS = [tk.ModelConfig, tk.CompileConfig, Scenario, TorchtitanConfig, TransformersConfig, UserModelConfig, BareModel]
 CONFIGS += [ACConfig, *MODES.values()]
 HOOKS = {"_record", "_from_record", "_unset", "RECORD", "RECORD_EXAMPLE"}
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .._config import PlainData
 from ..models import ModelConfig
 from ..transforms import ACConfig, CompileConfig
 from ..transforms.compile import check_ac_compile
@@ -53,12 +53,12 @@ class ScenarioLike(Protocol):
 
 
 @dataclass(frozen=True)
-class BareModel:
+class BareModel(PlainData):
     """A ModelConfig estimated as built, with `ac` and nothing else: no compile, no recipe, one rank, the toolkit's
     own model (`tk.estimate(cfg, ac=...)`). Checked as `Scenario(model=cfg, ac=ac)` checks them."""
 
     model: ModelConfig
-    ac: ACConfig = field(default_factory=ACConfig)
+    ac: ACConfig = field(default_factory=ACConfig.of)
     name: str = "estimate"
     stack: str = field(default="toolkit", init=False)
     compile: CompileConfig = field(default_factory=CompileConfig, init=False)
@@ -74,10 +74,7 @@ class BareModel:
     def label(self) -> str:
         return self.name
 
-    def replace(self, **changes: Any) -> BareModel:
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
+    def _record(self) -> dict[str, Any]:
         """The Scenario fields it stands for, as `Scenario.to_dict()` writes them (`Scenario.from_dict` reads it);
         what only a run reads (device, numerics, timing steps) is left out."""
         return {
