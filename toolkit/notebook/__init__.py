@@ -1,4 +1,5 @@
-"""The notebook front end: `display`, the Explorer (`widgets`, its `models`) and `setup_notebook()`, loaded on use.
+"""The notebook front end: `display`, the Explorer (`widgets`; its controls `form` and `controls`, its models
+`models`, the work behind its buttons `actions`, what it writes `render`) and `setup_notebook()`, loaded on use.
 
 `display` draws figures with plain-text twins; `display` and `widgets` (ipywidgets, plotly) are imported when first
 used, so that the instrument runs without the notebook stack.
