@@ -352,17 +352,8 @@ class Checkpointing(ACConfig):
             kwargs["context_fn"] = context
         return compat.checkpoint_wrapper(module, **kwargs)
 
-    def _wrap_blocks(
-        self, model: nn.Module, items: list[tuple[str, nn.Module]], undo: list[tuple[str, str]]
-    ) -> list[str]:
-        prefix, layers = block_container(model)
-        for key, block in items:
-            layers.register_module(key, self.wrap(block, f"{prefix}.{key}"))
-            undo.append(("wrapped", f"{prefix}.{key}"))
-        return [f"{prefix}.{key}" for key, _ in items]
-
     def _apply(self, model, layer_items, rec, undo):
-        return self._wrap_blocks(model, layer_items, undo)
+        return _wrap_blocks(self.wrap, model, layer_items, undo)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,7 +390,22 @@ class ReentrantAC(ACConfig):
         )
 
     def _apply(self, model, layer_items, rec, undo):
-        return self._wrap_blocks(model, layer_items, undo)
+        return _wrap_blocks(self.wrap, model, layer_items, undo)
+
+
+def _wrap_blocks(
+    wrap: Callable[[nn.Module, str], nn.Module],
+    model: nn.Module,
+    items: list[tuple[str, nn.Module]],
+    undo: list[tuple[str, str]],
+) -> list[str]:
+    """Each block replaced by `wrap(block, fqn)`, recorded in `undo` as it goes (the modes that wrap whole blocks, the
+    reentrant one among them)."""
+    prefix, layers = block_container(model)
+    for key, block in items:
+        layers.register_module(key, wrap(block, f"{prefix}.{key}"))
+        undo.append(("wrapped", f"{prefix}.{key}"))
+    return [f"{prefix}.{key}" for key, _ in items]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -484,7 +490,7 @@ class SelectiveLayerAC(Checkpointing):
                 "every layer_every-th).",
                 f"pass layer_every <= {len(layer_items)}, or mode='none'.",
             )
-        return self._wrap_blocks(model, chosen, undo)
+        return _wrap_blocks(self.wrap, model, chosen, undo)
 
 
 @dataclass(frozen=True, kw_only=True)
