@@ -303,3 +303,32 @@ def test_without_the_partition_hook_the_kept_graphs_still_attribute(monkeypatch)
     assert kept.ok and kept.saved == seen.saved
     assert kept.recompute.in_compiled_backward == seen.recompute.in_compiled_backward > 0
     assert kept.compile.graphs == seen.compile.graphs and not kept.blind_spots
+
+
+def test_a_step_that_fails_in_backward_keeps_the_graphs_it_compiled():
+    """A failure after compiling (here, in backward) no longer reports 0 graphs: the step counts what Dynamo compiled
+    up to the failure. Truth: a backend of the test's own counts the graphs it was given; the outputs of its graphs
+    carry a hook that raises in backward, so the eager reference `measure` runs first never fails."""
+    graphs = []
+
+    def fail(grad):
+        raise RuntimeError("boom in backward")
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+
+        def run(*args):
+            outs = gm(*args)
+            for o in outs if isinstance(outs, (tuple, list)) else (outs,):
+                if isinstance(o, torch.Tensor) and o.requires_grad:
+                    o.register_hook(fail)
+            return outs
+
+        return run
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    model[0] = torch.compile(model[0], backend=counting)
+    report = tk.measure(model, torch.randn(4, 8), loss_fn=lambda out: out.sum())
+    assert report.outcome == "error" and report.error.stage == "backward" and "boom" in report.error.message
+    assert report.compile.requested and report.compile.graphs == len(graphs) == 1

@@ -171,6 +171,11 @@ def assemble(
             memory = steps.memory
         elif steps.census is not None and not compat.available("profiler_allocations") and err is None:
             blind.append(compat.blind_spot("profiler_allocations"))
+    if steps is not None and steps.probes is None and instrumented and (steps.compiled_total or steps.graph_breaks):
+        # A step that failed before its probes were read: what Dynamo's own counters saw up to the failure.
+        comp = dataclasses.replace(
+            comp, graphs=steps.compiled_total, compiled_in_step=steps.compiled_in_step, graph_breaks=steps.graph_breaks
+        )
     if steps is not None and steps.memory_budget is not None:
         # Read as the step began: a step that failed while compiling (C58) ran under it too.
         comp = dataclasses.replace(comp, memory_budget=steps.memory_budget)

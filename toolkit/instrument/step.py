@@ -164,12 +164,13 @@ def measured_step(
                 out.checkpoints = probes.checkpoint_view(model)
             raise
         finally:
+            # Counted whether the step finished or not: a failed step's Report says what compiled before it failed.
             out.aot_autograd = compat.through_aot_autograd(counted)
+            out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
+            out.compiled_total = compat.graphs_compiled(before)[0]
             if probes is not None:
                 out.observed_orders = dict(sorted(probes.state.orders.items()))
                 out.observed_selective = tuple(sorted(probes.state.selective))
-        out.compiled_in_step, out.graph_breaks = compat.graphs_compiled(counted)
-    out.compiled_total = compat.graphs_compiled(before)[0]
     after_first = compat.counters_snapshot()
     out.timings.update(
         first_step_s=time.perf_counter() - t0, first_forward_s=t_fwd - t0, first_backward_s=time.perf_counter() - t_bwd
