@@ -115,3 +115,40 @@ def test_a_schema_1_report_reads_as_schema_2():
         "aot_eager",
         "old",
     )
+
+
+def test_every_failing_cell_of_the_committed_records_names_a_case_on_each_release():
+    """The central list's records predate what the cases are now matched by (packages, AOTAutograd, the activation
+    budget, the checkpoints that ran eagerly: the table's Report 3 reads them off each record). Read with today's
+    catalogue, every cell that does not work names its case on every release swept — 736 did not before the rule."""
+    from toolkit.analysis import store
+    from toolkit.analysis.matrix import RECORDS, by_release
+
+    results = by_release(store.read_results(RECORDS)[0])
+    assert set(results) == {"2.13.0", "2.14.1", "2.15.0"}
+    for release, m in results.items():
+        unnamed = [r.cell.label for r in m.rows if r.classification.label != "works" and not r.classification.cases]
+        assert unnamed == [], (release, len(unnamed), unnamed[:5])
+    named = {cid for r in results["2.15.0"].rows for cid in r.classification.cases}
+    assert {"C2", "C18", "C58", "C60", "C62", "C65", "C66", "C67", "C68", "C70"} <= named
+
+
+def test_a_schema_2_record_has_its_observations_read_off_its_configuration():
+    old = {
+        "outcome": "error",
+        "saved": {},
+        "environment": {},
+        "schema_version": 2,
+        "error": {"type": "RuntimeError", "message": "x", "stage": "backward"},
+        "scenario": {
+            "measured": "scenario",
+            "backend": "eager",
+            "config": {"stack": "transformers", "ac": {"mode": "memory_budget", "memory_budget": 0.5}},
+        },
+        "compile": {"requested": True, "graphs": 0, "fell_back_to_eager": False, "orders": {}},
+    }
+    r = tk.Report.from_dict(old)
+    assert r.packages == ("transformers",) and r.compile.aot_autograd is False and r.compile.memory_budget == 0.5
+    assert r.compile.eager_checkpoints == () and r.schema_version == 3
+    new = tk.Report.from_dict({**old, "schema_version": 3, "compile": {**old["compile"], "aot_autograd": None}})
+    assert new.packages == () and new.compile.aot_autograd is None  # a record of today's schema is read as written

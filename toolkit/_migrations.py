@@ -46,6 +46,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         upgrade="toolkit.measurement.schema:scenario_of_schema_1",
     ),
     Migration(
+        "Report",
+        3,
+        "the step records what the cases are matched by (packages, AOTAutograd, the activation budget, the checkpoints "
+        "that ran eagerly); a schema-2 record has them read off its outcome and configuration",
+        upgrade="toolkit.measurement.schema:observations_of_schema_2",
+    ),
+    Migration(
         "ACConfig",
         2,
         "each AC mode became a class of its own, holding only its options; the record still holds every mode's "

@@ -14,7 +14,7 @@ from .._config import ConfigError, check_object
 if TYPE_CHECKING:
     from .report import Report
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Outcome = Literal["ok", "error", "crashed", "timeout"]
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
 
@@ -61,7 +61,7 @@ def read(cls: type[Report], data: dict[str, Any]) -> Report:
             f"is {data.get('error')!r}, but outcome {data['outcome']!r} needs the error it ended on.",
             "pass a Report record as Report.to_json() writes it.",
         )
-    data = _migrations.upgrade("Report", dict(data), version)
+    data = {**_migrations.upgrade("Report", dict(data), version), "schema_version": SCHEMA_VERSION}  # now of today's
     return typing.cast("Report", _build(cls, data))  # not None: data is a dict
 
 
@@ -71,6 +71,40 @@ def scenario_of_schema_1(data: dict[str, Any]) -> dict[str, Any]:
     scen = data.get("scenario")
     if isinstance(scen, dict) and "measured" not in scen and "config" not in scen:
         data["scenario"] = _record_of(scen)
+    return data
+
+
+# The AC modes that put blocks into checkpoints (a memory budget and remat's regions do not).
+_WRAPPING_MODES = ("full", "reentrant", "selective_op", "selective_layer", "per_submodule", "custom", "policy_dict")
+
+
+def observations_of_schema_2(data: dict[str, Any]) -> dict[str, Any]:
+    """A Report written before the step recorded what the cases are now matched by (`_migrations`, Report 3), with
+    each such observation read off what the record does hold — its outcome, graphs and the configuration it ran:
+    the packages its stack's model is made of; whether its graphs went through AOTAutograd (its backend); the
+    activation budget its AC mode set; the checkpoints that ran eagerly (a fallback to eager of a wrapping AC mode's
+    compile(AC(x)) cells: the regions without graphs). A record that has a field keeps it."""
+    scen, comp = data.get("scenario"), data.get("compile")
+    config = scen.get("config") if isinstance(scen, dict) else None
+    if not isinstance(scen, dict) or not isinstance(config, dict) or not isinstance(comp, dict):
+        return data  # measured as it came (no configuration to read), or not a record: nothing to infer
+    comp = dict(comp)
+    ac: dict[str, Any] = config["ac"] if isinstance(config.get("ac"), dict) else {}
+    stack = config.get("stack", "toolkit")
+    data = {**data, "compile": comp}
+    data.setdefault("packages", [stack] if isinstance(stack, str) else [])
+    if "aot_autograd" not in comp:
+        backend = scen.get("backend")  # the eager backend never goes through AOTAutograd, compiled or failed
+        eager = comp.get("requested") and backend == "eager"
+        comp["aot_autograd"] = False if eager else (backend != "eager") if comp.get("graphs") else None
+    if "memory_budget" not in comp:
+        budget = ac.get("memory_budget") if ac.get("mode") == "memory_budget" else None
+        comp["memory_budget"] = budget if isinstance(budget, (int, float)) and budget < 1.0 else None
+    if "eager_checkpoints" not in comp:
+        wraps = ac.get("mode") in _WRAPPING_MODES
+        compiled_outside = "compile(AC(x))" in (comp.get("orders") or {}).values()
+        fell_back = bool(comp.get("fell_back_to_eager")) and wraps and compiled_outside
+        comp["eager_checkpoints"] = list(comp.get("regions_without_graphs") or ()) if fell_back else []
     return data
 
 
