@@ -267,6 +267,28 @@ def test_a_record_that_carries_markup_reaches_matrix_md_inert(tmp_path):
     assert not re.search(r"(?<!\\)\]\(javascript:", md)  # a link needs an unescaped "](": none
 
 
+def test_a_record_that_carries_markup_reaches_the_cell_page_and_the_picture_inert():
+    """A merged record's block name and torch version holding tags (the records are read from anywhere): the cell
+    page (matrix.html) and the picture (heatmap.svg) show them as text, and the picture stays well-formed XML."""
+    import dataclasses
+    import xml.etree.ElementTree as ET
+
+    from _helpers import synthetic_matrix
+
+    from toolkit.analysis.matrix import MatrixResult
+    from toolkit.analysis.views import cells_html, svg
+
+    result, _ = synthetic_matrix()
+    evil = '<img src=x onerror="alert(1)">'
+    rows = [dataclasses.replace(r, cell=dataclasses.replace(r.cell, block=evil)) for r in result.rows]
+    marked = MatrixResult(rows, {"torch": "2.99<b>"})
+    page = cells_html.page({"2.99<b>": marked}, case_href=lambda i: f'x"><script>{i}', title=evil, note=evil)
+    assert "<img" not in page and "<b>" not in page and '"><script>' not in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page and "2.99&lt;b&gt;" in page
+    picture = svg.figure(marked, title=evil)
+    assert "<img" not in picture and ET.fromstring(picture).tag.endswith("svg")
+
+
 # -- the record reader: one door for results.jsonl, resume and --merge (toolkit/analysis/store.py) ------------------
 
 
@@ -628,6 +650,9 @@ def test_an_option_given_twice_is_refused_naming_it(argv, capsys):
         (["run", "--preset", "moe_full_ac", "--nproc=2", "--isolate"], "--isolate"),
         (["cases", "--check", "C2", "--markdown"], "--markdown"),
         (["cases", "--check", "C2", "--cpu", "reproduced"], "--cpu"),
+        (["cases", "--page", "--matrix-html"], "--matrix-html"),
+        (["cases", "--matrix-html", "--heatmap-svg"], "--heatmap-svg"),
+        (["cases", "--heatmap-svg", "--text", "router"], "--text"),
         (["matrix", "--blocks", "Block", "--dry-run"], "--blocks"),
         (["matrix", "--cold", "--executor", "ray", "--dry-run"], "--cold"),
     ],

@@ -368,30 +368,6 @@ def test_recipe_cells_carry_the_ac_mode_their_recipe_applies_so_mode_keyed_cases
     assert "C46" in [c.id for c in catalogue.match("fell_back_to_eager", fell)]
 
 
-def test_the_committed_central_list_names_a_case_for_every_cell_that_does_not_work():
-    """docs/central-list/matrix.md as committed (issue 23's definition of done): it opens with the view by case, holds
-    both backends on both releases, and no row outside "works" leaves its known-case column empty."""
-    md = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "central-list" / "matrix.md").read_text()
-    headings = [line for line in md.splitlines() if line.startswith("## ")]
-    assert headings[0].startswith("## By case")
-    # The toolkit's model's tables, then transformers' own models in a section of their own: each up to its works.
-    own, hf = md.split("## By classification", 1)[1].split("\n## Hugging Face transformers' own models", 1)
-    sections = [own.split("\n### works", 1)[0], hf.split("\n### works", 1)[0]]
-    lines = [line for sec in sections for line in sec.splitlines()]
-    rows = [line.split(" | ") for line in lines if line.startswith("| ") and " | " in line]
-    cells = [r for r in rows if r[0] not in ("| block", "| ---")]
-    assert any(r[0].startswith("| hf:mixtral") for r in cells)
-    total, works = re.search(r"(\d+) cells: .*?(\d+) works", md).groups()
-    assert len(cells) == int(total) - int(works) > 0  # every cell outside "works" has its row
-    untriaged = [" | ".join(r[:4]) for r in cells if not r[-2].strip()]
-    assert untriaged == [], f"cells without a case: {untriaged}"
-    by_case = md.split("## By case", 1)[1].split("\n## ", 1)[0]
-    assert "2.13.0" in by_case and "2.14.1" in by_case
-    backends = {r[3] for r in cells}
-    assert backends >= {"aot_eager", "inductor", "eager"}, backends  # eager: Dynamo alone (C62, C64)
-    assert "2.15.0" in by_case
-
-
 def test_a_cell_that_saves_other_bytes_on_another_release_is_listed_with_its_cause():
     """The central list's "Changed between torch releases" lists byte differences too, each named by the ops whose
     saved bytes differ and explained where the cause is known (the RNG stash 2.14 stopped keeping)."""

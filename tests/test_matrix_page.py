@@ -285,3 +285,52 @@ def _label_of(z_value: float) -> str:
     from toolkit.analysis.classification import SEVERITY
 
     return SEVERITY[int(z_value)]
+
+
+def test_the_committed_cell_page_filters_and_searches_offline(tmp_path):
+    """docs/central-list/matrix.html (`cases --matrix-html`) as a reader opens it, from file:// with nothing fetched:
+    the counts say every row is shown; a column's filter, then search words, narrow the rows to those that hold them
+    (a case id's filter to the rows naming it) and the counts follow; `clear` shows every row again."""
+    from toolkit.analysis.views.cells_html import COLUMNS
+
+    sync_playwright, chromium = playwright_and_chromium()
+    page_path = ROOT / "docs" / "central-list" / "matrix.html"
+    rows = [
+        [re.sub(r"<[^>]+>", "", c) for c in line.split("<td>")[1:]]
+        for line in page_path.read_text().splitlines()
+        if line.startswith("<tr><td>")
+    ]
+    col = {name: i for i, name in enumerate(COLUMNS)}
+    newest = rows[-1][col["torch"]]
+    wrong = [r for r in rows if r[col["torch"]] == newest and r[col["classification"]] == "grads_differ"]
+    dropout = [r for r in wrong if "dropout" in " ".join(r).lower() and "inductor" in " ".join(r).lower()]
+    case = next(r[col["cases"]].split()[0] for r in rows if r[col["cases"]] != "-")
+    naming = [r for r in rows if case in r[col["cases"]].split()]
+    assert 0 < len(dropout) < len(wrong) < len(rows)
+    problems = []
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        context, refused = _open(p, chromium, profile)
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(page_path.as_uri())
+
+            def shown() -> tuple[int, str]:
+                return page.locator("#cells tbody tr:not([hidden])").count(), page.locator("#n").inner_text()
+
+            n, says = shown()
+            assert n == len(rows) and says.startswith(f"{len(rows)} of {len(rows)} cells shown: ")
+            page.select_option("select[aria-label='torch']", newest)
+            page.select_option("select[aria-label='classification']", "grads_differ")
+            n, says = shown()
+            assert n == len(wrong) and says == f"{len(wrong)} of {len(rows)} cells shown: {len(wrong)} grads_differ"
+            page.fill("#q", "Dropout  inductor")  # every word, anywhere in the row, in any case
+            assert shown()[0] == len(dropout)
+            page.screenshot(path=str(tmp_path / "cells.png"))
+            page.click("#clear")
+            assert shown()[0] == len(rows)
+            page.select_option("select[aria-label='cases']", case)
+            assert shown()[0] == len(naming)
+        finally:
+            context.close()
+    assert not refused and not problems, (refused, problems)

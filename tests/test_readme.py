@@ -270,3 +270,15 @@ def test_the_releases_page_names_the_releases_compat_checks():
 
     first = (ROOT / "docs" / "releases.md").read_text().split("\n\n")[1]
     assert tuple(re.findall(r"\*\*(\d+\.\d+\.\d+)\*\*", first)) == CHECKED_ON, first
+
+
+def test_readme_shows_the_central_lists_picture_before_its_commands():
+    """README's one picture, the central list's heatmap (`cases --heatmap-svg`, committed and tested equal to what the
+    records draw), above its first command, with alt text saying what it shows."""
+    from toolkit.bugs.central_list import HEATMAP
+
+    text = (ROOT / "README.md").read_text()
+    pictures = re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", text)
+    assert [target for _, target in pictures] == [HEATMAP.as_posix()] and (ROOT / HEATMAP).is_file()
+    assert len(pictures[0][0].split()) >= 8  # alt text that says what the picture shows
+    assert text.index(HEATMAP.as_posix()) < text.index("```bash")

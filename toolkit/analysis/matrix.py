@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -306,7 +307,8 @@ def records_path() -> pathlib.Path:
 
 
 def by_release(records: dict[str, dict]) -> dict[str, Any]:
-    """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does."""
+    """The swept cells (bare reruns left out) as one MatrixResult per torch release, classified as the matrix does;
+    the releases oldest first."""
     from .catalogue import torch_release
 
     rows: dict[str, dict[Any, Row]] = {}
@@ -316,4 +318,5 @@ def by_release(records: dict[str, dict]) -> dict[str, Any]:
         if cell.bare or not release:
             continue
         rows.setdefault(torch_release(release), {})[cell] = Row(key, cell, report)
-    return {t: MatrixResult(list(r.values()), {"torch": t}) for t, r in rows.items()}
+    oldest_first = sorted(rows, key=lambda t: tuple(int(x) for x in re.findall(r"\d+", t)))
+    return {t: MatrixResult(list(rows[t].values()), {"torch": t}) for t in oldest_first}

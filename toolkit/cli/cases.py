@@ -8,18 +8,33 @@ from typing import Any
 
 from .common import Rule, UsageError, say_error
 
+_FILTERS = ("cpu", "needs", "text", "markdown", "findings", "check")
+"""The listing's options: none of them shapes a page of the central list, which is every case or every cell."""
+
 INERT: tuple[Rule, ...] = (
     (
         lambda a: a.page,
-        ("cpu", "needs", "text", "markdown", "findings", "check", "upgrade"),
+        (*_FILTERS, "upgrade", "matrix_html", "heatmap_svg"),
         "--page prints every case, from the catalogue alone",
         "drop {opt}, or list the cases without --page",
     ),
     (
         lambda a: a.upgrade,
-        ("cpu", "needs", "text", "markdown", "findings", "check"),
+        (*_FILTERS, "matrix_html", "heatmap_svg"),
         "--upgrade prints every release pair, from the catalogue and the committed records",
         "drop {opt}, or list the cases without --upgrade",
+    ),
+    (
+        lambda a: a.matrix_html,
+        (*_FILTERS, "heatmap_svg"),
+        "--matrix-html prints every swept cell, from the committed records",
+        "drop {opt}, or list the cases without --matrix-html",
+    ),
+    (
+        lambda a: a.heatmap_svg,
+        _FILTERS,
+        "--heatmap-svg draws every cell of the newest release, from the committed records",
+        "drop {opt}, or list the cases without --heatmap-svg",
     ),
     (
         lambda a: bool(a.check),
@@ -62,6 +77,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "new, and the swept cells that changed, from the catalogue and the committed records",
     )
     c.add_argument(
+        "--matrix-html",
+        action="store_true",
+        help="print every swept cell as one offline HTML page (docs/central-list/matrix.html): a row per cell and "
+        "release, a search box and a filter per column, from the committed records",
+    )
+    c.add_argument(
+        "--heatmap-svg",
+        action="store_true",
+        help="print the picture README shows (docs/central-list/heatmap.svg): the newest release's cells, a square "
+        "each, by block kind and compile setup, coloured by classification, from the committed records",
+    )
+    c.add_argument(
         "--check",
         nargs="+",
         metavar="CASE",
@@ -75,21 +102,31 @@ def command(args: argparse.Namespace) -> int:
     from .._escape import terminal_width
     from ..analysis import catalogue
 
-    if args.page or args.upgrade:
+    if args.page:
+        from ..bugs import central_list
+
+        print(central_list.page(), end="")
+        return 0
+    # The pages drawn from the committed records: the upgrade page, every cell, the picture (one at a time: INERT).
+    drawn = [dest for dest in ("upgrade", "matrix_html", "heatmap_svg") if getattr(args, dest)]
+    if drawn:
         from ..analysis import store
         from ..analysis.matrix import records_path
         from ..bugs import central_list
 
-        if args.page:
-            print(central_list.page(), end="")
-        else:
-            path = records_path()
-            if not path.is_file():
-                raise UsageError(
-                    f"--upgrade reads the central list's committed records, and {str(path)!r} is not there.",
-                    "run it from a checkout of the repository (they are docs/central-list/results.jsonl.xz).",
-                )
-            print(central_list.upgrade_page(store.read_results(path)[0]), end="")
+        path = records_path()
+        if not path.is_file():
+            raise UsageError(
+                f"--{drawn[0].replace('_', '-')} reads the central list's committed records, and {str(path)!r} is "
+                "not there.",
+                "run it from a checkout of the repository (they are docs/central-list/results.jsonl.xz).",
+            )
+        draw = {
+            "upgrade": central_list.upgrade_page,
+            "matrix_html": central_list.cells_page,
+            "heatmap_svg": central_list.heatmap,
+        }[drawn[0]]
+        print(draw(store.read_results(path)[0]), end="")
         return 0
     if not args.check:
         sel = catalogue.filter(cpu=args.cpu, text=args.text, needs=args.needs)

@@ -2,7 +2,9 @@
 folder gets (`MatrixViews.write`).
 
 Each renderer is a module of functions over a `MatrixResult` (`markdown`, `heatmap`, `html`; `links` what the
-Markdown and the page share); `MatrixViews` gives the result its methods, one line each.
+Markdown and the page share); `MatrixViews` gives the result its methods, one line each. The central list's committed
+pages have two more (`toolkit.bugs.central_list` calls them): `cells_html`, every cell of several releases as a row of
+a page with filters and no plotly, and `svg`, a static picture with a square per cell.
 """
 
 from __future__ import annotations
