@@ -320,6 +320,12 @@ def from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
     return cls(**kwargs)
 
 
+def field_default(cls: type, name: str) -> Any:
+    """The default of field `name` of the dataclass `cls` (its factory's value, for a field that has one)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 class PlainData:
     """The one base of the toolkit's frozen config dataclasses: `replace` (a copy with changes), `to_dict` and
     `from_dict` (its JSON record). The record's history — fields added later, older shapes — is `_migrations`' table,
@@ -359,9 +365,7 @@ class PlainData:
 
     def _unset(self, name: str) -> Any:
         """The value a field added later holds while unset, as its record writes it: its default."""
-        f = typing.cast("DataclassInstance", self).__dataclass_fields__[name]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        return plain_value(default)
+        return plain_value(field_default(type(self), name))
 
     @classmethod
     def _from_record(cls, data: dict[str, Any]) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from .._config import literal_choices
+from .._config import field_default, literal_choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +44,6 @@ def presentable(cls: type, name: str) -> bool:
     return _kind(cls, name, Look()) is not None
 
 
-def default(cls: type, name: str) -> Any:
-    """The default of field `name` of the dataclass `cls`."""
-    f = {f.name: f for f in dataclasses.fields(cls)}[name]
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
 def make(cls: type, name: str, value: Any, look: Look = Look()) -> W.ValueWidget:
     """The widget of field `name` of `cls` holding `value` (the field's default where the choices lack it)."""
     kind = _kind(cls, name, look)
@@ -60,7 +54,7 @@ def make(cls: type, name: str, value: Any, look: Look = Look()) -> W.ValueWidget
         choices = _choices(cls, name, look)
         unset = _unset(cls, name, look)
         if value not in choices and (value is not None or unset is None):
-            value = default(cls, name)  # one the choices lack: a tuple scope, a backend callable, a custom mode
+            value = field_default(cls, name)  # one the choices lack: a tuple scope, a backend callable, a custom mode
         if unset is not None and value is None:
             value = unset[1]
         if not look.names and unset is None:  # the values are their own labels, as `Dropdown.options` shows them

@@ -16,7 +16,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from .._config import ConfigError
+from .._config import ConfigError, field_default
 from ..analysis.blocks import config_of, stack_of
 from ..measurement import Scenario
 from ..models import ModelConfig
@@ -25,7 +25,7 @@ from ..transforms import ACConfig, CompileConfig
 from ..transforms.ac import MODES, RematAC
 from ..transforms.compile import AC_OUTSIDE, BACKENDS, COMPILE_OUTSIDE
 from ..transforms.recipes import RECIPES
-from .controls import Look, default, fields, make, presentable, read
+from .controls import Look, fields, make, presentable, read
 from .models import choice_of, choices, sized
 
 # ipywidgets selects nothing (and shows a blank box) for an option whose value is None, so the "not set" choices of
@@ -185,7 +185,7 @@ class Form:
             if name in ctl:
                 raise TypeError(f"the AC option {name!r} has the name of another of the Explorer's controls")
             # A mode's options exist on its own config only; the controls of the other modes show their defaults.
-            value = getattr(ac, name) if name in type(ac).options() else default(config, name)
+            value = getattr(ac, name) if name in type(ac).options() else field_default(config, name)
             ctl[name] = make(config, name, value, AC_LOOKS.get(name, _box(None)))
         self.controls = ctl
 
