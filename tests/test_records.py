@@ -16,6 +16,7 @@ from toolkit._config import PlainData
 from toolkit.analysis.cells import cell_key
 from toolkit.estimation.inputs import BareModel
 from toolkit.measurement import Scenario
+from toolkit.stacks import get as get_stack
 from toolkit.stacks.torchtitan import TorchtitanConfig
 from toolkit.stacks.transformers import TransformersConfig
 from toolkit.stacks.user import UserModelConfig
@@ -71,13 +72,16 @@ def test_records_an_earlier_toolkit_wrote_read_back_under_the_keys_it_gave_them(
     for rec in kinds.values():
         env = rec["report"]["environment"]
         config = rec["report"]["scenario"]["config"]
+        if not get_stack(config.get("stack", "toolkit")).available():
+            continue  # a stack's config is read only where its package is (README's stage has no transformers)
         scenario = Scenario.from_dict(config)
         with mock.patch("torch.__version__", env["torch"]):
             if cell_key(scenario, "cuda" if env.get("cuda") else "cpu") != rec["key"]:
                 mismatched.append(rec["report"]["scenario"]["name"])
         seen.add((scenario.stack, scenario.ac.mode, str(scenario.compile.scope)))
     assert mismatched == [] and len(records) > 7000 and len(kinds) > 300
-    assert {"transformers", "toolkit"} <= {s for s, _, _ in seen}
+    stacks = {s for s, _, _ in seen}
+    assert "toolkit" in stacks and ("transformers" in stacks) == get_stack("transformers").available()
     assert {"none", "full", "selective_op", "memory_budget", "remat"} <= {m for _, m, _ in seen}
 
 
